@@ -1,0 +1,29 @@
+# easycore tasks. `just demo` and `just test` set everything up from nothing (python3 + pip).
+python := ".venv/bin/python"
+
+# Create .venv and install easycore with its test extras (torch pinned by constraints.txt).
+setup:
+    test -x {{python}} || python3 -m venv .venv
+    {{python}} -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+
+# Run the headline demo.
+demo: setup
+    {{python}} examples/demo.py
+
+# Run every test (unit, property, process, compat, examples).
+test *args: setup
+    {{python}} -m pytest {{args}}
+
+# Lint and type-check.
+lint: setup
+    {{python}} -m ruff check pkg tests examples benchmarks
+    {{python}} -m pip install -q mypy && {{python}} -m mypy
+
+# Benchmarks against multiprocessing.Pool, concurrent.futures, joblib and mpire.
+bench *args: setup
+    {{python}} -m pip install -q -c constraints.txt -e ".[bench]"
+    {{python}} benchmarks/run.py {{args}}
+
+# The long soak test (random faults over many items).
+soak: setup
+    EASYCORE_SOAK=20000 {{python}} -m pytest tests/process/test_soak.py -v

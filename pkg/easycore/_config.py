@@ -1,0 +1,803 @@
+"""CfgNode: a config tree with attribute access, frozen by default, saved as YAML.
+
+A ``CfgNode`` is a ``dict`` whose nested dicts (also those inside lists and tuples) are
+``CfgNode`` s too. ``freeze()`` and ``unfrozen()`` set every node of the tree at once; a
+frozen node refuses every mutation with :class:`~easycore.FrozenError`, so a config handed to
+workers cannot drift. (Lists in the tree stay plain lists: only the nodes are guarded.)
+
+YAML goes through a ``SafeLoader`` subclass (no Python objects are ever built from tags) that
+adds two resolvers for plain (unquoted) scalars only:
+
+* ``(224, 224)`` is a tuple (parsed with ``ast.literal_eval``), and tuples are written back in
+  that form, so ``CfgNode.load(CfgNode.dump(c)) == c``;
+* ``1e-3`` is a float (YAML 1.1 would read a string), the usual learning-rate surprise.
+
+The dumper uses the same resolvers, so any string that would read back as something else
+(``"(1, 2)"``, ``"123"``, ``"true"``, ``"1e-3"``, ``"null"``) is written quoted.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy as _copy
+import difflib
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar
+
+import yaml
+
+from easycore._errors import FrozenError
+
+__all__ = ["CfgNode"]
+
+_N = TypeVar("_N", bound="CfgNode")
+
+# Leaf types that are immutable: never deep-copied, never walked.
+_ATOMIC = frozenset({str, int, float, bool, type(None), bytes, complex})
+_MISSING: Any = object()
+
+
+def _close_matches(word: str, candidates: Iterable[Any]) -> str:
+    """Return ``"; did you mean 'A' or 'B'?"`` for near misses, or ``""``."""
+    names = [c for c in candidates if isinstance(c, str)]
+    matches = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    if not matches:
+        return ""
+    quoted = [repr(m) for m in matches]
+    if len(quoted) > 1:
+        quoted[-2:] = [f"{quoted[-2]} or {quoted[-1]}"]
+    return f"; did you mean {', '.join(quoted)}?"
+
+
+def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
+    """Rebuild a pickled node, bypassing ``__setitem__`` (which a frozen node refuses)."""
+    node = cls.__new__(cls)
+    dict.update(node, items)
+    object.__setattr__(node, "_frozen", frozen)
+    return node
+
+
+def _plain(value: Any) -> Any:
+    """The tree as builtin dicts, lists and tuples (for ``repr``)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_plain(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+class CfgNode(dict[str, Any]):
+    """A config tree: a ``dict`` with attribute access, frozen by default.
+
+    Args:
+        init_dict: a possibly nested mapping; nested dicts (also inside lists and tuples)
+            become ``CfgNode`` s.
+        copy: deep-copy the leaf values of ``init_dict`` (the tree structure is always new).
+            ``False`` shares leaves, e.g. large arrays.
+        frozen: whether the new tree refuses changes.
+
+    >>> cfg = CfgNode({"MODEL": {"DEPTH": 50}, "INPUT_SIZE": (224, 224)})
+    >>> cfg.MODEL.DEPTH
+    50
+    >>> cfg.is_frozen()
+    True
+    >>> with cfg.unfrozen():
+    ...     cfg.MODEL.DEPTH = 101
+    >>> cfg["MODEL"]["DEPTH"]
+    101
+    """
+
+    __slots__ = ("_frozen",)
+    _frozen: bool
+
+    def __init__(
+        self,
+        init_dict: Mapping[str, Any] | None = None,
+        copy: bool = True,
+        frozen: bool = True,
+    ) -> None:
+        super().__init__()
+        object.__setattr__(self, "_frozen", frozen)
+        if init_dict is None:
+            return
+        if not isinstance(init_dict, Mapping):
+            msg = f"CfgNode needs a mapping, got {type(init_dict).__name__}: {init_dict!r}"
+            raise TypeError(msg)
+        memo: dict[int, Any] = {}
+        convert = type(self)._convert
+        for key, value in init_dict.items():
+            dict.__setitem__(self, key, convert(value, copy, frozen, memo))
+
+    @classmethod
+    def _convert(cls, value: Any, copy: bool, frozen: bool, memo: dict[int, Any]) -> Any:
+        """Rebuild ``value`` with dicts turned into nodes of this class.
+
+        ``memo`` maps ids of already converted containers to their result (as in
+        ``copy.deepcopy``), so a container shared through YAML aliases is converted once.
+        """
+        kind = type(value)
+        if kind in _ATOMIC:
+            return value
+        done = memo.get(id(value), _MISSING)
+        if done is not _MISSING:
+            return done
+        # Keep the source alive while its id is a memo key (copy.deepcopy does the same).
+        memo.setdefault(id(memo), []).append(value)
+        if isinstance(value, dict):
+            node = cls.__new__(cls)
+            object.__setattr__(node, "_frozen", frozen)
+            memo[id(value)] = node
+            for k, v in value.items():
+                dict.__setitem__(node, k, cls._convert(v, copy, frozen, memo))
+            return node
+        if kind is list:
+            out: list[Any] = []
+            memo[id(value)] = out
+            out.extend(cls._convert(v, copy, frozen, memo) for v in value)
+            return out
+        if kind is tuple:
+            tup = tuple(cls._convert(v, copy, frozen, memo) for v in value)
+            memo[id(value)] = tup
+            return tup
+        return _copy.deepcopy(value, memo) if copy else value
+
+    # ------------------------------------------------------------------ frozen state
+
+    def freeze(self, frozen: bool = True) -> None:
+        """Freeze (or, with ``frozen=False``, unfreeze) this node and every node below it.
+
+        Args:
+            frozen: the new state.
+
+        >>> cfg = CfgNode({"A": [{"B": 1}]}, frozen=False)
+        >>> cfg.freeze()
+        >>> cfg.A[0].is_frozen()
+        True
+        """
+        stack: list[Any] = [self]
+        seen: set[int] = set()
+        while stack:
+            value = stack.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, CfgNode):
+                object.__setattr__(value, "_frozen", frozen)
+                children: Iterable[Any] = dict.values(value)
+            else:
+                children = value
+            stack.extend(c for c in children if isinstance(c, (dict, list, tuple)))
+
+    def is_frozen(self) -> bool:
+        """Whether this node refuses changes.
+
+        >>> CfgNode().is_frozen(), CfgNode(frozen=False).is_frozen()
+        (True, False)
+        """
+        return self._frozen
+
+    @contextlib.contextmanager
+    def unfrozen(self: _N) -> Iterator[_N]:
+        """Make the tree mutable inside a ``with`` block; restore its previous state after.
+
+        The state is restored even when the block raises.
+
+        >>> cfg = CfgNode({"LR": 0.1})
+        >>> with cfg.unfrozen():
+        ...     cfg.LR = 0.01
+        >>> cfg.LR, cfg.is_frozen()
+        (0.01, True)
+        """
+        previous = self._frozen
+        self.freeze(False)
+        try:
+            yield self
+        finally:
+            self.freeze(previous)
+
+    def _check_mutable(self, action: str) -> None:
+        if self._frozen:
+            msg = (
+                f"cannot {action}: this CfgNode is frozen; change it inside "
+                "`with cfg.unfrozen():` or call `cfg.freeze(False)` first"
+            )
+            raise FrozenError(msg)
+
+    # ------------------------------------------------------------------ attribute access
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails. Dunders must fail fast so copy, pickle and
+        # friends probing for __deepcopy__, __getstate__... see a plain AttributeError.
+        if name[:2] == "__" and name[-2:] == "__":
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            pass
+        msg = f"{type(self).__name__} has no key or attribute {name!r}{_close_matches(name, self)}"
+        raise AttributeError(msg)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._check_mutable(f"set {name!r}")
+        if hasattr(type(self), name):
+            msg = (
+                f"{name!r} is a {type(self).__name__} attribute and cannot be set as a key "
+                f"this way; use cfg[{name!r}] = ..."
+            )
+            raise AttributeError(msg)
+        self[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        self._check_mutable(f"delete {name!r}")
+        if name not in self:
+            msg = f"{type(self).__name__} has no key {name!r}{_close_matches(name, self)}"
+            raise AttributeError(msg)
+        del self[name]
+
+    def __dir__(self) -> list[str]:
+        keys = {k for k in self if isinstance(k, str) and k.isidentifier()}
+        return sorted(set(super().__dir__()) | keys)
+
+    # ------------------------------------------------------------------ dict mutators
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._check_mutable(f"set {key!r}")
+        dict.__setitem__(self, key, self._convert(value, False, False, {}))
+
+    def __delitem__(self, key: str) -> None:
+        self._check_mutable(f"delete {key!r}")
+        dict.__delitem__(self, key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Set keys like ``dict.update`` (not recursive; see :meth:`merge`).
+
+        >>> cfg = CfgNode(frozen=False)
+        >>> cfg.update({"A": {"B": 1}})
+        >>> cfg.A.B
+        1
+        """
+        self._check_mutable("update")
+        memo: dict[int, Any] = {}
+        for key, value in dict(*args, **kwargs).items():
+            dict.__setitem__(self, key, self._convert(value, False, False, memo))
+
+    def pop(self, *args: Any) -> Any:
+        """Remove a key and return its value, like ``dict.pop``.
+
+        >>> CfgNode({"A": 1}, frozen=False).pop("A")
+        1
+        """
+        self._check_mutable("pop")
+        return dict.pop(self, *args)
+
+    def popitem(self) -> tuple[str, Any]:
+        """Remove and return the last ``(key, value)`` pair, like ``dict.popitem``.
+
+        >>> CfgNode({"A": 1}, frozen=False).popitem()
+        ('A', 1)
+        """
+        self._check_mutable("popitem")
+        return dict.popitem(self)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """Return ``self[key]``, setting it to ``default`` first if missing.
+
+        Refused on a frozen node even when the key exists: it is a writing method.
+
+        >>> CfgNode(frozen=False).setdefault("A", {"B": 1})
+        CfgNode({'B': 1}, frozen=False)
+        """
+        self._check_mutable("setdefault")
+        if key in self:
+            return self[key]
+        value = self._convert(default, False, False, {})
+        dict.__setitem__(self, key, value)
+        return value
+
+    def clear(self) -> None:
+        """Remove every key.
+
+        >>> cfg = CfgNode({"A": 1}, frozen=False)
+        >>> cfg.clear()
+        >>> cfg
+        CfgNode({}, frozen=False)
+        """
+        self._check_mutable("clear")
+        dict.clear(self)
+
+    def __ior__(self, other: Any) -> CfgNode:  # type: ignore[override]
+        self._check_mutable("merge into (|=)")
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        self._merge(other)
+        return self
+
+    @classmethod
+    def fromkeys(cls, iterable: Iterable[Any], value: Any = None) -> Any:
+        """A new node with keys from ``iterable``, each set to ``value``.
+
+        >>> CfgNode.fromkeys(["A", "B"], 0)
+        CfgNode({'A': 0, 'B': 0}, frozen=True)
+        """
+        return cls(dict.fromkeys(iterable, value))
+
+    # ------------------------------------------------------------------ copy, merge
+
+    def copy(self: _N) -> _N:
+        """Deep copy, keeping the frozen state.
+
+        >>> cfg = CfgNode({"A": {"B": [1]}})
+        >>> other = cfg.copy()
+        >>> other == cfg and other.A is not cfg.A and other.is_frozen()
+        True
+        """
+        return _copy.deepcopy(self)
+
+    def __copy__(self: _N) -> _N:
+        # Shallow: a new top node sharing its children, like dict.copy().
+        return _restore(type(self), dict(self), self._frozen)
+
+    def __deepcopy__(self: _N, memo: dict[int, Any]) -> _N:
+        node: _N = type(self)._convert(self, True, self._frozen, memo)
+        return node
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), dict(self), self._frozen))
+
+    def merge(self, other: Mapping[str, Any]) -> None:
+        """Override this node in place with ``other``, recursively.
+
+        Sub-nodes present on both sides are merged; any other value of ``other`` replaces
+        (a deep copy of it). New keys are added.
+
+        Args:
+            other: a mapping (``CfgNode`` or plain dict).
+
+        Raises:
+            FrozenError: this node is frozen.
+
+        >>> cfg = CfgNode({"MODEL": {"DEPTH": 50, "WIDTH": 64}}, frozen=False)
+        >>> cfg.merge({"MODEL": {"DEPTH": 101}})
+        >>> cfg.MODEL
+        CfgNode({'DEPTH': 101, 'WIDTH': 64}, frozen=False)
+        """
+        if not isinstance(other, Mapping):
+            msg = f"merge needs a mapping, got {type(other).__name__}"
+            raise TypeError(msg)
+        self._merge(other)
+
+    def _merge(self, other: Mapping[str, Any]) -> None:
+        self._check_mutable("merge into")
+        memo: dict[int, Any] = {}
+        for key, value in other.items():
+            current = dict.get(self, key, _MISSING)
+            if isinstance(current, CfgNode) and isinstance(value, Mapping):
+                current._merge(value)
+            else:
+                dict.__setitem__(self, key, self._convert(value, True, self._frozen, memo))
+
+    def __or__(self: _N, other: Any) -> _N:  # type: ignore[override]
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        result: _N = type(self)._convert(self, True, False, {})
+        result._merge(other)
+        result.freeze(self._frozen)
+        return result
+
+    def __ror__(self: _N, other: Any) -> _N:  # type: ignore[override]
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        result: _N = type(self)._convert(dict(other), True, False, {})
+        result._merge(self)
+        result.freeze(self._frozen)
+        return result
+
+    def merge_from_list(self, overrides: Sequence[Any]) -> None:
+        """Apply ``["KEY.PATH", "value", ...]`` overrides, as given on a command line.
+
+        Values are parsed with ``ast.literal_eval`` (text that does not parse stays a
+        string). A value must keep the key's type, except that ``None`` may replace or be
+        replaced by anything, an int may go into a float key (converted), a list and a tuple
+        may replace each other (converted to the current type), ``true``/``false`` work for
+        bool keys, and a string key takes the text as given. Nothing changes unless every
+        pair is valid.
+
+        Args:
+            overrides: alternating dotted keys and values.
+
+        Raises:
+            ValueError: an odd number of items.
+            KeyError: a key that does not exist (the message names close matches).
+            TypeError: a value of another type than the current one.
+            FrozenError: this node is frozen.
+
+        >>> cfg = CfgNode({"MODEL": {"DEPTH": 50}, "LR": 0.1}, frozen=False)
+        >>> cfg.merge_from_list(["MODEL.DEPTH", "101", "LR", "1"])
+        >>> cfg.MODEL.DEPTH, cfg.LR
+        (101, 1.0)
+        """
+        if isinstance(overrides, (str, bytes)) or len(overrides) % 2:
+            msg = (
+                "merge_from_list needs a list of KEY, VALUE pairs "
+                f"(an even number of items), got {overrides!r}"
+            )
+            raise ValueError(msg)
+        self._check_mutable("merge_from_list")
+        plan: list[tuple[CfgNode, str, Any]] = []
+        for key, raw in zip(overrides[0::2], overrides[1::2], strict=True):
+            node, leaf = self._find(key)
+            plan.append((node, leaf, _coerce(key, node[leaf], raw)))
+        for node, leaf, value in plan:
+            node._merge({leaf: value})
+
+    def _find(self, key: Any) -> tuple[CfgNode, str]:
+        """The node holding dotted ``key`` and the last part of it."""
+        if not isinstance(key, str):
+            msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {key!r}"
+            raise TypeError(msg)
+        *path, leaf = key.split(".")
+        node: Any = self
+        for depth, part in enumerate(path):
+            node = dict.get(node, part, _MISSING)
+            if not isinstance(node, CfgNode):
+                prefix = ".".join(path[: depth + 1])
+                problem = "does not exist" if node is _MISSING else "is not a config node"
+                msg = f"unknown config key {key!r}: {prefix!r} {problem}"
+                raise KeyError(msg + _close_matches(key, self._dotted_keys()))
+        if leaf not in node:
+            msg = f"unknown config key {key!r}"
+            raise KeyError(msg + _close_matches(key, self._dotted_keys()))
+        return node, leaf
+
+    def _dotted_keys(self, prefix: str = "") -> Iterator[str]:
+        for key, value in self.items():
+            dotted = f"{prefix}{key}"
+            yield dotted
+            if isinstance(value, CfgNode):
+                yield from value._dotted_keys(dotted + ".")
+
+    # ------------------------------------------------------------------ YAML
+
+    @classmethod
+    def load(cls: type[_N], yaml_str: str | bytes) -> _N:
+        """Build a config from YAML text.
+
+        Safe: tags that build Python objects are refused. An unquoted ``(1, 2)`` is a tuple;
+        an empty document is an empty config.
+
+        Args:
+            yaml_str: the YAML text.
+
+        Raises:
+            ValueError: malformed YAML, a refused tag or a top level that is not a mapping;
+                the message starts with ``<string>:LINE:COLUMN``.
+
+        >>> CfgNode.load("INPUT_SIZE: (224, 224)\\nNAME: '(1, 2)'")
+        CfgNode({'INPUT_SIZE': (224, 224), 'NAME': '(1, 2)'}, frozen=True)
+        """
+        return cls._load(yaml_str, "<string>")
+
+    @classmethod
+    def open(
+        cls: type[_N], path_or_file: str | os.PathLike[str] | IO[Any], encoding: str = "utf-8"
+    ) -> _N:
+        """Load a config from a YAML file (a path or an open file).
+
+        Args:
+            path_or_file: a path, or a file object opened for reading.
+            encoding: the encoding of a file opened from a path.
+
+        Raises:
+            FileNotFoundError: no file at that path.
+            ValueError: as for :meth:`load`, the message starting with ``PATH:LINE:COLUMN``.
+
+        >>> import io
+        >>> CfgNode.open(io.StringIO("A: {B: 1}")).A.B
+        1
+        """
+        if isinstance(path_or_file, (str, os.PathLike)):
+            path = os.fspath(path_or_file)
+            with open(path, encoding=encoding) as file:
+                return cls._load(file, path)
+        return cls._load(path_or_file, str(getattr(path_or_file, "name", "<stream>")))
+
+    @classmethod
+    def _load(cls: type[_N], stream: Any, name: str) -> _N:
+        loader = None
+        try:
+            loader = _Loader(stream)
+            node = loader.get_single_node()
+            if node is None or node.tag == "tag:yaml.org,2002:null":  # "", "---", "~"
+                data: Any = {}
+            elif isinstance(node, yaml.MappingNode):
+                data = loader.construct_document(node)
+            else:
+                data = node
+        except yaml.MarkedYAMLError as err:
+            raise ValueError(_describe_yaml_error(err, name)) from err
+        except (yaml.YAMLError, ValueError, OverflowError) as err:
+            # ReaderError (a control character), or a constructor failing on a value such
+            # as the date 2024-13-45: no line is known.
+            msg = f"{name}: invalid YAML: {' '.join(str(err).split())}"
+            raise ValueError(msg) from err
+        finally:
+            if loader is not None:
+                loader.dispose()
+        if isinstance(data, yaml.Node):
+            kind = "a list" if isinstance(data, yaml.SequenceNode) else "a scalar"
+            msg = (
+                f"{name}:{data.start_mark.line + 1}: the top level of a config must be a "
+                f"mapping of KEY: value lines, got {kind}"
+            )
+            raise ValueError(msg)
+        return cls(data, copy=False)
+
+    def dump(self, stream: IO[Any] | None = None, **yaml_kwargs: Any) -> Any:
+        """Write the config as YAML; return it as a string when ``stream`` is None.
+
+        Also callable as ``CfgNode.dump(cfg, stream=None, **yaml_kwargs)``. Keys keep their
+        order, tuples are written ``(a, b)``, strings that would read back as another type
+        are quoted. The output also loads with plain ``yaml.safe_load`` (tuples then come
+        back as strings).
+
+        Args:
+            stream: a text file to write to, or None.
+            **yaml_kwargs: options for ``yaml.dump`` (``sort_keys``, ``indent``, ``width``...).
+
+        Returns:
+            The YAML text when ``stream`` is None (bytes if ``encoding`` is given), else None.
+
+        Raises:
+            TypeError: a value YAML cannot represent (only str, int, float, bool, None,
+                lists, tuples, dicts and the other YAML safe types can).
+
+        >>> print(CfgNode.dump(CfgNode({"SIZE": (224, 224), "ID": "123"})), end="")
+        SIZE: (224, 224)
+        ID: '123'
+        """
+        data = self if isinstance(self, CfgNode) else CfgNode(self, copy=False)
+        options: dict[str, Any] = {
+            "sort_keys": False,
+            "allow_unicode": True,
+            "default_flow_style": False,
+        }
+        options.update(yaml_kwargs)
+        try:
+            return yaml.dump(data, stream, Dumper=_Dumper, **options)
+        except yaml.representer.RepresenterError as err:
+            value = err.args[1] if len(err.args) > 1 else None
+            msg = (
+                f"cannot write {value!r} (type {type(value).__name__}) as YAML; a config "
+                "holds str, int, float, bool, None, lists, tuples and dicts"
+            )
+            raise TypeError(msg) from err
+
+    def save(
+        self,
+        path_or_file: str | os.PathLike[str] | IO[Any],
+        encoding: str = "utf-8",
+        **yaml_kwargs: Any,
+    ) -> None:
+        """Write the config as YAML to a path or an open text file.
+
+        Args:
+            path_or_file: where to write.
+            encoding: the encoding of a file opened from a path.
+            **yaml_kwargs: options for :meth:`dump`.
+
+        >>> import io
+        >>> out = io.StringIO()
+        >>> CfgNode({"A": 1}).save(out)
+        >>> out.getvalue()
+        'A: 1\\n'
+        """
+        if isinstance(path_or_file, (str, os.PathLike)):
+            with open(os.fspath(path_or_file), "w", encoding=encoding) as file:
+                self.dump(file, **yaml_kwargs)
+        else:
+            self.dump(path_or_file, **yaml_kwargs)
+
+    # ------------------------------------------------------------------ display
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_plain(self)!r}, frozen={self._frozen})"
+
+    def __str__(self) -> str:
+        try:
+            return str(self.dump())
+        except TypeError:
+            return repr(self)
+
+
+def _coerce(key: str, current: Any, raw: Any) -> Any:
+    """Parse an override and check it against the key's current value."""
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = raw
+    if current is None or value is None or type(value) is type(current):
+        return value
+    if isinstance(current, str) and isinstance(raw, str):
+        return raw  # a string key takes the text as typed: NAME 123 means "123"
+    if type(current) is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if type(current) is float and type(value) is int:
+        return float(value)
+    if isinstance(current, (list, tuple)) and isinstance(value, (list, tuple)):
+        return type(current)(value)
+    if isinstance(current, dict) and isinstance(value, dict):
+        return value
+    msg = (
+        f"cannot override {key!r} with {raw!r}: that is of type {type(value).__name__}, "
+        f"the key holds {current!r} of type {type(current).__name__}"
+    )
+    raise TypeError(msg)
+
+
+# ---------------------------------------------------------------------- YAML machinery
+
+_TUPLE_TAG = "tag:easycore,2020:python/tuple"
+_TUPLE_RE = re.compile(r"^\(.*\)$", re.DOTALL)
+# YAML 1.1 needs a dot in a float: without this `1e-3` would be the string "1e-3".
+_EXP_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+# Built with type() and typed Any: subclassing an untyped yaml class (no types-PyYAML) would
+# fail mypy --strict, and a `type: ignore` would be reported unused where the stubs exist.
+# libyaml's parser when PyYAML has it (several times faster); the resolvers and
+# constructors stay Python either way, so the result is the same.
+_Loader: Any = type(
+    "_Loader", (getattr(yaml, "CSafeLoader", yaml.SafeLoader),), {"__doc__": "SafeLoader + tuples."}
+)
+_Dumper: Any = type("_Dumper", (yaml.SafeDumper,), {"__doc__": "SafeDumper + tuples."})
+
+for _cls in (_Loader, _Dumper):
+    # Implicit resolvers only ever see plain scalars: quoted text always stays a string.
+    _cls.add_implicit_resolver(_TUPLE_TAG, _TUPLE_RE, ["("])
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT_RE, list("-+.0123456789"))
+
+
+def _construct_tuple(loader: Any, node: Any) -> Any:
+    text = loader.construct_scalar(node)
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+    return value if isinstance(value, tuple) else text
+
+
+_Loader.add_constructor(_TUPLE_TAG, _construct_tuple)
+
+
+def _str_literal(text: str) -> str:
+    """A Python string literal that is also a safe piece of a plain YAML scalar."""
+    out = ["'"]
+    for i, ch in enumerate(text):
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif " " <= ch <= "~" and not (
+            (ch == ":" and text[i + 1 : i + 2] == " ") or (ch == "#" and text[i - 1 : i] == " ")
+        ):
+            out.append(ch)
+        else:
+            code = ord(ch)
+            if code < 0x100:
+                out.append(f"\\x{code:02x}")
+            elif code < 0x10000:
+                out.append(f"\\u{code:04x}")
+            else:
+                out.append(f"\\U{code:08x}")
+    out.append("'")
+    return "".join(out)
+
+
+def _literal(value: Any) -> str | None:
+    """Python literal text for ``value``, or None when it has none.
+
+    The text is ASCII, has no ``": "`` and no ``" #"``, so YAML can hold it as a plain scalar.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is int:
+        return repr(value)
+    if kind is float:
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "1e999" if value > 0 else "-1e999"
+        return repr(value)
+    if kind is str:
+        return _str_literal(value)
+    if kind is tuple or kind is list:
+        parts = [_literal(v) for v in value]
+        if any(p is None for p in parts):
+            return None
+        body = ", ".join(p for p in parts if p is not None)
+        if kind is list:
+            return f"[{body}]"
+        return f"({body},)" if len(parts) == 1 else f"({body})"
+    if isinstance(value, dict):
+        items = [(_literal(k), _literal(v)) for k, v in value.items()]
+        if any(k is None or v is None for k, v in items):
+            return None
+        # "k:v" without a space: ": " would end a plain YAML scalar.
+        return "{" + ", ".join(f"{k}:{v}" for k, v in items) + "}"
+    return None
+
+
+def _represent_tuple(dumper: Any, data: tuple[Any, ...]) -> Any:
+    text = _literal(data)
+    if text is None:  # e.g. holds a nan: written as a YAML list
+        return dumper.represent_list(data)
+    return dumper.represent_scalar(_TUPLE_TAG, text)
+
+
+def _force_block(node: Any, seen: set[int]) -> bool:
+    """Make every collection holding a tuple scalar block style; say whether one was found.
+
+    A plain ``(a, b)`` cannot sit inside a flow collection (its commas would split it).
+    """
+    if id(node) in seen:
+        return False
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        return bool(node.tag == _TUPLE_TAG)
+    if isinstance(node, yaml.MappingNode):
+        children = [c for pair in node.value for c in pair]
+    else:
+        children = list(node.value)
+    found = False
+    for child in children:
+        found = _force_block(child, seen) or found
+    if found:
+        node.flow_style = False
+    return found
+
+
+def _represent(dumper: Any, data: Any) -> None:
+    node = dumper.represent_data(data)
+    _force_block(node, set())
+    dumper.serialize(node)
+    dumper.represented_objects = {}
+    dumper.object_keeper = []
+    dumper.alias_key = None
+
+
+# YAML 1.1 line breaks besides "\n": PyYAML writes them raw (allow_unicode) in plain or
+# single-quoted text, where reading folds them into spaces; double quotes escape them.
+_ODD_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
+def _represent_str(dumper: Any, data: str) -> Any:
+    if _ODD_BREAKS.search(data):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+    return dumper.represent_str(data)
+
+
+_Dumper.represent = _represent
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(tuple, _represent_tuple)
+_Dumper.add_multi_representer(CfgNode, yaml.SafeDumper.represent_dict)
+# Subclasses of the builtin scalars (numpy.float64, IntEnum, str enums) as their base value.
+_Dumper.add_multi_representer(float, lambda d, x: d.represent_float(float(x)))
+_Dumper.add_multi_representer(int, lambda d, x: d.represent_int(int(x)))
+_Dumper.add_multi_representer(str, lambda d, x: _represent_str(d, str(x)))
+
+
+def _describe_yaml_error(err: Any, name: str) -> str:
+    """``NAME:LINE:COLUMN: what went wrong`` from a yaml error with marks."""
+    mark = err.problem_mark or err.context_mark
+    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+    context = err.context
+    if context and err.context_mark is not None and err.context_mark is not mark:
+        context += f" (line {err.context_mark.line + 1})"
+    text = "; ".join(str(part) for part in (context, err.problem) if part)
+    if isinstance(err, yaml.constructor.ConstructorError) and "for the tag" in text:
+        text += " (CfgNode loads plain YAML only: tags that build Python objects are refused)"
+    return f"{where}: {text}"

@@ -1,0 +1,152 @@
+"""The error tree of easycore.
+
+::
+
+    Exception
+     └── EasycoreError                      every error easycore raises itself
+          ├── FrozenError (+AttributeError)  a frozen CfgNode was asked to change
+          ├── WorkerError                    user code raised (init, work, end, consumer)
+          │    ├── ItemTimeout               an item ran past ``timeout``; its worker was killed
+          │    └── SerializationError (+TypeError)  an item, result or function would not pickle
+          └── WorkerDied                     a worker process vanished (signal / exit code)
+
+``WorkerError`` and ``WorkerDied`` differ in *who* failed: with ``WorkerError`` the process is
+fine and the user's code raised (the original exception is ``__cause__``); with ``WorkerDied``
+the process itself is gone (SIGKILL, segfault, ``os._exit``, the OOM killer) and there is no
+Python exception to report, only an exit code or signal.
+
+Every class here pickles with its message and attributes: errors cross process boundaries.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+__all__ = [
+    "EasycoreError",
+    "FrozenError",
+    "ItemTimeout",
+    "RemoteTraceback",
+    "SerializationError",
+    "WorkerDied",
+    "WorkerError",
+    "describe_exitcode",
+]
+
+
+class EasycoreError(Exception):
+    """Root of every error easycore raises itself; ``except EasycoreError`` catches them all."""
+
+
+class FrozenError(EasycoreError, AttributeError):
+    """A frozen ``CfgNode`` (or a node inside one) was asked to change.
+
+    Also an ``AttributeError``, so code that guards attribute assignment keeps working. Use
+    ``with cfg.unfrozen():`` or ``cfg.freeze(False)`` to change a node on purpose.
+    """
+
+
+class RemoteTraceback(Exception):  # noqa: N818 - mirrors loky's _RemoteTraceback
+    """Carries the traceback text of an exception raised in another process.
+
+    Set as ``__cause__`` of the re-raised original exception, so Python prints the remote
+    traceback under "The above exception was the direct cause of ...".
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class WorkerError(EasycoreError):
+    """User code raised: a stage's ``init``, work function, ``end``, or the consumer.
+
+    The worker process itself is healthy (contrast :class:`WorkerDied`). ``__cause__`` is the
+    original exception, of its original type whenever it unpickles in the caller. The message
+    names the stage, device, worker and item index and carries the remote traceback.
+
+    Attributes:
+        stage: name of the function that raised (``"predict"``, ``"load (init)"``...).
+        device: the worker's device string, ``None`` for the consumer.
+        worker: the worker index, ``None`` for the consumer.
+        index: the item's index in the input (``None`` outside item processing).
+        remote_traceback: the formatted traceback text from the worker.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        stage: str | None = None,
+        device: str | None = None,
+        worker: int | None = None,
+        index: int | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.device = device
+        self.worker = worker
+        self.index = index
+        self.remote_traceback = remote_traceback
+
+
+class ItemTimeout(WorkerError):
+    """An item ran longer than ``timeout`` seconds; the worker running it was killed.
+
+    Raised once ``retries`` are used up (a retry runs the item on a fresh worker).
+    """
+
+
+class SerializationError(WorkerError, TypeError):
+    """An item, a result, a function or ``cfg`` could not be pickled to cross processes.
+
+    Also a ``TypeError`` (what ``pickle`` itself raises). The message names the item index
+    (or the function) and ``__cause__`` is the pickling error.
+    """
+
+
+class WorkerDied(EasycoreError):
+    """A worker process vanished: killed by a signal, segfault, ``os._exit``, OOM killer.
+
+    No Python exception exists to report (contrast :class:`WorkerError`); the message names
+    the device, worker index, exit code or signal, and the item it held when known.
+
+    Attributes:
+        device: the worker's device string.
+        worker: the worker index.
+        exitcode: the process exit code; negative ``-N`` means killed by signal ``N``.
+        index: the index of an item the worker held when it died, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        device: str | None = None,
+        worker: int | None = None,
+        exitcode: int | None = None,
+        index: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.device = device
+        self.worker = worker
+        self.exitcode = exitcode
+        self.index = index
+
+
+def describe_exitcode(exitcode: int | None) -> str:
+    """Say how a process ended: ``"signal 9 (SIGKILL)"``, ``"exit code 3"``.
+
+    >>> describe_exitcode(-9)
+    'signal 9 (SIGKILL)'
+    """
+    if exitcode is None:
+        return "no exit code (still running?)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+        return f"signal {-exitcode} ({name})"
+    return f"exit code {exitcode}"
+
+

@@ -1,0 +1,1095 @@
+"""The process executor behind ``Pipeline.map``/``imap``/``open``: one worker per device.
+
+Data flow (one caller thread, no helper threads in the caller)::
+
+    caller process                                       worker process k (one per device)
+    ------------------------------------------------     ---------------------------------------
+    data ──lazy──> [window] ──chunk of (index, item)──>  pipe k ──> reader thread ──> local queue
+     ^ (backpressure: at most `window` indices          (duplex)       │ EOF: caller died ->
+     │  taken and not yet yielded)                          │          │      os._exit (no orphan)
+     │                                                      │          v
+    yield / consumer <── reorder buffer <── reply ──────────┘     main thread: init once, then
+                        (ordered=True)      (one per chunk:       per item: slots[k] = (index,
+                                             results + errors)    start), fused producers; STOP
+                                                                  -> end -> ENDED
+    multiprocessing.connection.wait([pipe 1..n, process sentinel 1..n], timeout)
+       pipe ready      -> read replies (results, per-item errors, READY, ENDED)
+       sentinel ready  -> the process is gone: drain its pipe first (results already sent are
+                          kept, never re-run), then re-queue what it still held (retries) or
+                          raise WorkerDied naming the item from slots[k]
+       timeout         -> an item passed `timeout` (start time in slots[k]): kill that worker,
+                          then as above, raising ItemTimeout when retries are spent
+
+Why this shape:
+
+* Per-worker pipes (as torch's DataLoader keeps per-worker index queues) tell us exactly which
+  items each worker holds, so a dead worker's items can be re-run and nothing is lost or
+  doubled: a chunk's results arrive in one message, and a chunk is forgotten only when its
+  reply has been read.
+* Waiting on process sentinels (as loky does) sees a death the moment it happens, not on a
+  polling timer. No ``multiprocessing.Queue``: its feeder thread turns pickling errors into
+  silent hangs; here the caller pickles synchronously and can name the item.
+* Workers start from a forkserver that has already imported torch and easycore (Linux
+  default): the first pool pays the import once, later pools and respawns fork in
+  milliseconds, and no worker is forked from a caller that may hold threads or CUDA state.
+* Chunks grow adaptively (target a few milliseconds of work per message) so tiny items do not
+  drown in per-message overhead; the window scales with the chunk size and bounds memory:
+  at most ``n_workers * DEPTH * chunk`` items are in flight, and with ``ordered=True`` the
+  reorder buffer holds at most that many results (a slow item stalls the stream instead of
+  growing memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import math
+import multiprocessing as mp
+import multiprocessing.connection
+import multiprocessing.spawn
+import os
+import pickle
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NoReturn
+
+import attrs
+import cloudpickle
+
+from easycore import _worker
+from easycore._config import CfgNode
+from easycore._errors import (
+    EasycoreError,
+    ItemTimeout,
+    RemoteTraceback,
+    SerializationError,
+    WorkerDied,
+    WorkerError,
+    describe_exitcode,
+)
+from easycore._pipeline import Pipeline, Stage
+
+__all__ = ["Runner", "check_run_args", "parse_devices"]
+
+DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
+MAX_CHUNK = 4096  # items per chunk, at most
+TARGET_CHUNK_SECONDS = 0.01  # grow chunks until one takes about this long...
+TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
+ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
+INLINE = "inline"
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------------
+def check_run_args(
+    *, batch_size: int | None, timeout: float | None, retries: int, seed: int | None
+) -> None:
+    """Validate per-run options before any process starts.
+
+    Raises:
+        ValueError: a value out of range.
+        TypeError: a value of the wrong type.
+    """
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        msg = f"batch_size must be a positive int or None, got {batch_size!r}"
+        raise ValueError(msg)
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        msg = f"timeout must be a positive number of seconds or None, got {timeout!r}"
+        raise ValueError(msg)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        msg = f"retries must be an int >= 0, got {retries!r}"
+        raise ValueError(msg)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        msg = f"seed must be an int or None, got {seed!r}"
+        raise ValueError(msg)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _gpu_count() -> int:
+    # Importing torch costs a second or more; skip it where no NVIDIA driver exists at all.
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return 0
+    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def _one_device(entry: Any, gpus: Callable[[], int]) -> str:
+    text = str(entry) if type(entry).__name__ == "device" else entry
+    if not isinstance(text, str):
+        msg = f"a device must be a string like 'cpu' or 'cuda:0' or a torch.device, got {entry!r}"
+        raise ValueError(msg)
+    if text in ("cpu", "cpu:0"):
+        return "cpu"
+    if text == "cuda" or text.startswith("cuda:"):
+        number = text[5:] or "0"
+        if not number.isdigit():
+            msg = f"bad device {entry!r}: expected 'cuda:N' with N a GPU number"
+            raise ValueError(msg)
+        count = gpus()
+        if int(number) >= count:
+            msg = (
+                f"device {entry!r} does not exist: this machine has {count} visible GPU(s)"
+                + (f" (cuda:0 .. cuda:{count - 1})" if count else "")
+            )
+            raise ValueError(msg)
+        return f"cuda:{int(number)}"
+    msg = f"unknown device {entry!r}: use 'cpu', 'cuda:N', 'cuda', 'auto', 'inline' or an int"
+    raise ValueError(msg)
+
+
+def parse_devices(devices: Any) -> list[str]:
+    """Turn the ``devices`` argument into one device string per worker, or ``["inline"]``.
+
+    Raises:
+        ValueError: an impossible device (``0``, ``-1``, ``"tpu"``, a GPU that is not there).
+
+    >>> parse_devices(2)
+    ['cpu', 'cpu']
+    >>> parse_devices("inline")
+    ['inline']
+    """
+    cache: list[int] = []
+
+    def gpus() -> int:
+        if not cache:
+            cache.append(_gpu_count())
+        return cache[0]
+
+    if isinstance(devices, bool):
+        msg = f"devices must be an int, a device list or a keyword, got {devices!r}"
+        raise ValueError(msg)
+    if isinstance(devices, int):
+        if devices < 1:
+            msg = f"devices={devices}: need at least 1 worker (an int means that many CPU workers)"
+            raise ValueError(msg)
+        return ["cpu"] * devices
+    if isinstance(devices, str):
+        if devices == INLINE:
+            return [INLINE]
+        if devices == "auto":
+            n = gpus()
+            return [f"cuda:{i}" for i in range(n)] if n else ["cpu"] * _cpu_count()
+        if devices == "cuda":
+            n = gpus()
+            if n == 0:
+                msg = "devices='cuda' but no GPU is visible; use an int for CPU workers or 'auto'"
+                raise ValueError(msg)
+            return [f"cuda:{i}" for i in range(n)]
+        return [_one_device(devices, gpus)]
+    if type(devices).__name__ == "device":
+        return [_one_device(devices, gpus)]
+    if isinstance(devices, Iterable):
+        out = [_one_device(d, gpus) for d in devices]
+        if not out:
+            msg = "devices is an empty list: give at least one device"
+            raise ValueError(msg)
+        return out
+    msg = f"devices must be an int, a list of devices, 'cuda', 'auto' or 'inline', got {devices!r}"
+    raise ValueError(msg)
+
+
+def _frozen_cfg(cfg: Mapping[str, Any] | None) -> CfgNode:
+    if cfg is None:
+        return CfgNode({}, frozen=True)
+    if not isinstance(cfg, Mapping):
+        msg = f"cfg must be a mapping or CfgNode, got {type(cfg).__name__}"
+        raise TypeError(msg)
+    return CfgNode(dict(cfg), frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# process start-up
+# ---------------------------------------------------------------------------------------------
+_START_LOCK = threading.Lock()
+_PRELOAD_SET = False
+
+
+def _context(start_method: str | None) -> Any:
+    global _PRELOAD_SET
+    methods = mp.get_all_start_methods()
+    method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+    if method not in methods:
+        msg = f"start_method {method!r} is not available here; choose from {methods}"
+        raise ValueError(msg)
+    if method == "fork":
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            msg = "start_method='fork' after CUDA was initialised in this process is unsafe; use 'forkserver' or 'spawn'"
+            raise ValueError(msg)
+    ctx = mp.get_context(method)
+    if method == "forkserver" and not _PRELOAD_SET:
+        # The forkserver imports torch once, before it has any thread or CUDA context; every
+        # worker forks from it with torch already loaded. No '__main__': see _hidden_main.
+        ctx.set_forkserver_preload(["easycore._worker", "torch"])
+        _PRELOAD_SET = True
+    return ctx
+
+
+@contextlib.contextmanager
+def _hidden_main() -> Iterator[None]:
+    # multiprocessing re-imports the caller's __main__ in spawned/forkserver children, which
+    # re-runs an unguarded script's top level (and fails in notebooks). Everything a worker
+    # needs travels by cloudpickle, so we leave __main__ out of the children's preparation.
+    original = multiprocessing.spawn.get_preparation_data
+
+    def without_main(name: str) -> dict[str, Any]:
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    with _START_LOCK:
+        multiprocessing.spawn.get_preparation_data = without_main
+        try:
+            yield
+        finally:
+            multiprocessing.spawn.get_preparation_data = original
+
+
+def _culprit_of(producers: tuple[Stage, ...], cfg: CfgNode) -> str:
+    for stage in producers:
+        for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as exc:  # noqa: BLE001
+                return f"the {role} of stage {stage.name!r} cannot be pickled: {exc}"
+    try:
+        cloudpickle.dumps(cfg)
+    except Exception as exc:  # noqa: BLE001
+        return f"cfg cannot be pickled: {exc}"
+    return "the pipeline cannot be pickled"
+
+
+@attrs.define(eq=False)
+class _Worker:
+    slot: int
+    device: str
+    proc: Any
+    conn: Any
+    ready: bool = False
+    alive: bool = True
+    outstanding: dict[int, list[tuple[int, Any]]] = attrs.Factory(dict)
+    timed_out: int | None = None  # index of the item we killed it for
+    last_nbytes: int = 0  # size of the last reply, for chunk sizing
+    idle_deaths: int = 0
+
+
+class _ChunkSizer:
+    """Grow chunks of small items until one takes ~10 ms or ~1 MiB, shrink for slow ones."""
+
+    __slots__ = ("per_item", "size")
+
+    def __init__(self) -> None:
+        self.size = 1
+        self.per_item: float | None = None
+
+    def update(self, n: int, elapsed: float, nbytes: int) -> None:
+        if n <= 0:
+            return
+        t = max(elapsed / n, 1e-7)
+        self.per_item = t if self.per_item is None else 0.5 * self.per_item + 0.5 * t
+        by_time = TARGET_CHUNK_SECONDS / self.per_item
+        by_bytes = TARGET_CHUNK_BYTES / max(nbytes / n, 1)
+        target = max(1, min(MAX_CHUNK, int(min(by_time, by_bytes))))
+        # Grow at most 4x per reply so one fast outlier does not make a huge chunk.
+        self.size = min(target, self.size * 4)
+
+
+def _raise_remote(
+    entry: tuple[str, bytes | None, str, str, str],
+    *,
+    device: str | None,
+    worker: int | None,
+    index: int | None,
+    what: str,
+) -> None:
+    stage, blob, tname, text, tb = entry
+    original: BaseException | None = None
+    if blob is not None:
+        try:
+            original = pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - falls back to a description below
+            original = None
+    if not isinstance(original, BaseException):
+        original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
+    if original.__cause__ is None:
+        original.__cause__ = RemoteTraceback(tb)
+    where = f"on {device} (worker {worker})" if device is not None else "in the calling process"
+    msg = f"{stage} raised {tname.rsplit('.', 1)[-1]}: {text}\n  {what} {where}\n\nRemote traceback:\n{tb}"
+    cls = SerializationError if stage == "<result pickling>" else WorkerError
+    raise cls(msg, stage, device, worker, index, tb) from original
+
+
+def _item_label(index: int, batch_size: int | None) -> str:
+    if batch_size is None:
+        return f"item {index}"
+    return f"batch {index} (items {index * batch_size}..{(index + 1) * batch_size - 1})"
+
+
+def _after(retries: int) -> str:
+    if not retries:
+        return ""
+    return f" after {retries} retr{'y' if retries == 1 else 'ies'}"
+
+
+def _short_repr(obj: Any, limit: int = 80) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(obj).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _batched(data: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    it = iter(data)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
+
+
+def _kill_all(procs: list[Any]) -> None:
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.is_alive():
+                p.kill()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the runner
+# ---------------------------------------------------------------------------------------------
+class Runner:
+    """Workers for one pipeline that stay up across calls; made by ``Pipeline.open``.
+
+    ``init`` runs once per worker when the runner activates, ``end`` at :meth:`close`.
+    ``map``/``imap`` may be called any number of times, one at a time. After an error or
+    Ctrl-C inside a call the runner is closed (``is_active`` is False, no process left);
+    :meth:`activate` starts it again.
+
+    >>> from easycore import producer
+    >>> @producer
+    ... def inc(x):
+    ...     return x + 1
+    >>> with inc.open(devices="inline") as runner:
+    ...     runner.map([1, 2])
+    [2, 3]
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        devices: Any = "auto",
+        *,
+        cfg: Mapping[str, Any] | None = None,
+        start_method: str | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.devices: tuple[str, ...] = tuple(parse_devices(devices))
+        self.cfg = _frozen_cfg(cfg)
+        self._start_method = start_method
+        self._inline = self.devices == (INLINE,)
+        self._workers: list[_Worker] = []
+        self._active = False
+        self._busy = False
+        self._states: list[Any] = []
+        self._slots: Any = None
+        self._ctx: Any = None
+        self._payload = b""
+        self._finalizer: weakref.finalize | None = None
+        self.startup_seconds = 0.0
+        self.activate()
+
+    # -- public state --------------------------------------------------------------------
+    @property
+    def is_active(self) -> bool:
+        """True between :meth:`activate` and :meth:`close`."""
+        return self._active
+
+    @property
+    def n_workers(self) -> int:
+        """How many workers this runner has (1 for ``"inline"``)."""
+        return len(self.devices)
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "closed"
+        return f"<Runner {self.pipeline!r} on {list(self.devices)} ({state})>"
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Leaving early (GeneratorExit from an abandoned imap) is a normal close, not an error.
+        if exc[0] is None or exc[0] is GeneratorExit:
+            self.close()
+        else:
+            self._abort()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def activate(self) -> None:
+        """Start the workers and run every producer's ``init``; no-op when already active.
+
+        Raises:
+            WorkerError: an ``init`` raised (no worker is left running).
+            WorkerDied: a worker died while starting.
+            SerializationError: a stage function or ``cfg`` cannot be pickled.
+        """
+        if self._active:
+            return
+        t0 = time.perf_counter()
+        producers = self.pipeline.producers
+        if self._inline:
+            self._activate_inline()
+        elif producers:
+            try:
+                self._payload = cloudpickle.dumps((producers, self.cfg), _worker._PROTOCOL)
+            except Exception as exc:
+                msg = f"{_culprit_of(producers, self.cfg)}; workers receive their functions pickled"
+                raise SerializationError(msg) from exc
+            self._ctx = _context(self._start_method)
+            n = len(self.devices)
+            self._slots = self._ctx.RawArray("d", 2 * n)
+            self._active = True
+            try:
+                self._workers = []
+                for i in range(n):
+                    self._workers.append(self._spawn(i))
+                self._finalizer = weakref.finalize(
+                    self, _kill_all, [w.proc for w in self._workers]
+                )
+                while not all(w.ready for w in self._workers):
+                    self._wait_and_handle(None, on_result=None)
+            except BaseException:
+                self._abort()
+                raise
+        self._active = True
+        self.startup_seconds = time.perf_counter() - t0
+
+    def _activate_inline(self) -> None:
+        context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
+        self._states = []
+        for stage in self.pipeline.producers:
+            if not stage.has_init:
+                self._states.append(None)
+                continue
+            try:
+                self._states.append(stage.init(**{n: context[n] for n in stage.init_names}))
+            except Exception as exc:
+                self._end_inline(suppress=True)
+                self._wrap_local(exc, f"{stage.name} (init)", None, "while starting")
+        self._active = True
+
+    def _spawn(self, slot: int) -> _Worker:
+        device = self.devices[slot]
+        cpus = _cpu_count()
+        env_set = any(k in os.environ for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+        threads = None if env_set else max(1, cpus // len(self.devices))
+        parent, child = self._ctx.Pipe(duplex=True)
+        entropy = int.from_bytes(os.urandom(8), "little") >> 1
+        proc = self._ctx.Process(
+            target=_worker.worker_main,
+            args=(child, self._slots, slot, slot, device, threads, self._payload, entropy),
+            name=f"easycore-worker-{slot}-{device}",
+            daemon=True,
+        )
+        with _hidden_main():
+            proc.start()
+        child.close()
+        self._slots[2 * slot + 1] = 0.0
+        return _Worker(slot=slot, device=device, proc=proc, conn=parent)
+
+    def close(self) -> None:
+        """Run every worker's ``end`` and stop the workers; idempotent.
+
+        Raises:
+            WorkerError: an ``end`` raised (the workers are stopped all the same).
+            WorkerDied: a worker died during ``end``.
+        """
+        if not self._active:
+            return
+        if self._inline:
+            self._active = False
+            self._end_inline(suppress=False)
+            return
+        self._shutdown(grace=None, report=True)
+
+    def _abort(self) -> None:
+        """Stop everything now after an error or interrupt: `end` gets a short grace."""
+        if self._inline:
+            if self._active:
+                self._active = False
+                self._end_inline(suppress=True)
+            return
+        if self._workers or self._active:
+            self._shutdown(grace=ABORT_GRACE, report=False)
+
+    def _shutdown(self, grace: float | None, report: bool) -> None:
+        self._active = False
+        workers, self._workers = self._workers, []
+        failure: BaseException | None = None
+        try:
+            for w in workers:
+                if w.alive:
+                    with contextlib.suppress(OSError, ValueError):
+                        w.conn.send_bytes(_worker.STOP)
+            deadline = None if grace is None else time.monotonic() + grace
+            waiting = {w.slot: w for w in workers if w.alive}
+            while waiting:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if remaining == 0.0:
+                    break
+                objs = [w.conn for w in waiting.values()] + [w.proc.sentinel for w in waiting.values()]
+                ready = mp.connection.wait(objs, remaining)
+                if not ready:
+                    break
+                for w in list(waiting.values()):
+                    done, err = self._read_goodbye(w)
+                    if err is not None and failure is None:
+                        failure = err
+                    if done:
+                        del waiting[w.slot]
+        except BaseException:
+            _kill_all([w.proc for w in workers])
+            raise
+        finally:
+            for w in workers:
+                if w.proc.is_alive():
+                    w.proc.join(0.5 if grace is not None else 5.0)
+                if w.proc.is_alive():
+                    w.proc.kill()
+                w.proc.join(2.0)
+                with contextlib.suppress(Exception):
+                    w.conn.close()
+                w.alive = False
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+        if report and failure is not None:
+            raise failure
+
+    def _read_goodbye(self, w: _Worker) -> tuple[bool, BaseException | None]:
+        """Read what a stopping worker sends; (finished?, error from its `end`)."""
+        try:
+            while w.conn.poll():
+                msg = pickle.loads(w.conn.recv_bytes())
+                if msg[0] == _worker.ENDED:
+                    return True, None
+                if msg[0] == _worker.END_ERROR:
+                    try:
+                        _raise_remote(msg[1:], device=w.device, worker=w.slot, index=None, what="while ending")
+                    except WorkerError as exc:
+                        return True, exc
+                # replies of chunks that no longer matter are dropped
+        except (EOFError, OSError):
+            pass
+        if not w.proc.is_alive():
+            w.proc.join(0.1)
+            code = w.proc.exitcode
+            if code not in (0, None):
+                return True, WorkerDied(
+                    f"worker {w.slot} on {w.device} died while ending: {describe_exitcode(code)}",
+                    w.device, w.slot, code,
+                )
+            return True, None
+        return False, None
+
+    def _end_inline(self, *, suppress: bool) -> None:
+        context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
+        first: BaseException | None = None
+        for stage, state in zip(self.pipeline.producers, self._states, strict=False):
+            if stage.end is None:
+                continue
+            try:
+                stage.end(**{n: {**context, "state": state}[n] for n in stage.end_names})
+            except Exception as exc:  # noqa: BLE001
+                if first is None:
+                    try:
+                        self._wrap_local(exc, f"{stage.name} (end)", None, "while ending")
+                    except WorkerError as wrapped:
+                        first = wrapped
+        self._states = []
+        if first is not None and not suppress:
+            raise first
+
+    @staticmethod
+    def _wrap_local(
+        exc: BaseException, stage: str, index: int | None, what: str, device: str | None = "cpu"
+    ) -> NoReturn:
+        import traceback
+
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        where = "inline on cpu (worker 0)" if device is not None else "in the calling process"
+        msg = f"{stage} raised {type(exc).__name__}: {exc}\n  {what} {where}\n\nTraceback:\n{tb}"
+        raise WorkerError(msg, stage, device, 0 if device else None, index, tb) from exc
+
+    # -- running -------------------------------------------------------------------------
+    def map(
+        self,
+        data: Iterable[Any],
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+    ) -> Any:
+        """Run ``data`` through the pipeline on this runner's workers.
+
+        Returns:
+            The consumer's result, or a list of the producers' results without a consumer.
+
+        Raises:
+            RuntimeError: the runner is closed (call ``activate()``) or busy.
+            WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
+        """
+        check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        stream = self._results(data, ordered, batch_size, progress, seed, timeout, retries)
+        cons = self.pipeline.consumer
+        if cons is None:
+            return [y for _, y in stream]
+        context = {"cfg": self.cfg}
+        kw = {n: context[n] for n in cons.fn_names}
+        acc = self._consumer_init(cons)
+        fn = cons.fn
+        index = -1
+        try:
+            for index, y in stream:
+                out = fn(acc, y, **kw)
+                if out is not None:
+                    acc = out
+        except EasycoreError:
+            raise
+        except Exception as exc:
+            self._abort()
+            stream.close()
+            self._wrap_local(exc, cons.name, index, f"while folding {_item_label(index, batch_size)}", None)
+        except BaseException:
+            self._abort()
+            stream.close()
+            raise
+        if cons.end is None:
+            return acc
+        try:
+            return cons.end(acc, **{n: context[n] for n in cons.end_names})
+        except Exception as exc:
+            self._wrap_local(exc, f"{cons.name} (end)", None, "while finishing", None)
+            raise  # pragma: no cover - _wrap_local always raises
+
+    def _consumer_init(self, cons: Stage) -> Any:
+        if callable(cons.init):
+            try:
+                return cons.init(**{n: self.cfg for n in cons.init_names})
+            except Exception as exc:
+                self._wrap_local(exc, f"{cons.name} (init)", None, "while starting", None)
+        return copy.deepcopy(cons.init)
+
+    def imap(
+        self,
+        data: Iterable[Any],
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+    ) -> Iterator[Any]:
+        """Yield the producers' results lazily, with bounded memory (no consumer allowed)."""
+        if self.pipeline.consumer is not None:
+            msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
+            raise TypeError(msg)
+        check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        return (y for _, y in self._results(data, ordered, batch_size, progress, seed, timeout, retries))
+
+    def _results(
+        self,
+        data: Iterable[Any],
+        ordered: bool,
+        batch_size: int | None,
+        progress: bool,
+        seed: int | None,
+        timeout: float | None,
+        retries: int,
+    ) -> Iterator[tuple[int, Any]]:
+        if not self._active:
+            msg = "this runner is closed: call runner.activate() to start its workers again"
+            raise RuntimeError(msg)
+        if self._busy:
+            msg = "this runner is already running a map/imap; runs on one runner go one at a time"
+            raise RuntimeError(msg)
+        source: Iterable[Any] = _batched(data, batch_size) if batch_size else data
+        if self._inline or not self.pipeline.producers:
+            stream = self._stream_inline(source, seed, retries, batch_size)
+        else:
+            stream = self._stream(source, ordered, seed, timeout, retries, batch_size)
+        if not progress:
+            return self._guard(stream)
+        total = None
+        with contextlib.suppress(TypeError):
+            n = len(data)  # type: ignore[arg-type]
+            total = n if batch_size is None else math.ceil(n / batch_size)
+        return self._guard(self._with_progress(stream, total))
+
+    def _guard(self, stream: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+        self._busy = True
+        try:
+            yield from stream
+        finally:
+            self._busy = False
+
+    @staticmethod
+    def _with_progress(stream: Iterator[tuple[int, Any]], total: int | None) -> Iterator[tuple[int, Any]]:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=total, unit="item", dynamic_ncols=True) as bar:
+            for pair in stream:
+                bar.update(1)
+                yield pair
+
+    def _stream_inline(
+        self, source: Iterable[Any], seed: int | None, retries: int, batch_size: int | None
+    ) -> Iterator[tuple[int, Any]]:
+        context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
+        stages = [
+            (s, {n: {**context, "state": st}[n] for n in s.fn_names})
+            for s, st in zip(self.pipeline.producers, self._states or [None] * len(self.pipeline.producers), strict=True)
+        ]
+        if seed is None and stages:
+            _worker.seed_everything(int.from_bytes(os.urandom(8), "little") >> 1)
+        for index, item in enumerate(source):
+            attempt = 0
+            while True:
+                if seed is not None:
+                    _worker.seed_everything(_worker.derive_seed(seed, index))
+                value, failed = item, None
+                for stage, kw in stages:
+                    try:
+                        value = stage.fn(value, **kw)
+                    except Exception as exc:  # noqa: BLE001
+                        failed = (stage, exc)
+                        break
+                if failed is None:
+                    break
+                attempt += 1
+                if attempt > retries:
+                    self._abort()
+                    stage, exc = failed
+                    self._wrap_local(exc, stage.name, index, f"while running {_item_label(index, batch_size)}")
+            yield index, value
+
+    # -- the process loop ----------------------------------------------------------------
+    def _stream(
+        self,
+        source: Iterable[Any],
+        ordered: bool,
+        seed: int | None,
+        timeout: float | None,
+        retries: int,
+        batch_size: int | None,
+    ) -> Iterator[tuple[int, Any]]:
+        run = _Run(self, iter(source), ordered, seed, timeout, retries, batch_size)
+        try:
+            yield from run.loop()
+        except GeneratorExit:
+            # The caller stopped early (break out of imap): wait for what is in flight and
+            # drop it, so the runner stays usable. Ctrl-C while waiting aborts instead.
+            if self._active:
+                try:
+                    run.drain()
+                except BaseException:
+                    self._abort()
+                    raise
+            raise
+        except BaseException:
+            self._abort()
+            raise
+
+    def _wait_and_handle(self, timeout: float | None, on_result: Callable[[_Worker, Any], None] | None) -> None:
+        """Wait for any pipe or sentinel, then handle it. Used at start-up and by `_Run`."""
+        live = [w for w in self._workers if w.alive]
+        objs = [w.conn for w in live] + [w.proc.sentinel for w in live]
+        ready = set(mp.connection.wait(objs, timeout))
+        for w in live:
+            if w.conn in ready or w.proc.sentinel in ready:
+                self._handle(w, on_result)
+
+    def _handle(self, w: _Worker, on_result: Callable[[_Worker, Any], None] | None) -> None:
+        # Read everything the worker sent before looking at whether it is alive: a result that
+        # reached the pipe before the death must count, and must not be re-run.
+        broken = False
+        try:
+            while w.conn.poll():
+                raw = w.conn.recv_bytes()
+                w.last_nbytes = len(raw)
+                msg = pickle.loads(raw)
+                tag = msg[0]
+                if tag == _worker.READY:
+                    w.ready = True
+                elif tag == _worker.INIT_ERROR:
+                    _raise_remote(msg[1:], device=w.device, worker=w.slot, index=None, what="while starting")
+                elif tag == _worker.DONE and on_result is not None:
+                    on_result(w, msg)
+        except (EOFError, OSError):
+            broken = True
+        if broken or not w.proc.is_alive():
+            w.proc.join(1.0)
+            if w.proc.is_alive():  # pipe broke but the process lingers: finish it
+                w.proc.kill()
+                w.proc.join(1.0)
+            w.alive = False
+            with contextlib.suppress(Exception):
+                w.conn.close()
+            if not w.ready:
+                code = w.proc.exitcode
+                msg = (
+                    f"worker {w.slot} on {w.device} died while starting (during init): "
+                    f"{describe_exitcode(code)}"
+                )
+                raise WorkerDied(msg, w.device, w.slot, code)
+            if on_result is None:  # pragma: no cover - only during start-up
+                raise WorkerDied(f"worker {w.slot} on {w.device} died", w.device, w.slot, w.proc.exitcode)
+            on_result(w, None)  # None: the worker is gone
+
+    def _respawn(self, slot: int) -> None:
+        self._workers[slot] = self._spawn(slot)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _kill_all, [w.proc for w in self._workers])
+
+
+class _Run:
+    """The state of one ``map``/``imap`` call on an active process runner."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        source: Iterator[Any],
+        ordered: bool,
+        seed: int | None,
+        timeout: float | None,
+        retries: int,
+        batch_size: int | None,
+    ) -> None:
+        self.r = runner
+        self.source = enumerate(source)
+        self.exhausted = False
+        self.ordered = ordered
+        self.seed = seed
+        self.timeout = timeout
+        self.retries = retries
+        self.batch_size = batch_size
+        self.redo: deque[tuple[int, Any]] = deque()
+        self.attempts: dict[int, int] = {}
+        self.buffer: dict[int, Any] = {}
+        self.ready: deque[tuple[int, Any]] = deque()
+        self.next_out = 0
+        self.taken = 0  # indices pulled from the source and not yet yielded
+        self.chunk = _ChunkSizer()
+        self.chunk_ids = itertools.count()
+
+    # -- dispatch --------------------------------------------------------------------------
+    def window(self) -> int:
+        return max(DEPTH * len(self.r._workers) * self.chunk.size, 2 * DEPTH * len(self.r._workers))
+
+    def _take(self, limit: int) -> list[tuple[int, Any]]:
+        items: list[tuple[int, Any]] = []
+        while self.redo and len(items) < limit:
+            items.append(self.redo.popleft())
+        if items:
+            return items  # re-runs travel alone so a poison item is pinned down
+        room = self.window() - self.taken
+        while len(items) < min(limit, room) and not self.exhausted:
+            try:
+                items.append(next(self.source))
+            except StopIteration:
+                self.exhausted = True
+        self.taken += len(items)
+        return items
+
+    def dispatch(self) -> None:
+        for w in self.r._workers:
+            while w.alive and w.ready and len(w.outstanding) < DEPTH:
+                items = self._take(self.chunk.size if not self.redo else 1)
+                if not items:
+                    return
+                chunk_id = next(self.chunk_ids)
+                try:
+                    blob = _worker.dumps((chunk_id, self.seed, items))
+                except Exception as exc:
+                    self._unpicklable(items, exc)
+                w.outstanding[chunk_id] = items
+                try:
+                    w.conn.send_bytes(blob)
+                except OSError:
+                    break  # the worker is dying; its sentinel will tell us and we re-queue
+
+    def _unpicklable(self, items: list[tuple[int, Any]], exc: Exception) -> None:
+        for index, item in items:
+            try:
+                _worker.dumps(item)
+            except Exception as inner:  # noqa: BLE001
+                label = _item_label(index, self.batch_size)
+                msg = f"{label} cannot be pickled to reach a worker: {inner} (item: {_short_repr(item)})"
+                raise SerializationError(msg, "<item pickling>", None, None, index) from inner
+        raise SerializationError(f"a chunk of items cannot be pickled: {exc}") from exc
+
+    # -- results ---------------------------------------------------------------------------
+    def on_message(self, w: _Worker, msg: Any) -> None:
+        if msg is None:
+            self._on_death(w)
+            return
+        _, chunk_id, results, elapsed = msg
+        items = w.outstanding.pop(chunk_id, None)
+        if items is None:  # pragma: no cover - a reply for a chunk we already re-queued
+            return
+        self.chunk.update(len(results), elapsed, w.last_nbytes)
+        for index, ok, value in results:
+            if ok:
+                self._deliver(index, value)
+                continue
+            tries = self.attempts.get(index, 0) + 1
+            self.attempts[index] = tries
+            if tries <= self.retries:
+                self.redo.append((index, dict(items)[index]))
+                continue
+            what = f"while running {_item_label(index, self.batch_size)}{_after(self.retries)}"
+            _raise_remote(value, device=w.device, worker=w.slot, index=index, what=what)
+
+    def _deliver(self, index: int, value: Any) -> None:
+        if self.ordered:
+            self.buffer[index] = value
+        else:
+            self.ready.append((index, value))
+
+    def _on_death(self, w: _Worker) -> None:
+        slots = self.r._slots
+        lost = [pair for items in w.outstanding.values() for pair in items]
+        w.outstanding.clear()
+        code = w.proc.exitcode
+        culprit: int | None = w.timed_out
+        if culprit is None and slots[2 * w.slot + 1] > 0:
+            culprit = int(slots[2 * w.slot])
+        held = {i for i, _ in lost}
+        if culprit is not None and culprit not in held:
+            culprit = None
+        charged = [culprit] if culprit is not None else sorted(held)
+        exhausted = False
+        for index in charged:
+            self.attempts[index] = self.attempts.get(index, 0) + 1
+            exhausted = exhausted or self.attempts[index] > self.retries
+        if not charged:
+            w.idle_deaths += 1
+            exhausted = w.idle_deaths > self.retries
+        if exhausted:
+            self._raise_death(w, code, culprit, lost)
+        # Re-run what it held, oldest first, ahead of new input; then bring the slot back.
+        self.redo.extendleft(reversed(sorted(lost, key=lambda p: p[0])))
+        self.r._respawn(w.slot)
+
+    def _raise_death(self, w: _Worker, code: int | None, culprit: int | None, lost: list[tuple[int, Any]]) -> None:
+        how = describe_exitcode(code)
+        tries = _after(self.retries)
+        if culprit is not None:
+            label = _item_label(culprit, self.batch_size)
+            item = _short_repr(dict(lost).get(culprit))
+            if w.timed_out is not None:
+                msg = (
+                    f"{label} ran past timeout={self.timeout}s on {w.device} (worker {w.slot}); "
+                    f"the worker was killed{tries} (item: {item})"
+                )
+                raise ItemTimeout(msg, "<timeout>", w.device, w.slot, culprit)
+            msg = f"worker {w.slot} on {w.device} died ({how}) while running {label}{tries} (item: {item})"
+            raise WorkerDied(msg, w.device, w.slot, code, culprit)
+        held = f" holding {len(lost)} item(s)" if lost else ""
+        msg = f"worker {w.slot} on {w.device} died ({how}){held}{tries}"
+        raise WorkerDied(msg, w.device, w.slot, code)
+
+    # -- the loop --------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return any(w.outstanding for w in self.r._workers)
+
+    def loop(self) -> Iterator[tuple[int, Any]]:
+        while True:
+            # Yield first, then refill: yielding frees room in the window, and we must never
+            # wait with room to spare and nothing in flight.
+            if self.ordered:
+                while self.next_out in self.buffer:
+                    value = self.buffer.pop(self.next_out)
+                    self.taken -= 1
+                    self.next_out += 1
+                    yield self.next_out - 1, value
+            else:
+                while self.ready:
+                    self.taken -= 1
+                    yield self.ready.popleft()
+            self.dispatch()
+            if not self.busy():
+                if self.exhausted and not self.redo and not self.buffer and not self.ready:
+                    return
+                if all(w.ready for w in self.r._workers):
+                    # Nothing in flight, every worker idle, yet work remains: waiting would
+                    # hang forever, so fail loudly instead (this is a bug in easycore).
+                    msg = f"easycore internal error: stalled with {self.taken} item(s) pending"
+                    raise EasycoreError(msg)
+            self.r._wait_and_handle(self._wait_time(), self.on_message)
+            self._check_timeouts()
+
+    def _wait_time(self) -> float | None:
+        if self.timeout is None:
+            return None
+        now = time.monotonic()
+        slots = self.r._slots
+        nearest = self.timeout
+        for w in self.r._workers:
+            start = slots[2 * w.slot + 1]
+            if w.alive and w.outstanding and start > 0:
+                nearest = min(nearest, start + self.timeout - now)
+        # A worker may start an item without telling us; look again at least every 0.25 s.
+        return max(0.0, min(nearest, 0.25))
+
+    def _check_timeouts(self) -> None:
+        if self.timeout is None:
+            return
+        slots = self.r._slots
+        now = time.monotonic()
+        for w in self.r._workers:
+            if not (w.alive and w.outstanding) or w.timed_out is not None:
+                continue
+            index, start = slots[2 * w.slot], slots[2 * w.slot + 1]
+            if start > 0 and now - start > self.timeout and slots[2 * w.slot] == index:
+                w.timed_out = int(index)
+                w.proc.kill()
+
+    def drain(self) -> None:
+        """Wait for the chunks in flight and drop their results (caller stopped early)."""
+        self.exhausted = True
+        self.redo.clear()
+        while self.busy():
+            self.r._wait_and_handle(self._wait_time(), self._discard)
+            self._check_timeouts()
+
+    def _discard(self, w: _Worker, msg: Any) -> None:
+        if msg is None:
+            w.outstanding.clear()
+            self.r._respawn(w.slot)
+            return
+        w.outstanding.pop(msg[1], None)

@@ -1,0 +1,116 @@
+"""Decoration-time checks of which names a user function wants injected.
+
+A work function takes the item first and may declare any of ``device``, ``cfg``, ``state`` and
+``worker`` as further parameters; ``init``/``end`` declare only injectable names. We read the
+signature once, when the decorator runs, and keep the tuple of names to pass, so the hot path
+in the worker is a plain ``fn(item, **kwargs)`` with a dict built once per worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["call_with", "injected_names"]
+
+PRODUCER_WORK = frozenset({"device", "cfg", "state", "worker"})
+PRODUCER_INIT = frozenset({"device", "cfg", "worker"})
+PRODUCER_END = frozenset({"device", "cfg", "worker", "state"})
+CONSUMER_WORK = frozenset({"cfg"})
+CONSUMER_INIT = frozenset({"cfg"})
+CONSUMER_END = frozenset({"cfg"})
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    # Builtins and C types (``list``, ``torch.cat``) may have no signature; they are called
+    # with their leading positional arguments only (toolz ``_check_sigspec``).
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def injected_names(
+    fn: Callable[..., Any],
+    *,
+    role: str,
+    positional: int,
+    allowed: frozenset[str],
+) -> tuple[str, ...]:
+    """Return the injectable names ``fn`` declares, checking its signature.
+
+    Args:
+        fn: the user's callable.
+        role: what ``fn`` is, for messages (``"work function"``, ``"init"``...).
+        positional: how many leading positional arguments the executor passes (the item: 1,
+            the consumer's accumulator and item: 2, ``init``: 0).
+        allowed: names the executor can inject for this role.
+
+    Returns:
+        The declared injectable names, in signature order.
+
+    Raises:
+        TypeError: ``fn`` is not callable, takes ``*args``/``**kwargs``, has too few
+            positional parameters, or declares a name that cannot be injected.
+
+    >>> injected_names(lambda x, *, device: x, role="work", positional=1,
+    ...                allowed=frozenset({"device"}))
+    ('device',)
+    """
+    if not callable(fn):
+        msg = f"{role} must be callable, got {fn!r}"
+        raise TypeError(msg)
+    sig = _signature(fn)
+    if sig is None:
+        return ()
+    name = _describe(fn)
+    params = list(sig.parameters.values())
+    leading = 0
+    names: list[str] = []
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            msg = (
+                f"{role} {name!r} takes *{p.name}: declare the injected names "
+                f"({', '.join(sorted(allowed))}) as keyword parameters instead"
+            )
+            raise TypeError(msg)
+        if p.kind is p.VAR_KEYWORD:
+            msg = (
+                f"{role} {name!r} takes **{p.name}: declare the injected names "
+                f"({', '.join(sorted(allowed))}) one by one instead"
+            )
+            raise TypeError(msg)
+        if leading < positional and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            leading += 1
+            continue
+        if p.kind is p.POSITIONAL_ONLY and p.default is not p.empty:
+            continue  # e.g. ``list(iterable=(), /)``: cannot be named, keeps its default
+        if p.name in allowed:
+            if p.kind is p.POSITIONAL_ONLY:
+                msg = f"{role} {name!r}: parameter {p.name!r} is positional-only; it is injected by name"
+                raise TypeError(msg)
+            names.append(p.name)
+        else:
+            can = ", ".join(sorted(allowed)) or "nothing"
+            msg = (
+                f"{role} {name!r} has parameter {p.name!r}, which easycore cannot fill in: "
+                f"the injectable names here are {can}"
+            )
+            raise TypeError(msg)
+    if leading < positional:
+        what = {1: "the item", 2: "the accumulator and the item"}.get(positional, "")
+        msg = f"{role} {name!r} must take {what} as its first positional parameter(s)"
+        raise TypeError(msg)
+    return tuple(names)
+
+
+def call_with(
+    fn: Callable[..., Any], names: tuple[str, ...], context: Mapping[str, Any], *args: Any
+) -> Any:
+    """Call ``fn(*args, **{n: context[n] for n in names})``."""
+    return fn(*args, **{n: context[n] for n in names})

@@ -1,0 +1,443 @@
+"""``@producer``, ``@consumer``, ``Stage``, ``Pipeline`` and ``compose``.
+
+A ``Stage`` wraps one user function with its ``init``/``end`` and the names it wants injected
+(checked once, here, at decoration time). A ``Pipeline`` is an immutable value: producer stages
+followed by at most one consumer. ``>>`` derives a new pipeline and never changes an operand.
+Running is the executor's business (``easycore._executor``); this module only describes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, overload
+
+import attrs
+
+from easycore import _inject
+
+if TYPE_CHECKING:
+    from easycore._executor import Runner
+
+__all__ = ["Pipeline", "Stage", "compose", "consumer", "producer"]
+
+def _fn_name(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return str(name)
+
+
+def _import_stage(module: str, qualname: str) -> Stage:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, Stage):  # pragma: no cover - the module changed under us
+        msg = f"{module}.{qualname} is no longer an easycore stage"
+        raise TypeError(msg)
+    return obj
+
+
+@attrs.frozen(eq=True, repr=False)
+class Stage:
+    """One decorated function: a producer (runs in workers) or a consumer (a fold, in the caller).
+
+    Made by :func:`producer` and :func:`consumer`; calling a stage calls the function itself.
+    Compose stages with ``>>`` or :func:`compose`; run them with ``map``, ``imap`` or ``open``.
+    """
+
+    fn: Callable[..., Any]
+    kind: str  # "producer" or "consumer"
+    init: Any = None
+    end: Callable[..., Any] | None = None
+    fn_names: tuple[str, ...] = ()
+    init_names: tuple[str, ...] = ()
+    end_names: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The wrapped function's name, used in error messages and ``repr``."""
+        return _fn_name(self.fn)
+
+    @property
+    def has_init(self) -> bool:
+        """Whether ``init`` was given (a consumer's ``init=None`` counts as none)."""
+        return self.init is not None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self.has_init:
+            extra += f", init={_fn_name(self.init) if callable(self.init) else repr(self.init)}"
+        if self.end is not None:
+            extra += f", end={_fn_name(self.end)}"
+        return f"{self.kind}({self.name}{extra})"
+
+    def __reduce__(self) -> Any:
+        # A stage decorated at a module's top level travels by reference (the worker imports
+        # the module), like a plain function; others (``__main__``, notebooks, closures) travel
+        # by value through cloudpickle.
+        module = getattr(self.fn, "__module__", None)
+        qualname = getattr(self.fn, "__qualname__", "")
+        if module and module != "__main__" and "<locals>" not in qualname:
+            try:
+                found = _import_stage(module, qualname) if module in sys.modules else None
+            except Exception:  # noqa: BLE001 - any failure means: not importable by name
+                found = None
+            if found is self:
+                return (_import_stage, (module, qualname))
+        return (Stage, tuple(getattr(self, a.name) for a in attrs.fields(Stage)))
+
+    # -- composition -------------------------------------------------------------------
+    def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
+        return compose(self, other)
+
+    def __rrshift__(self, other: object) -> Pipeline:
+        return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
+
+    # -- running (a bare stage is a one-stage pipeline) --------------------------------
+    def map(self, data: Iterable[Any], **kwargs: Any) -> Any:
+        """Run this stage alone; see :meth:`Pipeline.map`."""
+        return compose(self).map(data, **kwargs)
+
+    def imap(self, data: Iterable[Any], **kwargs: Any) -> Iterator[Any]:
+        """Run this stage alone, lazily; see :meth:`Pipeline.imap`."""
+        return compose(self).imap(data, **kwargs)
+
+    def open(self, **kwargs: Any) -> Runner:
+        """Start workers for this stage alone; see :meth:`Pipeline.open`."""
+        return compose(self).open(**kwargs)
+
+
+@overload
+def producer(fn: Callable[..., Any], /) -> Stage: ...
+@overload
+def producer(
+    fn: None = None, /, *, init: Callable[..., Any] | None = None, end: Callable[..., Any] | None = None
+) -> Callable[[Callable[..., Any]], Stage]: ...
+def producer(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    init: Callable[..., Any] | None = None,
+    end: Callable[..., Any] | None = None,
+) -> Stage | Callable[[Callable[..., Any]], Stage]:
+    """Declare a work function that runs in worker processes, one item at a time.
+
+    Works bare (``@producer``) or with options (``@producer(init=load, end=save)``). The
+    function takes the item first and may declare ``device``, ``cfg``, ``state`` and
+    ``worker`` to have them filled in. ``init`` (declaring any of ``device``, ``cfg``,
+    ``worker``) runs once per worker and returns its ``state``; ``end`` (also ``state``) runs
+    when the worker stops.
+
+    Args:
+        fn: the work function (when used bare).
+        init: called once per worker; its return value is the stage's ``state``.
+        end: called once per worker at shutdown.
+
+    Returns:
+        A :class:`Stage`, still callable as the original function.
+
+    Raises:
+        TypeError: a function declares a parameter that cannot be injected, or ``*args``.
+
+    >>> @producer
+    ... def square(x):
+    ...     return x * x
+    >>> square(3)
+    9
+    """
+
+    def wrap(f: Callable[..., Any]) -> Stage:
+        if isinstance(f, Stage):
+            msg = f"{f!r} is already a stage; decorate the plain function once"
+            raise TypeError(msg)
+        fn_names = _inject.injected_names(
+            f, role="producer", positional=1, allowed=_inject.PRODUCER_WORK
+        )
+        init_names = (
+            _inject.injected_names(init, role="init", positional=0, allowed=_inject.PRODUCER_INIT)
+            if init is not None
+            else ()
+        )
+        end_names = (
+            _inject.injected_names(end, role="end", positional=0, allowed=_inject.PRODUCER_END)
+            if end is not None
+            else ()
+        )
+        return Stage(
+            fn=f,
+            kind="producer",
+            init=init,
+            end=end,
+            fn_names=fn_names,
+            init_names=init_names,
+            end_names=end_names,
+        )
+
+    return wrap if fn is None else wrap(fn)
+
+
+@overload
+def consumer(fn: Callable[..., Any], /) -> Stage: ...
+@overload
+def consumer(
+    fn: None = None, /, *, init: Any = None, end: Callable[..., Any] | None = None
+) -> Callable[[Callable[..., Any]], Stage]: ...
+def consumer(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    init: Any = None,
+    end: Callable[..., Any] | None = None,
+) -> Stage | Callable[[Callable[..., Any]], Stage]:
+    """Declare a fold ``(accumulator, item) -> accumulator`` that runs in the calling process.
+
+    ``init`` is the first accumulator: a value (deep-copied for every run, so ``init=[]`` is
+    safe) or a callable taking nothing or ``cfg``. Returning ``None`` from the function keeps
+    the accumulator (for in-place updates such as ``list.append``). ``end(acc)`` (may also
+    declare ``cfg``) turns the accumulator into the run's result.
+
+    Args:
+        fn: the fold function (when used bare).
+        init: the initial accumulator, or a callable making it.
+        end: turns the final accumulator into the result.
+
+    Returns:
+        A :class:`Stage`, still callable as the original function.
+
+    >>> @consumer(init=0)
+    ... def summer(total, x):
+    ...     return total + x
+    >>> summer(1, 2)
+    3
+    """
+
+    def wrap(f: Callable[..., Any]) -> Stage:
+        if isinstance(f, Stage):
+            msg = f"{f!r} is already a stage; decorate the plain function once"
+            raise TypeError(msg)
+        fn_names = _inject.injected_names(
+            f, role="consumer", positional=2, allowed=_inject.CONSUMER_WORK
+        )
+        init_names: tuple[str, ...] = ()
+        if callable(init):
+            init_names = _inject.injected_names(
+                init, role="consumer init", positional=0, allowed=_inject.CONSUMER_INIT
+            )
+        end_names = (
+            _inject.injected_names(
+                end, role="consumer end", positional=1, allowed=_inject.CONSUMER_END
+            )
+            if end is not None
+            else ()
+        )
+        return Stage(
+            fn=f,
+            kind="consumer",
+            init=init,
+            end=end,
+            fn_names=fn_names,
+            init_names=init_names,
+            end_names=end_names,
+        )
+
+    return wrap if fn is None else wrap(fn)
+
+
+def _producers_converter(value: Iterable[Stage]) -> tuple[Stage, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(repr=False)
+class Pipeline:
+    """An immutable chain: producer stages, then at most one consumer.
+
+    Consecutive producers run fused in the same worker, item by item. Build with ``>>`` or
+    :func:`compose`; every ``>>`` returns a new pipeline.
+
+    >>> @producer
+    ... def inc(x):
+    ...     return x + 1
+    >>> @producer
+    ... def double(x):
+    ...     return 2 * x
+    >>> inc >> double
+    Pipeline(inc >> double)
+    >>> (inc >> double).map([1, 2, 3], devices="inline")
+    [4, 6, 8]
+    """
+
+    producers: tuple[Stage, ...] = attrs.field(converter=_producers_converter, default=())
+    consumer: Stage | None = None
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """All stages in order, the consumer (if any) last."""
+        return self.producers + ((self.consumer,) if self.consumer is not None else ())
+
+    def __repr__(self) -> str:
+        return f"Pipeline({' >> '.join(s.name for s in self.stages)})"
+
+    def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
+        return compose(self, other)
+
+    def __rrshift__(self, other: object) -> Pipeline:
+        return compose(other, self)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    # -- running -----------------------------------------------------------------------
+    def open(
+        self,
+        devices: Any = "auto",
+        *,
+        cfg: Mapping[str, Any] | None = None,
+        start_method: str | None = None,
+    ) -> Runner:
+        """Start workers that stay up across calls; use as a context manager.
+
+        ``init`` runs once per worker here (not per ``map``), ``end`` at ``close()``.
+
+        Args:
+            devices: an int (CPU workers), a list of device strings or ``torch.device``s,
+                ``"cuda"``, ``"auto"`` or ``"inline"`` (no processes).
+            cfg: a mapping or ``CfgNode``; workers receive it frozen.
+            start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
+
+        Returns:
+            An active :class:`~easycore.Runner`.
+
+        Raises:
+            ValueError: an impossible device, before any process starts.
+            WorkerError: an ``init`` raised.
+        """
+        from easycore._executor import Runner
+
+        return Runner(self, devices, cfg=cfg, start_method=start_method)
+
+    def map(
+        self,
+        data: Iterable[Any],
+        devices: Any = "auto",
+        cfg: Mapping[str, Any] | None = None,
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+        *,
+        start_method: str | None = None,
+    ) -> Any:
+        """Run the pipeline over ``data`` on fresh workers and close them.
+
+        Returns:
+            The consumer's result, or a list of results when there is no consumer.
+
+        Raises:
+            WorkerError: user code raised (``__cause__`` is the original exception).
+            WorkerDied: a worker process died.
+            ValueError: a bad argument or device, before any process starts.
+
+        >>> @producer
+        ... def square(x):
+        ...     return x * x
+        >>> square.map(range(4), devices="inline")
+        [0, 1, 4, 9]
+        """
+        from easycore._executor import check_run_args
+
+        check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        with self.open(devices, cfg=cfg, start_method=start_method) as runner:
+            return runner.map(
+                data,
+                ordered=ordered,
+                batch_size=batch_size,
+                progress=progress,
+                seed=seed,
+                timeout=timeout,
+                retries=retries,
+            )
+
+    def imap(
+        self,
+        data: Iterable[Any],
+        devices: Any = "auto",
+        cfg: Mapping[str, Any] | None = None,
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+        *,
+        start_method: str | None = None,
+    ) -> Iterator[Any]:
+        """Yield results lazily with bounded memory; for pipelines without a consumer.
+
+        Workers start on the first ``next()`` and stop when the iterator is exhausted,
+        closed, or garbage-collected.
+        """
+        from easycore._executor import check_run_args
+
+        if self.consumer is not None:
+            msg = f"imap is for pipelines without a consumer; {self!r} ends in {self.consumer!r}: use map"
+            raise TypeError(msg)
+        check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+
+        def run() -> Iterator[Any]:
+            with self.open(devices, cfg=cfg, start_method=start_method) as runner:
+                yield from runner.imap(
+                    data,
+                    ordered=ordered,
+                    batch_size=batch_size,
+                    progress=progress,
+                    seed=seed,
+                    timeout=timeout,
+                    retries=retries,
+                )
+
+        return run()
+
+
+def compose(*parts: Stage | Pipeline) -> Pipeline:
+    """Chain stages and pipelines into a new :class:`Pipeline` (same as ``a >> b >> c``).
+
+    Raises:
+        TypeError: an operand is not a stage or pipeline, a consumer is followed by anything,
+            or there are two consumers; the message names the offending operand.
+
+    >>> @producer
+    ... def inc(x):
+    ...     return x + 1
+    >>> compose(inc, inc)
+    Pipeline(inc >> inc)
+    """
+    producers: list[Stage] = []
+    last: Stage | None = None
+    for part in parts:
+        if isinstance(part, Stage):
+            stages: tuple[Stage, ...] = (part,)
+        elif isinstance(part, Pipeline):
+            stages = part.stages
+        else:
+            msg = (
+                f"cannot compose {part!r} (a {type(part).__name__}): operands of >> and compose "
+                "must be @producer/@consumer stages or pipelines"
+            )
+            raise TypeError(msg)
+        for stage in stages:
+            if last is not None:
+                msg = (
+                    f"nothing can follow the consumer {last!r}, but {stage!r} does: the consumer "
+                    "must be the last stage, and a pipeline has at most one"
+                )
+                raise TypeError(msg)
+            if stage.kind == "consumer":
+                last = stage
+            else:
+                producers.append(stage)
+    return Pipeline(producers=tuple(producers), consumer=last)

@@ -1,0 +1,243 @@
+"""The loop that runs inside a worker process (see ``_executor`` for the whole picture).
+
+A worker owns one end of a duplex pipe to the caller. Two threads share it:
+
+* the *reader* thread only receives: it moves raw task messages into a local queue, sets the
+  stop flag on ``STOP``, and ends the process at once when the pipe reaches EOF (the caller
+  is gone, so nobody is left to report to: no orphans);
+* the *main* thread binds the device, limits torch's threads, runs ``init``, then takes task
+  chunks from the local queue, runs the fused producers item by item and sends one reply per
+  chunk; on ``STOP`` it runs ``end`` and says goodbye.
+
+Because the reader always drains the pipe, the caller's ``send`` never waits on our compute,
+and our ``send`` of a large result never deadlocks against the caller sending us work.
+
+Before each item the main thread writes the item's index and start time into a slot of a
+shared array, so the caller knows which item a dead or timed-out worker held without any
+per-item message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+STOP = b"\x00easycore-stop"
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+# Message tags, worker -> caller.
+READY = "ready"
+INIT_ERROR = "init_error"
+DONE = "done"
+ENDED = "ended"
+END_ERROR = "end_error"
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle fast; fall back to cloudpickle for lambdas, closures and ``__main__`` classes."""
+    try:
+        return pickle.dumps(obj, _PROTOCOL)
+    except Exception:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError...
+        return cloudpickle.dumps(obj, _PROTOCOL)
+
+
+def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
+    """Return (pickled exception or None, type name, str) for sending to the caller."""
+    try:
+        blob: bytes | None = cloudpickle.dumps(exc, _PROTOCOL)
+    except Exception:  # noqa: BLE001 - an unpicklable exception is reported by name
+        blob = None
+    return blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for item ``index`` of a run seeded with ``seed``."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seed_everything(value: int) -> None:
+    """Seed ``random``, numpy (when installed) and torch from one integer."""
+    random.seed(value)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(value % (2**32))
+    import torch
+
+    torch.manual_seed(value)
+
+
+def _setup_torch(device: str, n_threads: int | None) -> None:
+    import torch
+
+    if n_threads is not None:
+        torch.set_num_threads(n_threads)
+    if device.startswith("cuda"):
+        # Bind before anything can touch CUDA, so the context lands on our device.
+        torch.cuda.set_device(torch.device(device))
+
+
+def _reader(conn: Any, tasks: queue.SimpleQueue[bytes | None], stop: threading.Event) -> None:
+    try:
+        while True:
+            msg = conn.recv_bytes()
+            if msg == STOP:
+                stop.set()
+                tasks.put(None)
+                return
+            tasks.put(msg)
+    except (EOFError, OSError):
+        # The caller died or closed our pipe without STOP: exit now, do not linger as an orphan.
+        os._exit(0)
+
+
+def _send(conn: Any, obj: Any) -> None:
+    try:
+        conn.send_bytes(dumps(obj))
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        os._exit(0)
+
+
+class _Stage:
+    """A producer stage prepared in this worker: function plus its injected kwargs."""
+
+    __slots__ = ("end", "end_names", "fn", "kwargs", "name", "state")
+
+    def __init__(self, fn: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> None:
+        self.fn = fn
+        self.name = name
+        self.kwargs = kwargs
+        self.state: Any = None
+        self.end: Callable[..., Any] | None = None
+        self.end_names: tuple[str, ...] = ()
+
+
+def _error_entry(index: int, stage: str, exc: BaseException) -> tuple[int, bool, Any]:
+    blob, tname, text = pack_exception(exc)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return (index, False, (stage, blob, tname, text, tb))
+
+
+def _reply(conn: Any, chunk_id: int, results: list[tuple[int, bool, Any]], elapsed: float) -> None:
+    try:
+        blob = dumps((DONE, chunk_id, results, elapsed))
+    except Exception:  # noqa: BLE001 - find the result(s) that will not pickle, report each
+        fixed: list[tuple[int, bool, Any]] = []
+        for index, ok, value in results:
+            try:
+                dumps(value)
+            except Exception as exc:  # noqa: BLE001
+                err = TypeError(f"the result of item {index} cannot be pickled: {exc}")
+                fixed.append(_error_entry(index, "<result pickling>", err))
+            else:
+                fixed.append((index, ok, value))
+        blob = dumps((DONE, chunk_id, fixed, elapsed))
+    try:
+        conn.send_bytes(blob)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        os._exit(0)
+
+
+def worker_main(
+    conn: Any,
+    slots: Any,
+    slot: int,
+    worker: int,
+    device: str,
+    n_threads: int | None,
+    payload: bytes,
+    entropy: int,
+) -> None:
+    """Entry point of a worker process (the ``target`` given to ``Process``)."""
+    # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tasks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    stop = threading.Event()
+    threading.Thread(target=_reader, args=(conn, tasks, stop), daemon=True).start()
+
+    _setup_torch(device, n_threads)
+    # Never share a random stream with another worker (torch's default seed is a constant,
+    # numpy's state survives fork): seed everything from per-worker entropy.
+    seed_everything(entropy)
+
+    stages: list[_Stage] = []
+    name = "<payload>"
+    try:
+        producers, cfg = pickle.loads(payload)
+        context = {"device": device, "cfg": cfg, "worker": worker}
+        for p in producers:
+            name = f"{p.name} (init)"
+            st = _Stage(p.fn, p.name, {})
+            if p.has_init:
+                st.state = p.init(**{n: context[n] for n in p.init_names})
+            full = {**context, "state": st.state}
+            st.kwargs = {n: full[n] for n in p.fn_names}
+            st.end, st.end_names = p.end, p.end_names
+            stages.append(st)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit in init is an error too
+        _send(conn, (INIT_ERROR, *_error_entry(-1, name, exc)[2]))
+        return
+    _send(conn, (READY, os.getpid()))
+
+    base = 2 * slot
+    clock = time.monotonic
+    single = stages[0] if len(stages) == 1 else None
+    while True:
+        raw = tasks.get()
+        if raw is None or stop.is_set():
+            break
+        chunk_id, seed, items = pickle.loads(raw)
+        results: list[tuple[int, bool, Any]] = []
+        t0 = clock()
+        for index, item in items:
+            if stop.is_set():
+                break
+            slots[base] = index
+            slots[base + 1] = clock()
+            if seed is not None:
+                seed_everything(derive_seed(seed, index))
+            if single is not None:
+                try:
+                    results.append((index, True, single.fn(item, **single.kwargs)))
+                except BaseException as exc:  # noqa: BLE001
+                    results.append(_error_entry(index, single.name, exc))
+                continue
+            value = item
+            for st in stages:
+                try:
+                    value = st.fn(value, **st.kwargs)
+                except BaseException as exc:  # noqa: BLE001
+                    results.append(_error_entry(index, st.name, exc))
+                    break
+            else:
+                results.append((index, True, value))
+        slots[base + 1] = 0.0
+        if stop.is_set():
+            break
+        _reply(conn, chunk_id, results, clock() - t0)
+
+    # end runs for every stage even when an earlier one fails; the first failure is reported.
+    failure: tuple[Any, ...] | None = None
+    for st in stages:
+        if st.end is None:
+            continue
+        try:
+            full = {"device": device, "cfg": cfg, "worker": worker, "state": st.state}
+            st.end(**{n: full[n] for n in st.end_names})
+        except BaseException as exc:  # noqa: BLE001
+            if failure is None:
+                failure = _error_entry(-1, f"{st.name} (end)", exc)[2]
+    _send(conn, (END_ERROR, *failure) if failure is not None else (ENDED,))
+

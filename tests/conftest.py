@@ -1,0 +1,106 @@
+"""Shared test setup: hypothesis profiles, markers, and the leak check run after every test."""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).parent))  # `from strategies import ...`
+
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=20, deadline=None)
+settings.register_profile("thorough", max_examples=500, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _cuda_available() -> bool:
+    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+HAS_CUDA = _cuda_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+def _service_pids() -> set[int]:
+    """multiprocessing's own long-lived helpers: the forkserver and the resource tracker."""
+    pids = set()
+    fs = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if fs is not None and getattr(fs, "_forkserver_pid", None):
+        pids.add(fs._forkserver_pid)
+    rt = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
+    if rt is not None and getattr(rt, "_pid", None):
+        pids.add(rt._pid)
+    return pids
+
+
+def live_workers() -> list[psutil.Process]:
+    """Descendants of this process that are not multiprocessing's service processes."""
+    services = _service_pids()
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid in services or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(child)
+    return out
+
+
+def shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:  # pragma: no cover - not Linux
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """After every test: no worker process left, no new /dev/shm entry."""
+    before_shm = shm_entries()
+    before = {p.pid for p in live_workers()}
+    yield
+    deadline = time.monotonic() + 10
+    left = [p for p in live_workers() if p.pid not in before]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in live_workers() if p.pid not in before]
+    for p in left:  # do not let one leak poison the following tests
+        p.kill()
+    assert not left, f"worker processes left behind: {[(p.pid, p.name()) for p in left]}"
+    new_shm = shm_entries() - before_shm
+    assert not new_shm, f"shared memory leaked: {sorted(new_shm)}"
+
+
+DEVICE_KINDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICE_KINDS)
+def two_devices(request: pytest.FixtureRequest) -> list[str]:
+    """Two workers on the CPU, or on the GPU(s) where CUDA exists."""
+    if request.param == "cpu":
+        return ["cpu", "cpu"]
+    import torch
+
+    n = torch.cuda.device_count()
+    return ["cuda:0", f"cuda:{min(1, n - 1)}"]

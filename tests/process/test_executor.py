@@ -1,0 +1,343 @@
+"""The process executor: results, ordering, injection, runners, devices, backpressure."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+
+import pytest
+
+from easycore import CfgNode, WorkerError, consumer, producer
+
+CPUS = len(os.sched_getaffinity(0))
+
+
+@producer
+def square(x):
+    return x * x
+
+
+@consumer(init=0)
+def summer(total, x):
+    return total + x
+
+
+@producer
+def whoami(x, *, device, worker):
+    return (x, device, worker, os.getpid())
+
+
+class TestMap:
+    def test_headline(self):
+        """The API.md example: sum of squares on 4 CPU workers."""
+        assert (square >> summer).map(range(100), devices=4) == 328350
+
+    def test_ordered_equals_sequential(self, two_devices):
+        """Ordered map returns exactly the sequential results, in input order."""
+        data = list(range(500))
+        assert square.map(data, devices=two_devices) == [x * x for x in data]
+
+    def test_unordered_is_permutation(self):
+        """ordered=False gives the same results in some order."""
+        out = square.map(range(300), devices=2, ordered=False)
+        assert sorted(out) == [x * x for x in range(300)]
+
+    def test_fused_producers(self):
+        """Consecutive producers run fused, item by item."""
+        inc = producer(lambda x: x + 1)
+        neg = producer(lambda x: -x)
+        assert (inc >> neg >> square).map(range(5), devices=2) == [1, 4, 9, 16, 25]
+
+    def test_lambdas_and_closures_from_test_body(self):
+        """Functions defined here travel by cloudpickle."""
+        offset = 1000
+
+        def add(x):
+            return x + offset
+
+        p = producer(add) >> producer(lambda y: y * 2) >> consumer(init=list)(lambda a, y: a.append(y))
+        assert p.map([1, 2, 3], devices=2) == [2002, 2004, 2006]
+
+    def test_generators_and_empty_input(self):
+        """Any iterable works, including generators and empty ones."""
+        assert square.map((i for i in range(5)), devices=2) == [0, 1, 4, 9, 16]
+        assert square.map([], devices=2) == []
+        assert (square >> summer).map(iter(()), devices=2) == 0
+
+    def test_batch_size(self):
+        """batch_size hands lists of up to k items; the last may be shorter."""
+        sizes = producer(lambda batch: list(batch))
+        assert sizes.map(range(7), devices=2, batch_size=3) == [[0, 1, 2], [3, 4, 5], [6]]
+
+    def test_consumer_sees_items_in_order(self):
+        """With ordered=True the consumer folds in input order."""
+        collect = consumer(init=list)(lambda acc, y: acc.append(y))
+        assert (square >> collect).map(range(50), devices=2) == [x * x for x in range(50)]
+
+    def test_injection(self):
+        """device and worker are injected; every worker index appears once per worker."""
+        out = whoami.map(range(40), devices=2)
+        assert [x for x, *_ in out] == list(range(40))
+        assert {d for _, d, _, _ in out} == {"cpu"}
+        workers = {(w, pid) for _, _, w, pid in out}
+        assert {w for w, _ in workers} <= {0, 1}
+        assert os.getpid() not in {pid for _, pid in workers}
+
+    def test_cfg_frozen_in_workers(self):
+        """Workers receive cfg as a frozen CfgNode."""
+
+        def probe(x, *, cfg):
+            try:
+                cfg.A.B = 2
+            except AttributeError as exc:
+                return (type(cfg).__name__, cfg.A.B, type(exc).__name__)
+            return "mutable!"
+
+        out = producer(probe).map([0], devices=1, cfg={"A": {"B": 1}})
+        assert out == [("CfgNode", 1, "FrozenError")]
+
+    def test_cfg_node_accepted(self):
+        """A CfgNode (frozen or not) works as cfg."""
+        cfg = CfgNode({"K": 3})
+        assert producer(lambda x, cfg: x * cfg.K).map([1, 2], devices=1, cfg=cfg) == [3, 6]
+
+    def test_torch_tensors(self):
+        """Tensors go in and come back with values, dtype and shape."""
+        import torch
+
+        data = [torch.arange(6, dtype=torch.float64).reshape(2, 3) + i for i in range(4)]
+        out = producer(lambda t: t * 2).map(data, devices=2)
+        for a, b in zip(data, out, strict=True):
+            assert b.dtype == torch.float64
+            assert torch.equal(a * 2, b)
+
+    def test_thread_budget(self):
+        """Workers limit torch's intra-op threads so workers x threads <= cores."""
+        if "OMP_NUM_THREADS" in os.environ or "MKL_NUM_THREADS" in os.environ:
+            pytest.skip("the user set a thread count")
+
+        def threads(x):
+            import torch
+
+            return torch.get_num_threads()
+
+        assert producer(threads).map([0, 1], devices=2) == [max(1, CPUS // 2)] * 2
+
+    def test_progress_bar(self, capsys):
+        """progress=True shows a tqdm bar with the total when len(data) exists."""
+        assert square.map(range(20), devices=2, progress=True) == [x * x for x in range(20)]
+        err = capsys.readouterr().err
+        assert "20/20" in err
+
+
+class TestSeed:
+    def test_seeded_same_whatever_workers(self):
+        """A seeded run gives the same output with 1 and 2 workers and any finishing order."""
+        import numpy as np
+        import torch
+
+        def draw(x):
+            return (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+        one = producer(draw).map(range(30), devices=1, seed=123)
+        two = producer(draw).map(range(30), devices=2, seed=123)
+        assert one == two
+        assert len(set(one)) == 30
+        other = producer(draw).map(range(30), devices=2, seed=124)
+        assert other != one
+
+    def test_unseeded_workers_differ(self):
+        """Without seed, workers never share a random stream."""
+
+        def draw(x, *, worker):
+            import torch
+
+            time.sleep(0.05)
+            return worker, float(torch.rand(1)), random.random()
+
+        out = producer(draw).map(range(4), devices=2)
+        by_worker = {}
+        for w, a, b in out:
+            by_worker.setdefault(w, []).append((a, b))
+        firsts = [v[0] for v in by_worker.values()]
+        assert len(set(firsts)) == len(firsts)
+
+
+class TestRunner:
+    def test_init_once_per_worker_across_maps(self, tmp_path):
+        """init runs once per worker per activation, not per map; end at close."""
+        log = tmp_path / "log"
+
+        def init(worker):
+            with open(log, "a") as f:
+                f.write(f"init {worker}\n")
+            return worker * 100
+
+        def end(state, worker):
+            with open(log, "a") as f:
+                f.write(f"end {worker} {state}\n")
+
+        stage = producer(init=init, end=end)(lambda x, *, state: x + state)
+        with stage.open(devices=2) as runner:
+            a = runner.map(range(10))
+            b = runner.map(range(10))
+            assert runner.is_active
+        assert not runner.is_active
+        assert sorted(a) == sorted(b)
+        assert set(a) <= {x + s for x in range(10) for s in (0, 100)}
+        lines = sorted(log.read_text().splitlines())
+        assert lines == ["end 0 0", "end 1 100", "init 0", "init 1"]
+
+    def test_closed_runner_refuses_then_reactivates(self):
+        """map on a closed runner is a RuntimeError saying to call activate()."""
+        runner = square.open(devices=1)
+        runner.close()
+        runner.close()  # idempotent
+        with pytest.raises(RuntimeError, match=r"activate\(\)"):
+            runner.map([1])
+        runner.activate()
+        try:
+            assert runner.map([3]) == [9]
+        finally:
+            runner.close()
+
+    def test_imap_on_runner_and_early_break(self):
+        """Breaking out of runner.imap leaves the runner usable."""
+        with square.open(devices=2) as runner:
+            it = runner.imap(range(10_000))
+            assert [next(it) for _ in range(5)] == [0, 1, 4, 9, 16]
+            it.close()
+            assert runner.map(range(4)) == [0, 1, 4, 9]
+
+    def test_consumer_on_runner(self):
+        """runner.map folds with the pipeline's consumer."""
+        with (square >> summer).open(devices=2) as runner:
+            assert runner.map(range(10)) == 285
+            assert runner.map(range(3)) == 5
+
+    def test_repr(self):
+        """A runner says what it runs and where."""
+        with square.open(devices=1) as runner:
+            assert "square" in repr(runner) and "active" in repr(runner)
+        assert "closed" in repr(runner)
+
+
+class TestBackpressure:
+    def test_endless_generator_with_islice(self):
+        """imap over an endless generator ends under islice; input is pulled lazily."""
+        pulled = itertools.count()
+
+        def source():
+            for i in itertools.count():
+                next(pulled)
+                yield i
+
+        out = list(itertools.islice(square.imap(source(), devices=2), 2000))
+        assert out == [x * x for x in range(2000)]
+        ahead = next(pulled) - 2000
+        assert ahead < 40_000, f"pulled {ahead} items ahead of the consumer"
+
+    def test_slow_item_stalls_ordered_stream(self):
+        """A slow item stalls an ordered stream instead of letting the buffer grow."""
+        pulled = []
+
+        def source():
+            for i in range(100_000):
+                pulled.append(i)
+                yield i
+
+        def work(x):
+            if x == 0:
+                time.sleep(1.0)
+            return x
+
+        it = producer(work).imap(source(), devices=2)
+        assert next(it) == 0
+        assert len(pulled) < 40_000
+        it.close()
+
+
+class TestDevices:
+    @pytest.mark.parametrize(
+        "devices",
+        [0, -1, True, "tpu", "cuda:7", "cuda:x", [], ["cpu", "gpu"], 2.5, None, "cuda"],
+    )
+    def test_impossible_devices(self, devices):
+        """An impossible device is a ValueError before any process starts."""
+        if devices == "cuda":
+            from conftest import HAS_CUDA
+
+            if HAS_CUDA:
+                pytest.skip("this machine has a GPU")
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match="device"):
+            square.map([1], devices=devices)
+        assert time.perf_counter() - t0 < 5
+
+    def test_device_forms(self):
+        """int, strings, torch.device and lists (with repeats) are accepted."""
+        import torch
+
+        assert whoami.map([1], devices="cpu")[0][1] == "cpu"
+        assert whoami.map([1], devices=torch.device("cpu"))[0][1] == "cpu"
+        assert len({w for *_, w, _ in whoami.map(range(8), devices=["cpu", torch.device("cpu")])}) >= 1
+
+    def test_auto(self):
+        """'auto' without GPUs gives one CPU worker per core."""
+        from conftest import HAS_CUDA
+
+        if HAS_CUDA:
+            pytest.skip("GPU machine")
+        with square.open(devices="auto") as runner:
+            assert runner.devices == ("cpu",) * CPUS
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {"batch_size": 0},
+            {"batch_size": "2"},
+            {"timeout": 0},
+            {"timeout": -1},
+            {"retries": -1},
+            {"retries": 1.5},
+            {"seed": "x"},
+        ],
+    )
+    def test_bad_run_arguments(self, kwargs):
+        """Bad per-run arguments are ValueErrors before any process starts."""
+        with pytest.raises(ValueError):
+            square.map([1], devices=2, **kwargs)
+
+
+class TestInline:
+    def test_same_semantics(self):
+        """inline gives the same results, injection, cfg, seed and errors."""
+
+        def draw(x, *, device, worker, cfg):
+            return (x * cfg.K, device, worker, random.random())
+
+        a = producer(draw).map(range(5), devices="inline", cfg={"K": 2}, seed=7)
+        b = producer(draw).map(range(5), devices=2, cfg={"K": 2}, seed=7)
+        assert [r[0] for r in a] == [0, 2, 4, 6, 8]
+        assert {r[1] for r in a} == {"cpu"} and {r[2] for r in a} == {0}
+        assert [r[3] for r in a] == [r[3] for r in b]
+
+    def test_inline_no_processes(self):
+        """inline starts no process at all."""
+        pid = producer(lambda x: os.getpid()).map([1], devices="inline")
+        assert pid == [os.getpid()]
+
+    def test_inline_error(self):
+        """An error inline is the same WorkerError with the original as __cause__."""
+
+        def boom_at_two(x):
+            if x == 2:
+                raise KeyError(x)
+            return x
+
+        with pytest.raises(WorkerError, match="item 2") as info:
+            (producer(lambda x: x) >> producer(boom_at_two)).map([0, 1, 2], devices="inline")
+        assert isinstance(info.value.__cause__, KeyError)
+        assert info.value.stage == "boom_at_two"

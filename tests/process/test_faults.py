@@ -1,0 +1,297 @@
+"""The fault matrix (after loky's crash cases): every failure gives a clear error or the exact
+fault-free result, never a hang; the leak check in conftest runs after every case."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from easycore import (
+    EasycoreError,
+    ItemTimeout,
+    SerializationError,
+    WorkerDied,
+    WorkerError,
+    consumer,
+    producer,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 8
+BAD = 3  # the item that fails
+EXPECTED = sum(x * x for x in range(N))
+
+
+def fail(how: str):
+    """Inject one failure of kind `how` here."""
+    if how == "raise":
+        raise ValueError("injected failure")
+    if how == "exit":
+        os._exit(3)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "segfault":
+        ctypes.string_at(0)
+    if how == "unpicklable":
+        return threading.Lock()
+    raise AssertionError(how)
+
+
+def first_time(marker: Path) -> bool:
+    """True the first time it is called for `marker` (across processes)."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def pipeline_failing_in(stage: str, how: str, marker: Path | None):
+    """square >> summer, with `how` injected in `stage` (every time, or once with marker)."""
+
+    def should_fail() -> bool:
+        return marker is None or first_time(marker)
+
+    def work(x):
+        if stage == "work" and x == BAD and should_fail():
+            out = fail(how)
+            if out is not None:
+                return out
+        return x * x
+
+    def init():
+        if stage == "init":
+            fail(how)
+        return None
+
+    def end():
+        if stage == "end":
+            fail(how)
+
+    def fold(total, y):
+        if stage == "consumer" and y == BAD * BAD:
+            fail(how)
+        return total + y
+
+    return producer(init=init, end=end)(work) >> consumer(init=0)(fold)
+
+
+DEATHS = {"exit": "exit code 3", "sigkill": "SIGKILL", "segfault": "SIGSEGV"}
+
+# (stage, failure, expected error, message must match)
+CRASH_CASES = [
+    ("work", "raise", WorkerError, f"item {BAD}"),
+    ("work", "exit", WorkerDied, f"exit code 3.*item {BAD}"),
+    ("work", "sigkill", WorkerDied, f"SIGKILL.*item {BAD}"),
+    ("work", "segfault", WorkerDied, f"SIGSEGV.*item {BAD}"),
+    ("work", "unpicklable", SerializationError, f"item {BAD}.*pickle"),
+    ("init", "raise", WorkerError, "init.*while starting"),
+    ("init", "exit", WorkerDied, "while starting.*exit code 3"),
+    ("init", "sigkill", WorkerDied, "while starting.*SIGKILL"),
+    ("init", "segfault", WorkerDied, "while starting.*SIGSEGV"),
+    ("end", "raise", WorkerError, "end.*while ending"),
+    ("end", "exit", WorkerDied, "while ending.*exit code 3"),
+    ("end", "sigkill", WorkerDied, "while ending.*SIGKILL"),
+    ("end", "segfault", WorkerDied, "while ending.*SIGSEGV"),
+    ("consumer", "raise", WorkerError, f"fold.*item {BAD}"),
+]
+
+
+def case_id(case):
+    return f"{case[0]}-{case[1]}"
+
+
+class TestCrashMatrix:
+    @pytest.mark.parametrize("retries", [0, 2])
+    @pytest.mark.parametrize("case", CRASH_CASES, ids=case_id)
+    def test_persistent_failure(self, case, retries):
+        """A failure that happens every time gives its error, with or without retries."""
+        stage, how, error, match = case
+        p = pipeline_failing_in(stage, how, marker=None)
+        t0 = time.monotonic()
+        with pytest.raises(error, match=f"(?s){match}") as info:
+            p.map(range(N), devices=2, retries=retries)
+        assert time.monotonic() - t0 < 30
+        if how == "raise":
+            assert isinstance(info.value.__cause__, ValueError)
+            assert "injected failure" in str(info.value)
+            assert "Traceback" in str(info.value)
+        if stage == "work" and retries:
+            assert f"after {retries} retries" in str(info.value)
+        if isinstance(info.value, WorkerDied) and stage == "work":
+            assert info.value.index == BAD
+
+    @pytest.mark.parametrize("how", ["raise", "exit", "sigkill", "segfault", "unpicklable"])
+    def test_transient_work_failure_retried(self, how, tmp_path):
+        """retries=2: a failure that happens once is re-run; the result equals a clean run."""
+        p = pipeline_failing_in("work", how, marker=tmp_path / "failed-once")
+        assert p.map(range(N), devices=2, retries=2) == EXPECTED
+        assert (tmp_path / "failed-once").exists()
+
+    @pytest.mark.parametrize("how", ["raise", "exit", "sigkill"])
+    def test_transient_failure_without_retries_fails(self, how, tmp_path):
+        """retries=0: even a one-off failure is an error."""
+        p = pipeline_failing_in("work", how, marker=tmp_path / "once")
+        with pytest.raises(EasycoreError, match=f"item {BAD}"):
+            p.map(range(N), devices=2)
+
+    def test_results_exactly_once_in_order(self, tmp_path):
+        """After a death and retry, every result reaches the consumer exactly once, in order."""
+
+        def work(x):
+            if x == 50 and first_time(tmp_path / "m"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return x
+
+        collect = consumer(init=list)(lambda acc, y: acc.append(y))
+        out = (producer(work) >> collect).map(range(200), devices=2, retries=1)
+        assert out == list(range(200))
+
+    def test_poison_item_named(self):
+        """An item that keeps killing workers is named with index and a short repr."""
+
+        def work(x):
+            if x == "poison":
+                os._exit(9)
+            return x
+
+        with pytest.raises(WorkerDied, match=r"item 2 after 2 retries \(item: 'poison'\)"):
+            producer(work).map(["a", "b", "poison", "c"], devices=2, retries=2)
+
+    def test_original_exception_type_kept(self):
+        """__cause__ is the original exception with its type; the error pickles."""
+        import pickle
+
+        class Custom(Exception):
+            pass
+
+        def work(x):
+            raise Custom("custom message")
+
+        with pytest.raises(WorkerError) as info:
+            producer(work).map([1], devices=1)
+        err = info.value
+        assert type(err.__cause__).__name__ == "Custom"
+        assert "custom message" in str(err)
+        assert err.device == "cpu" and err.worker == 0 and err.index == 0
+        again = pickle.loads(pickle.dumps(err))
+        assert str(again) == str(err) and again.index == 0
+
+    def test_unpicklable_exception(self):
+        """An exception that does not unpickle still gives a WorkerError naming it."""
+
+        def work(x):
+            class Local(Exception):
+                def __reduce__(self):
+                    raise TypeError("no")
+
+            raise Local("local failure")
+
+        with pytest.raises(WorkerError, match="local failure"):
+            producer(work).map([1], devices=1)
+
+    def test_detected_quickly(self):
+        """A dead worker is seen through its sentinel: the error comes long before the others finish."""
+
+        def work(x):
+            if x == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(5)
+            return x
+
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied):
+            producer(work).map(range(4), devices=2)
+        assert time.monotonic() - t0 < 4.5  # the other worker was still sleeping
+
+
+class TestTimeout:
+    def test_timeout_kills_and_raises(self):
+        """An item past `timeout` kills its worker: ItemTimeout naming the item."""
+
+        def work(x):
+            if x == 2:
+                time.sleep(60)
+            return x
+
+        t0 = time.monotonic()
+        with pytest.raises(ItemTimeout, match=r"item 2 ran past timeout=0.5s") as info:
+            producer(work).map(range(4), devices=2, timeout=0.5)
+        assert time.monotonic() - t0 < 20
+        assert isinstance(info.value, WorkerError)
+
+    def test_timeout_retried(self, tmp_path):
+        """With retries, a timed-out item is re-run on a fresh worker."""
+
+        def work(x):
+            if x == 2 and first_time(tmp_path / "slow"):
+                time.sleep(60)
+            return x * 10
+
+        assert producer(work).map(range(5), devices=2, timeout=0.5, retries=1) == [0, 10, 20, 30, 40]
+
+
+class TestPickling:
+    def test_unpicklable_item(self):
+        """An item that cannot be pickled is a SerializationError (a TypeError) naming its index."""
+        data = [1, 2, threading.Lock(), 4]
+        with pytest.raises(TypeError, match="item 2 cannot be pickled"):
+            producer(lambda x: x).map(data, devices=2)
+
+    def test_unpicklable_function_preflight(self):
+        """A work function that cannot be pickled is named before any worker starts."""
+        lock = threading.Lock()
+
+        def work(x):
+            with lock:
+                return x
+
+        with pytest.raises(SerializationError, match="work function of stage 'work'"):
+            producer(work).map([1], devices=2)
+
+
+class TestRunnerAfterErrors:
+    def test_runner_closed_after_error_and_reactivates(self):
+        """After an error the runner is closed, never half-alive; activate() restarts it."""
+
+        def work(x):
+            if x == 1:
+                raise RuntimeError("bad")
+            return x
+
+        runner = producer(work).open(devices=2)
+        with pytest.raises(WorkerError):
+            runner.map(range(5))
+        assert not runner.is_active
+        runner.activate()
+        with runner:
+            assert runner.map([0, 2]) == [0, 2]
+
+    def test_no_fd_leak(self):
+        """Failing runs leave no file descriptor behind."""
+
+        def work(x):
+            if x == 3:
+                os._exit(1)
+            return x
+
+        def count() -> int:
+            gc.collect()
+            return len(os.listdir("/proc/self/fd"))
+
+        with pytest.raises(WorkerDied):
+            producer(work).map(range(6), devices=2)  # warm-up: forkserver etc. start once
+        before = count()
+        for _ in range(3):
+            with pytest.raises(WorkerDied):
+                producer(work).map(range(6), devices=2)
+        assert count() <= before

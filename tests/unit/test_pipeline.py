@@ -1,0 +1,198 @@
+"""Decorators, injection checks and pipeline values (no processes here)."""
+
+from __future__ import annotations
+
+import pickle
+
+import attrs
+import cloudpickle
+import pytest
+
+from easycore import Pipeline, Stage, compose, consumer, producer
+
+
+@producer
+def square(x):
+    return x * x
+
+
+@producer
+def inc(x):
+    return x + 1
+
+
+@consumer(init=0)
+def summer(total, x):
+    return total + x
+
+
+class TestDecorators:
+    def test_bare_producer_stays_callable(self):
+        """A decorated function is still an ordinary callable."""
+        assert square(3) == 9
+        assert isinstance(square, Stage)
+
+    def test_consumer_stays_callable(self):
+        """A consumer is callable as the fold function."""
+        assert summer(1, 2) == 3
+
+    def test_producer_with_options(self):
+        """init/end are kept and their injected names recorded."""
+
+        def load(device, cfg):
+            return device
+
+        @producer(init=load, end=lambda state: None)
+        def f(x, *, state, device, cfg, worker):
+            return x
+
+        assert f.init is load
+        assert f.init_names == ("device", "cfg")
+        assert f.fn_names == ("state", "device", "cfg", "worker")
+        assert f.end_names == ("state",)
+
+    @pytest.mark.parametrize(
+        ("make", "needle"),
+        [
+            (lambda: producer(lambda x, *, model: x), "'model'"),
+            (lambda: producer(lambda x, *args: x), "*args"),
+            (lambda: producer(lambda x, **kw: x), "**kw"),
+            (lambda: producer(lambda: 1), "first positional"),
+            (lambda: producer(lambda x, y: x), "'y'"),
+            (lambda: producer(init=lambda state: 1)(lambda x: x), "'state'"),
+            (lambda: producer(init=lambda gpu: 1)(lambda x: x), "'gpu'"),
+            (lambda: producer(end=lambda foo: 1)(lambda x: x), "'foo'"),
+            (lambda: consumer(lambda acc: acc), "first positional"),
+            (lambda: consumer(lambda acc, x, *, device: acc), "'device'"),
+            (lambda: consumer(init=lambda device: 0)(lambda a, x: a), "'device'"),
+            (lambda: producer(init=3)(lambda x: x), "callable"),
+        ],
+    )
+    def test_bad_signatures_fail_at_decoration(self, make, needle):
+        """A parameter that cannot be injected is a TypeError naming it, at decoration time."""
+        with pytest.raises(TypeError, match=needle.replace("*", r"\*")):
+            make()
+
+    def test_callables_without_signature_accepted(self):
+        """`list` and C functions are fine as init/end."""
+        import torch
+
+        c = consumer(init=list, end=torch.cat)(lambda outs, y: outs.append(y))
+        assert c.init is list
+        assert c.end is torch.cat
+
+    def test_defaults_with_injected_names(self):
+        """Injected names may carry defaults (called standalone)."""
+
+        @producer
+        def f(x, device="cpu"):
+            return (x, device)
+
+        assert f(1) == (1, "cpu")
+        assert f.fn_names == ("device",)
+
+    def test_double_decoration_refused(self):
+        """Decorating a stage again is a mistake worth naming."""
+        with pytest.raises(TypeError, match="already a stage"):
+            producer(square)
+
+
+class TestComposition:
+    def test_rshift_builds_pipeline(self):
+        """`a >> b` equals compose(a, b) and shows its stages."""
+        p = square >> summer
+        assert p == compose(square, summer)
+        assert isinstance(p, Pipeline)
+        assert repr(p) == "Pipeline(square >> summer)"
+        assert p.producers == (square,)
+        assert p.consumer is summer
+
+    def test_associative(self):
+        """(a >> b) >> c equals a >> (b >> c)."""
+        assert (inc >> square) >> summer == inc >> (square >> summer)
+
+    def test_operands_unchanged(self):
+        """Every >> returns a new value; operands never change."""
+        p = inc >> square
+        q = p >> inc
+        assert p.producers == (inc, square)
+        assert q.producers == (inc, square, inc)
+        assert p is not q
+
+    def test_frozen(self):
+        """A pipeline is an immutable attrs value."""
+        p = inc >> square
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            p.consumer = summer  # type: ignore[misc]
+
+    @pytest.mark.parametrize(
+        ("build", "needle"),
+        [
+            (lambda: summer >> inc, "summer"),
+            (lambda: (inc >> summer) >> inc, "summer"),
+            (lambda: inc >> summer >> summer, "summer"),
+            (lambda: inc >> 3, "3"),
+            (lambda: 3 >> inc, "3"),
+            (lambda: compose(inc, print), "print"),
+            (lambda: inc >> (lambda x: x), "lambda"),
+        ],
+    )
+    def test_bad_compositions(self, build, needle):
+        """A wrong composition is a TypeError naming the offending operand."""
+        with pytest.raises(TypeError, match=needle):
+            build()
+
+    def test_hashable_and_equal(self):
+        """Pipelines compare by value and hash."""
+        assert hash(inc >> square) == hash(inc >> square)
+        assert {inc >> square, inc >> square} == {inc >> square}
+
+    def test_pickle_by_reference(self):
+        """Module-level stages travel by reference, pipelines by value around them."""
+        p = inc >> square >> summer
+        assert pickle.loads(pickle.dumps(p)) == p
+        assert pickle.loads(pickle.dumps(square)) is square
+
+    def test_cloudpickle_lambdas_and_closures(self):
+        """Pipelines of closures survive cloudpickle and still compute."""
+        k = 7
+        add_k = producer(lambda x: x + k)
+        p = add_k >> consumer(init=0)(lambda a, x: a + x)
+        q = cloudpickle.loads(cloudpickle.dumps(p))
+        assert repr(q) == repr(p)
+        assert q.map([1, 2], devices="inline") == 17
+
+
+class TestInlineRun:
+    def test_map_inline(self):
+        """devices='inline' runs everything here, same results."""
+        assert (square >> summer).map(range(100), devices="inline") == 328350
+
+    def test_bare_producer_and_pipeline_without_consumer(self):
+        """Without a consumer, map returns a list."""
+        assert square.map(range(4), devices="inline") == [0, 1, 4, 9]
+        assert (inc >> square).map(range(3), devices="inline") == [1, 4, 9]
+
+    def test_consumer_returning_none_keeps_accumulator(self):
+        """Returning None from the fold keeps the accumulator (in-place updates)."""
+        collect = consumer(init=list)(lambda outs, y: outs.append(y))
+        assert (square >> collect).map(range(3), devices="inline") == [0, 1, 4]
+
+    def test_value_init_is_fresh_per_run(self):
+        """A mutable init value is copied, so runs do not share it."""
+        collect = consumer(init=[])(lambda outs, y: outs.append(y))
+        p = square >> collect
+        assert p.map([1], devices="inline") == [1]
+        assert p.map([2], devices="inline") == [4]
+
+    def test_consumer_init_and_end_with_cfg(self):
+        """Consumer init/end may take cfg."""
+        c = consumer(init=lambda cfg: cfg.START, end=lambda acc, cfg: acc * cfg.K)(
+            lambda a, x: a + x
+        )
+        assert (square >> c).map([1, 2], devices="inline", cfg={"START": 10, "K": 2}) == 30
+
+    def test_imap_refuses_consumer(self):
+        """imap is for pipelines without a consumer."""
+        with pytest.raises(TypeError, match="imap"):
+            (square >> summer).imap([1])
