@@ -61,6 +61,7 @@ import attrs
 import cloudpickle
 
 from easycore import _worker
+from easycore._transport import Channel
 from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
@@ -285,13 +286,18 @@ class _Worker:
     slot: int
     device: str
     proc: Any
-    conn: Any
+    chan: Channel
     ready: bool = False
     alive: bool = True
-    outstanding: dict[int, list[tuple[int, Any]]] = attrs.Factory(dict)
+    # chunk id -> (index of its first item, the items): what the worker holds right now
+    outstanding: dict[int, tuple[int, list[Any]]] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the item we killed it for
-    last_nbytes: int = 0  # size of the last reply, for chunk sizing
+    last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
     idle_deaths: int = 0
+
+    @property
+    def conn(self) -> Any:
+        return self.chan.conn
 
 
 class _ChunkSizer:
@@ -516,7 +522,7 @@ class Runner:
             proc.start()
         child.close()
         self._slots[2 * slot + 1] = 0.0
-        return _Worker(slot=slot, device=device, proc=proc, conn=parent)
+        return _Worker(slot=slot, device=device, proc=proc, chan=Channel(parent))
 
     def close(self) -> None:
         """Run every worker's ``end`` and stop the workers; idempotent.
@@ -579,7 +585,7 @@ class Runner:
                     w.proc.kill()
                 w.proc.join(2.0)
                 with contextlib.suppress(Exception):
-                    w.conn.close()
+                    w.chan.close()
                 w.alive = False
             if self._finalizer is not None:
                 self._finalizer.detach()
@@ -590,8 +596,8 @@ class Runner:
     def _read_goodbye(self, w: _Worker) -> tuple[bool, BaseException | None]:
         """Read what a stopping worker sends; (finished?, error from its `end`)."""
         try:
-            while w.conn.poll():
-                msg = pickle.loads(w.conn.recv_bytes())
+            while w.chan.poll():
+                msg = w.chan.recv()
                 if msg[0] == _worker.ENDED:
                     return True, None
                 if msg[0] == _worker.END_ERROR:
@@ -666,23 +672,37 @@ class Runner:
         stream = self._results(data, ordered, batch_size, progress, seed, timeout, retries)
         cons = self.pipeline.consumer
         if cons is None:
-            return [y for _, y in stream]
+            out: list[Any] = []
+            for _, values in stream:
+                out.extend(values)
+            return out
         context = {"cfg": self.cfg}
         kw = {n: context[n] for n in cons.fn_names}
         acc = self._consumer_init(cons)
         fn = cons.fn
-        index = -1
+        index, k = -1, 0
         try:
-            for index, y in stream:
-                out = fn(acc, y, **kw)
-                if out is not None:
-                    acc = out
+            for index, values in stream:
+                k = 0
+                if kw:
+                    for y in values:
+                        new = fn(acc, y, **kw)
+                        if new is not None:
+                            acc = new
+                        k += 1
+                else:
+                    for y in values:
+                        new = fn(acc, y)
+                        if new is not None:
+                            acc = new
+                        k += 1
         except EasycoreError:
             raise
         except Exception as exc:
             self._abort()
             stream.close()
-            self._wrap_local(exc, cons.name, index, f"while folding {_item_label(index, batch_size)}", None)
+            label = _item_label(index + k, batch_size)
+            self._wrap_local(exc, cons.name, index + k, f"while folding {label}", None)
         except BaseException:
             self._abort()
             stream.close()
@@ -693,7 +713,6 @@ class Runner:
             return cons.end(acc, **{n: context[n] for n in cons.end_names})
         except Exception as exc:
             self._wrap_local(exc, f"{cons.name} (end)", None, "while finishing", None)
-            raise  # pragma: no cover - _wrap_local always raises
 
     def _consumer_init(self, cons: Stage) -> Any:
         if callable(cons.init):
@@ -718,7 +737,8 @@ class Runner:
             msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
             raise TypeError(msg)
         check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
-        return (y for _, y in self._results(data, ordered, batch_size, progress, seed, timeout, retries))
+        stream = self._results(data, ordered, batch_size, progress, seed, timeout, retries)
+        return (y for _, values in stream for y in values)
 
     def _results(
         self,
@@ -729,7 +749,8 @@ class Runner:
         seed: int | None,
         timeout: float | None,
         retries: int,
-    ) -> Iterator[tuple[int, Any]]:
+    ) -> Iterator[tuple[int, list[Any]]]:
+        """Yield segments ``(index of first item, results)`` in the requested order."""
         if not self._active:
             msg = "this runner is closed: call runner.activate() to start its workers again"
             raise RuntimeError(msg)
@@ -749,7 +770,7 @@ class Runner:
             total = n if batch_size is None else math.ceil(n / batch_size)
         return self._guard(self._with_progress(stream, total))
 
-    def _guard(self, stream: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    def _guard(self, stream: Iterator[tuple[int, list[Any]]]) -> Iterator[tuple[int, list[Any]]]:
         self._busy = True
         try:
             yield from stream
@@ -757,17 +778,19 @@ class Runner:
             self._busy = False
 
     @staticmethod
-    def _with_progress(stream: Iterator[tuple[int, Any]], total: int | None) -> Iterator[tuple[int, Any]]:
+    def _with_progress(
+        stream: Iterator[tuple[int, list[Any]]], total: int | None
+    ) -> Iterator[tuple[int, list[Any]]]:
         from tqdm.auto import tqdm
 
         with tqdm(total=total, unit="item", dynamic_ncols=True) as bar:
-            for pair in stream:
-                bar.update(1)
-                yield pair
+            for segment in stream:
+                bar.update(len(segment[1]))
+                yield segment
 
     def _stream_inline(
         self, source: Iterable[Any], seed: int | None, retries: int, batch_size: int | None
-    ) -> Iterator[tuple[int, Any]]:
+    ) -> Iterator[tuple[int, list[Any]]]:
         context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
         stages = [
             (s, {n: {**context, "state": st}[n] for n in s.fn_names})
@@ -794,7 +817,7 @@ class Runner:
                     self._abort()
                     stage, exc = failed
                     self._wrap_local(exc, stage.name, index, f"while running {_item_label(index, batch_size)}")
-            yield index, value
+            yield index, [value]
 
     # -- the process loop ----------------------------------------------------------------
     def _stream(
@@ -805,7 +828,7 @@ class Runner:
         timeout: float | None,
         retries: int,
         batch_size: int | None,
-    ) -> Iterator[tuple[int, Any]]:
+    ) -> Iterator[tuple[int, list[Any]]]:
         run = _Run(self, iter(source), ordered, seed, timeout, retries, batch_size)
         try:
             yield from run.loop()
@@ -837,16 +860,17 @@ class Runner:
         # reached the pipe before the death must count, and must not be re-run.
         broken = False
         try:
-            while w.conn.poll():
-                raw = w.conn.recv_bytes()
-                w.last_nbytes = len(raw)
-                msg = pickle.loads(raw)
+            while w.chan.poll():
+                frame, fds = w.chan.recv_frame()
+                msg = w.chan.decode(frame, fds)
                 tag = msg[0]
                 if tag == _worker.READY:
                     w.ready = True
                 elif tag == _worker.INIT_ERROR:
                     _raise_remote(msg[1:], device=w.device, worker=w.slot, index=None, what="while starting")
                 elif tag == _worker.DONE and on_result is not None:
+                    w.last_nbytes = len(frame) + w.chan.shm_in
+                    w.chan.shm_in = 0
                     on_result(w, msg)
         except (EOFError, OSError):
             broken = True
@@ -857,7 +881,7 @@ class Runner:
                 w.proc.join(1.0)
             w.alive = False
             with contextlib.suppress(Exception):
-                w.conn.close()
+                w.chan.close()
             if not w.ready:
                 code = w.proc.exitcode
                 msg = (
@@ -877,7 +901,12 @@ class Runner:
 
 
 class _Run:
-    """The state of one ``map``/``imap`` call on an active process runner."""
+    """The state of one ``map``/``imap`` call on an active process runner.
+
+    Work moves in chunks of consecutive items ``(start index, [items])``; results come back
+    per chunk and are delivered as segments ``(start index, [results])``, so the per-item
+    cost in the caller is a list append, not a message.
+    """
 
     def __init__(
         self,
@@ -890,66 +919,71 @@ class _Run:
         batch_size: int | None,
     ) -> None:
         self.r = runner
-        self.source = enumerate(source)
+        self.it = source
+        self.pulled = 0  # items taken from the source so far (the next item's index)
         self.exhausted = False
         self.ordered = ordered
         self.seed = seed
         self.timeout = timeout
         self.retries = retries
         self.batch_size = batch_size
-        self.redo: deque[tuple[int, Any]] = deque()
+        self.redo: deque[tuple[int, list[Any]]] = deque()
         self.attempts: dict[int, int] = {}
-        self.buffer: dict[int, Any] = {}
-        self.ready: deque[tuple[int, Any]] = deque()
+        self.segments: dict[int, list[Any]] = {}  # ordered: start index -> results
+        self.ready: deque[tuple[int, list[Any]]] = deque()  # unordered: as they come
         self.next_out = 0
-        self.taken = 0  # indices pulled from the source and not yet yielded
+        self.taken = 0  # items pulled from the source and not yet yielded
         self.chunk = _ChunkSizer()
         self.chunk_ids = itertools.count()
 
     # -- dispatch --------------------------------------------------------------------------
     def window(self) -> int:
-        return max(DEPTH * len(self.r._workers) * self.chunk.size, 2 * DEPTH * len(self.r._workers))
+        n = len(self.r._workers)
+        return max(DEPTH * n * self.chunk.size, 2 * DEPTH * n)
 
-    def _take(self, limit: int) -> list[tuple[int, Any]]:
-        items: list[tuple[int, Any]] = []
-        while self.redo and len(items) < limit:
-            items.append(self.redo.popleft())
-        if items:
-            return items  # re-runs travel alone so a poison item is pinned down
-        room = self.window() - self.taken
-        while len(items) < min(limit, room) and not self.exhausted:
-            try:
-                items.append(next(self.source))
-            except StopIteration:
-                self.exhausted = True
+    def _take(self) -> tuple[int, list[Any]] | None:
+        if self.redo:
+            return self.redo.popleft()
+        room = min(self.chunk.size, self.window() - self.taken)
+        if room <= 0 or self.exhausted:
+            return None
+        items = list(itertools.islice(self.it, room))
+        if len(items) < room:
+            self.exhausted = True
+        if not items:
+            return None
+        start = self.pulled
+        self.pulled += len(items)
         self.taken += len(items)
-        return items
+        return start, items
 
     def dispatch(self) -> None:
+        timed = self.timeout is not None
         for w in self.r._workers:
             while w.alive and w.ready and len(w.outstanding) < DEPTH:
-                items = self._take(self.chunk.size if not self.redo else 1)
-                if not items:
+                chunk = self._take()
+                if chunk is None:
                     return
                 chunk_id = next(self.chunk_ids)
+                start, items = chunk
                 try:
-                    blob = _worker.dumps((chunk_id, self.seed, items))
+                    frame = w.chan.encode((chunk_id, self.seed, start, items, timed))
                 except Exception as exc:
-                    self._unpicklable(items, exc)
-                w.outstanding[chunk_id] = items
+                    self._unpicklable(w, start, items, exc)
+                w.outstanding[chunk_id] = chunk
                 try:
-                    w.conn.send_bytes(blob)
+                    w.chan.send_frame(frame)
                 except OSError:
                     break  # the worker is dying; its sentinel will tell us and we re-queue
 
-    def _unpicklable(self, items: list[tuple[int, Any]], exc: Exception) -> None:
-        for index, item in items:
+    def _unpicklable(self, w: _Worker, start: int, items: list[Any], exc: Exception) -> NoReturn:
+        for k, item in enumerate(items):
             try:
-                _worker.dumps(item)
+                w.chan.encode(item)
             except Exception as inner:  # noqa: BLE001
-                label = _item_label(index, self.batch_size)
+                label = _item_label(start + k, self.batch_size)
                 msg = f"{label} cannot be pickled to reach a worker: {inner} (item: {_short_repr(item)})"
-                raise SerializationError(msg, "<item pickling>", None, None, index) from inner
+                raise SerializationError(msg, "<item pickling>", None, None, start + k) from inner
         raise SerializationError(f"a chunk of items cannot be pickled: {exc}") from exc
 
     # -- results ---------------------------------------------------------------------------
@@ -957,41 +991,51 @@ class _Run:
         if msg is None:
             self._on_death(w)
             return
-        _, chunk_id, results, elapsed = msg
-        items = w.outstanding.pop(chunk_id, None)
-        if items is None:  # pragma: no cover - a reply for a chunk we already re-queued
+        _, chunk_id, values, errors, elapsed = msg
+        chunk = w.outstanding.pop(chunk_id, None)
+        if chunk is None:  # pragma: no cover - a reply for a chunk we already re-queued
             return
-        self.chunk.update(len(results), elapsed, w.last_nbytes)
-        for index, ok, value in results:
-            if ok:
-                self._deliver(index, value)
-                continue
+        start, items = chunk
+        self.chunk.update(len(values), elapsed, w.last_nbytes)
+        if not errors:
+            self._deliver(start, values)
+            return
+        done = 0
+        for k, entry in sorted(errors, key=lambda e: e[0]):
+            index = start + k
             tries = self.attempts.get(index, 0) + 1
             self.attempts[index] = tries
-            if tries <= self.retries:
-                self.redo.append((index, dict(items)[index]))
-                continue
-            what = f"while running {_item_label(index, self.batch_size)}{_after(self.retries)}"
-            _raise_remote(value, device=w.device, worker=w.slot, index=index, what=what)
+            if tries > self.retries:
+                what = f"while running {_item_label(index, self.batch_size)}{_after(self.retries)}"
+                _raise_remote(entry, device=w.device, worker=w.slot, index=index, what=what)
+            if k > done:
+                self._deliver(start + done, values[done:k])
+            self.redo.append((index, [items[k]]))
+            done = k + 1
+        if done < len(values):
+            self._deliver(start + done, values[done:])
 
-    def _deliver(self, index: int, value: Any) -> None:
+    def _deliver(self, start: int, values: list[Any]) -> None:
         if self.ordered:
-            self.buffer[index] = value
+            self.segments[start] = values
         else:
-            self.ready.append((index, value))
+            self.ready.append((start, values))
 
     def _on_death(self, w: _Worker) -> None:
         slots = self.r._slots
-        lost = [pair for items in w.outstanding.values() for pair in items]
+        lost = sorted(w.outstanding.values(), key=lambda c: c[0])
         w.outstanding.clear()
         code = w.proc.exitcode
         culprit: int | None = w.timed_out
         if culprit is None and slots[2 * w.slot + 1] > 0:
             culprit = int(slots[2 * w.slot])
-        held = {i for i, _ in lost}
-        if culprit is not None and culprit not in held:
+        holder = next((c for c in lost if c[0] <= (culprit or -1) < c[0] + len(c[1])), None)
+        if holder is None:
             culprit = None
-        charged = [culprit] if culprit is not None else sorted(held)
+        if culprit is not None:
+            charged = [culprit]
+        else:
+            charged = [start + k for start, items in lost for k in range(len(items))]
         exhausted = False
         for index in charged:
             self.attempts[index] = self.attempts.get(index, 0) + 1
@@ -1000,50 +1044,65 @@ class _Run:
             w.idle_deaths += 1
             exhausted = w.idle_deaths > self.retries
         if exhausted:
-            self._raise_death(w, code, culprit, lost)
-        # Re-run what it held, oldest first, ahead of new input; then bring the slot back.
-        self.redo.extendleft(reversed(sorted(lost, key=lambda p: p[0])))
+            item = None if holder is None or culprit is None else holder[1][culprit - holder[0]]
+            self._raise_death(w, code, culprit, item, sum(len(c[1]) for c in lost))
+        # Re-run what it held ahead of new input, the culprit alone so it is pinned down.
+        requeue: list[tuple[int, list[Any]]] = []
+        for start, items in lost:
+            if culprit is not None and start <= culprit < start + len(items):
+                k = culprit - start
+                parts = [(start, items[:k]), (culprit, items[k : k + 1]), (culprit + 1, items[k + 1 :])]
+                requeue.extend(p for p in parts if p[1])
+            else:
+                requeue.append((start, items))
+        self.redo.extendleft(reversed(requeue))
         self.r._respawn(w.slot)
 
-    def _raise_death(self, w: _Worker, code: int | None, culprit: int | None, lost: list[tuple[int, Any]]) -> None:
+    def _raise_death(
+        self, w: _Worker, code: int | None, culprit: int | None, item: Any, held: int
+    ) -> NoReturn:
         how = describe_exitcode(code)
         tries = _after(self.retries)
         if culprit is not None:
             label = _item_label(culprit, self.batch_size)
-            item = _short_repr(dict(lost).get(culprit))
             if w.timed_out is not None:
                 msg = (
                     f"{label} ran past timeout={self.timeout}s on {w.device} (worker {w.slot}); "
-                    f"the worker was killed{tries} (item: {item})"
+                    f"the worker was killed{tries} (item: {_short_repr(item)})"
                 )
                 raise ItemTimeout(msg, "<timeout>", w.device, w.slot, culprit)
-            msg = f"worker {w.slot} on {w.device} died ({how}) while running {label}{tries} (item: {item})"
+            msg = (
+                f"worker {w.slot} on {w.device} died ({how}) while running {label}{tries} "
+                f"(item: {_short_repr(item)})"
+            )
             raise WorkerDied(msg, w.device, w.slot, code, culprit)
-        held = f" holding {len(lost)} item(s)" if lost else ""
-        msg = f"worker {w.slot} on {w.device} died ({how}){held}{tries}"
+        holding = f" holding {held} item(s)" if held else ""
+        msg = f"worker {w.slot} on {w.device} died ({how}){holding}{tries}"
         raise WorkerDied(msg, w.device, w.slot, code)
 
     # -- the loop --------------------------------------------------------------------------
     def busy(self) -> bool:
         return any(w.outstanding for w in self.r._workers)
 
-    def loop(self) -> Iterator[tuple[int, Any]]:
+    def loop(self) -> Iterator[tuple[int, list[Any]]]:
         while True:
             # Yield first, then refill: yielding frees room in the window, and we must never
             # wait with room to spare and nothing in flight.
             if self.ordered:
-                while self.next_out in self.buffer:
-                    value = self.buffer.pop(self.next_out)
-                    self.taken -= 1
-                    self.next_out += 1
-                    yield self.next_out - 1, value
+                while self.next_out in self.segments:
+                    start = self.next_out
+                    values = self.segments.pop(start)
+                    self.taken -= len(values)
+                    self.next_out += len(values)
+                    yield start, values
             else:
                 while self.ready:
-                    self.taken -= 1
-                    yield self.ready.popleft()
+                    start, values = self.ready.popleft()
+                    self.taken -= len(values)
+                    yield start, values
             self.dispatch()
             if not self.busy():
-                if self.exhausted and not self.redo and not self.buffer and not self.ready:
+                if self.exhausted and not self.redo and not self.segments and not self.ready:
                     return
                 if all(w.ready for w in self.r._workers):
                     # Nothing in flight, every worker idle, yet work remains: waiting would
@@ -1061,7 +1120,7 @@ class _Run:
         nearest = self.timeout
         for w in self.r._workers:
             start = slots[2 * w.slot + 1]
-            if w.alive and w.outstanding and start > 0:
+            if w.alive and w.outstanding and start > 1.0:
                 nearest = min(nearest, start + self.timeout - now)
         # A worker may start an item without telling us; look again at least every 0.25 s.
         return max(0.0, min(nearest, 0.25))
@@ -1075,7 +1134,7 @@ class _Run:
             if not (w.alive and w.outstanding) or w.timed_out is not None:
                 continue
             index, start = slots[2 * w.slot], slots[2 * w.slot + 1]
-            if start > 0 and now - start > self.timeout and slots[2 * w.slot] == index:
+            if start > 1.0 and now - start > self.timeout and slots[2 * w.slot] == index:
                 w.timed_out = int(index)
                 w.proc.kill()
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import cloudpickle
 
+from easycore._transport import Channel
+
 STOP = b"\x00easycore-stop"
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -43,14 +45,6 @@ INIT_ERROR = "init_error"
 DONE = "done"
 ENDED = "ended"
 END_ERROR = "end_error"
-
-
-def dumps(obj: Any) -> bytes:
-    """Pickle fast; fall back to cloudpickle for lambdas, closures and ``__main__`` classes."""
-    try:
-        return pickle.dumps(obj, _PROTOCOL)
-    except Exception:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError...
-        return cloudpickle.dumps(obj, _PROTOCOL)
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
@@ -89,23 +83,23 @@ def _setup_torch(device: str, n_threads: int | None) -> None:
         torch.cuda.set_device(torch.device(device))
 
 
-def _reader(conn: Any, tasks: queue.SimpleQueue[bytes | None], stop: threading.Event) -> None:
+def _reader(chan: Channel, tasks: queue.SimpleQueue[Any], stop: threading.Event) -> None:
     try:
         while True:
-            msg = conn.recv_bytes()
-            if msg == STOP:
+            frame, fds = chan.recv_frame()
+            if frame == STOP:
                 stop.set()
                 tasks.put(None)
                 return
-            tasks.put(msg)
+            tasks.put((frame, fds))
     except (EOFError, OSError):
         # The caller died or closed our pipe without STOP: exit now, do not linger as an orphan.
         os._exit(0)
 
 
-def _send(conn: Any, obj: Any) -> None:
+def _send(chan: Channel, obj: Any) -> None:
     try:
-        conn.send_bytes(dumps(obj))
+        chan.send(obj)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         os._exit(0)
 
@@ -124,28 +118,32 @@ class _Stage:
         self.end_names: tuple[str, ...] = ()
 
 
-def _error_entry(index: int, stage: str, exc: BaseException) -> tuple[int, bool, Any]:
+def error_entry(stage: str, exc: BaseException) -> tuple[str, bytes | None, str, str, str]:
+    """What the caller needs to re-raise ``exc``: (stage, pickled, type name, text, traceback)."""
     blob, tname, text = pack_exception(exc)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return (index, False, (stage, blob, tname, text, tb))
+    return (stage, blob, tname, text, tb)
 
 
-def _reply(conn: Any, chunk_id: int, results: list[tuple[int, bool, Any]], elapsed: float) -> None:
+def _reply(
+    chan: Channel, chunk_id: int, values: list[Any], errors: list[tuple[int, Any]], elapsed: float
+) -> None:
     try:
-        blob = dumps((DONE, chunk_id, results, elapsed))
+        frame = chan.encode((DONE, chunk_id, values, errors, elapsed))
     except Exception:  # noqa: BLE001 - find the result(s) that will not pickle, report each
-        fixed: list[tuple[int, bool, Any]] = []
-        for index, ok, value in results:
+        failed = {k for k, _ in errors}
+        for k, value in enumerate(values):
+            if k in failed:
+                continue
             try:
-                dumps(value)
+                chan.encode(value)
             except Exception as exc:  # noqa: BLE001
-                err = TypeError(f"the result of item {index} cannot be pickled: {exc}")
-                fixed.append(_error_entry(index, "<result pickling>", err))
-            else:
-                fixed.append((index, ok, value))
-        blob = dumps((DONE, chunk_id, fixed, elapsed))
+                err = TypeError(f"the result cannot be pickled: {exc}")
+                errors.append((k, error_entry("<result pickling>", err)))
+                values[k] = None
+        frame = chan.encode((DONE, chunk_id, values, errors, elapsed))
     try:
-        conn.send_bytes(blob)
+        chan.send_frame(frame)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         os._exit(0)
 
@@ -163,9 +161,10 @@ def worker_main(
     """Entry point of a worker process (the ``target`` given to ``Process``)."""
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tasks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    chan = Channel(conn)
+    tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
-    threading.Thread(target=_reader, args=(conn, tasks, stop), daemon=True).start()
+    threading.Thread(target=_reader, args=(chan, tasks, stop), daemon=True).start()
 
     _setup_torch(device, n_threads)
     # Never share a random stream with another worker (torch's default seed is a constant,
@@ -187,46 +186,62 @@ def worker_main(
             st.end, st.end_names = p.end, p.end_names
             stages.append(st)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in init is an error too
-        _send(conn, (INIT_ERROR, *_error_entry(-1, name, exc)[2]))
+        _send(chan, (INIT_ERROR, *error_entry(name, exc)))
         return
-    _send(conn, (READY, os.getpid()))
+    _send(chan, (READY, os.getpid()))
 
+    # slots[2k] = index of the item in hand, slots[2k+1] = its start time (timeouts) or 1.0
+    # while a chunk runs, 0.0 when idle: the caller reads them when we die or run late.
+    cur = memoryview(slots).cast("B").cast("d")
     base = 2 * slot
     clock = time.monotonic
-    single = stages[0] if len(stages) == 1 else None
+    fast = stages[0].fn if len(stages) == 1 and not stages[0].kwargs else None
     while True:
-        raw = tasks.get()
-        if raw is None or stop.is_set():
+        task = tasks.get()
+        if task is None or stop.is_set():
             break
-        chunk_id, seed, items = pickle.loads(raw)
-        results: list[tuple[int, bool, Any]] = []
+        chunk_id, seed, start, items, timed = chan.decode(*task)
+        values: list[Any] = []
+        errors: list[tuple[int, Any]] = []
         t0 = clock()
-        for index, item in items:
-            if stop.is_set():
-                break
-            slots[base] = index
-            slots[base + 1] = clock()
-            if seed is not None:
-                seed_everything(derive_seed(seed, index))
-            if single is not None:
+        cur[base + 1] = 1.0
+        index = float(start)
+        if fast is not None and seed is None and not timed:
+            # the hot path: one stage, nothing injected, no per-item seed or clock
+            append = values.append
+            for item in items:
+                cur[base] = index
+                index += 1.0
                 try:
-                    results.append((index, True, single.fn(item, **single.kwargs)))
+                    append(fast(item))
                 except BaseException as exc:  # noqa: BLE001
-                    results.append(_error_entry(index, single.name, exc))
-                continue
-            value = item
-            for st in stages:
-                try:
-                    value = st.fn(value, **st.kwargs)
-                except BaseException as exc:  # noqa: BLE001
-                    results.append(_error_entry(index, st.name, exc))
+                    errors.append((len(values), error_entry(stages[0].name, exc)))
+                    append(None)
+                if stop.is_set():
                     break
-            else:
-                results.append((index, True, value))
-        slots[base + 1] = 0.0
+        else:
+            for item in items:
+                cur[base] = index
+                if timed:
+                    cur[base + 1] = clock()
+                if seed is not None:
+                    seed_everything(derive_seed(seed, int(index)))
+                index += 1.0
+                value = item
+                for st in stages:
+                    try:
+                        value = st.fn(value, **st.kwargs)
+                    except BaseException as exc:  # noqa: BLE001
+                        errors.append((len(values), error_entry(st.name, exc)))
+                        value = None
+                        break
+                values.append(value)
+                if stop.is_set():
+                    break
+        cur[base + 1] = 0.0
         if stop.is_set():
             break
-        _reply(conn, chunk_id, results, clock() - t0)
+        _reply(chan, chunk_id, values, errors, clock() - t0)
 
     # end runs for every stage even when an earlier one fails; the first failure is reported.
     failure: tuple[Any, ...] | None = None
@@ -238,6 +253,5 @@ def worker_main(
             st.end(**{n: full[n] for n in st.end_names})
         except BaseException as exc:  # noqa: BLE001
             if failure is None:
-                failure = _error_entry(-1, f"{st.name} (end)", exc)[2]
-    _send(conn, (END_ERROR, *failure) if failure is not None else (ENDED,))
-
+                failure = error_entry(f"{st.name} (end)", exc)
+    _send(chan, (END_ERROR, *failure) if failure is not None else (ENDED,))

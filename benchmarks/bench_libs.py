@@ -1,0 +1,352 @@
+"""One measurement of one library on one workload, run inside a fresh process.
+
+Every library is wrapped in a *session*: constructing it creates the pool (if the library
+has one), :meth:`Session.run` runs the workload's function over the items and returns what
+the caller receives (a sum for W1, a list otherwise), :meth:`Session.close` shuts the pool
+down. :func:`measure` times sessions in one of three ways:
+
+``call`` (the default for W1-W3b)
+    the one-shot call a user writes — create the pool, run, shut down — timed end to end,
+    after one untimed call on a few items in the same process (imports done, easycore's
+    forkserver up, joblib's reusable loky executor started: a program's second call).
+``warm`` (``--mode warm``)
+    the pool is created and used once before the clock starts, then only ``run`` is timed
+    (easycore: ``pipeline.open(devices=n)`` then ``runner.map(items)``).
+W4 (``phase=cold`` / ``phase=warm``)
+    create, run one item, shut down: the first such cycle in a fresh process (cold) or the
+    second one (warm). Library imports happen before the clock starts.
+
+Variants are ``default`` or comma-separated ``key=value`` options: ``chunksize`` (Pool,
+concurrent.futures, mpire's ``chunk_size``), ``batch_size`` (joblib), ``context``
+(multiprocessing start method), ``phase`` (W4).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import bench_workloads as wl
+
+#: Module each library needs imported before any clock starts.
+LIB_MODULES: dict[str, tuple[str, ...]] = {
+    "sequential": (),
+    "pool": ("multiprocessing.pool",),
+    "futures": ("concurrent.futures",),
+    "joblib": ("joblib",),
+    "mpire": ("mpire",),
+    "easycore": ("easycore",),
+    "reference": (),
+}
+
+#: Libraries that pass work through the pool itself (not easycore, not in-process).
+PEERS = ("pool", "futures", "joblib", "mpire")
+
+
+def work_function(workload: str, lib: str) -> Callable[[int], Any]:
+    """The function a library runs for a workload.
+
+    Peers get the W3 variant that pins torch to one thread per worker (what a careful user
+    does); easycore and the in-process loop get the plain one.
+    """
+    if workload == "W1":
+        return wl.square
+    if workload == "W2":
+        return wl.busy_5ms
+    if workload == "W3":
+        return wl.make_tensor_1thread if lib in PEERS else wl.make_tensor
+    if workload == "W3b":
+        return wl.make_array
+    if workload == "W4":
+        return wl.identity
+    msg = f"unknown workload {workload!r}"
+    raise ValueError(msg)
+
+
+def parse_variant(variant: str) -> dict[str, str]:
+    """``"chunksize=100,context=fork"`` -> ``{"chunksize": "100", "context": "fork"}``."""
+    if variant in ("", "default"):
+        return {}
+    opts: dict[str, str] = {}
+    for part in variant.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            msg = f"variant option {part!r} is not key=value"
+            raise ValueError(msg)
+        opts[key.strip()] = value.strip()
+    return opts
+
+
+def _int_or_none(opts: dict[str, str], key: str) -> int | None:
+    return int(opts[key]) if key in opts else None
+
+
+def _collect(total: bool, results: Iterable[Any]) -> Any:
+    """What the caller keeps: the sum (W1) or every result, in a list."""
+    return sum(results) if total else list(results)
+
+
+# ---------------------------------------------------------------------------------------------
+# sessions
+# ---------------------------------------------------------------------------------------------
+class Session(Protocol):
+    """A library's pool, ready to run the workload's function."""
+
+    def run(self, items: Sequence[int]) -> Any:
+        """Run the function over ``items``; return the sum (W1) or the list of results."""
+
+    def close(self) -> None:
+        """Shut the pool down and wait for its processes."""
+
+
+class Sequential:
+    """The in-process loop: ``sum(map(fn, items))`` or ``list(map(fn, items))``."""
+
+    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
+                 keep: bool) -> None:
+        del workers, opts, keep
+        self.fn, self.total = fn, total
+
+    def run(self, items: Sequence[int]) -> Any:
+        return _collect(self.total, map(self.fn, items))
+
+    def close(self) -> None:
+        pass
+
+
+class MpPool:
+    """``multiprocessing.Pool(workers).map(fn, items, chunksize)``; default start method."""
+
+    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
+                 keep: bool) -> None:
+        import multiprocessing as mp
+
+        del keep
+        ctx = mp.get_context(opts["context"]) if "context" in opts else mp.get_context()
+        self.fn, self.total = fn, total
+        self.chunksize = _int_or_none(opts, "chunksize")
+        self.pool = ctx.Pool(workers)
+
+    def run(self, items: Sequence[int]) -> Any:
+        return _collect(self.total, self.pool.map(self.fn, items, chunksize=self.chunksize))
+
+    def close(self) -> None:
+        self.pool.close()
+        self.pool.join()
+
+
+class Futures:
+    """``ProcessPoolExecutor(workers).map(fn, items, chunksize=...)`` (its default is 1)."""
+
+    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
+                 keep: bool) -> None:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        del keep
+        ctx = mp.get_context(opts["context"]) if "context" in opts else None
+        self.fn, self.total = fn, total
+        self.chunksize = _int_or_none(opts, "chunksize") or 1
+        self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+
+    def run(self, items: Sequence[int]) -> Any:
+        return _collect(self.total, self.ex.map(self.fn, items, chunksize=self.chunksize))
+
+    def close(self) -> None:
+        self.ex.shutdown(wait=True)
+
+
+class Joblib:
+    """``joblib.Parallel(n_jobs=workers)(delayed(fn)(x) for x in items)``, loky backend.
+
+    joblib keeps its loky executor alive between calls by default, so ``close`` has nothing
+    to shut down: that reuse is joblib's own default behaviour.
+    """
+
+    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
+                 keep: bool) -> None:
+        from joblib import Parallel
+
+        del keep
+        batch: int | str = _int_or_none(opts, "batch_size") or "auto"
+        self.fn, self.total = fn, total
+        self.parallel = Parallel(n_jobs=workers, batch_size=batch)
+
+    def run(self, items: Sequence[int]) -> Any:
+        from joblib import delayed
+
+        call = delayed(self.fn)
+        return _collect(self.total, self.parallel(call(x) for x in items))
+
+    def close(self) -> None:
+        pass
+
+
+class Mpire:
+    """``mpire.WorkerPool(n_jobs=workers).map(fn, items, chunk_size=...)``.
+
+    ``concatenate_numpy_output=False``: by default mpire glues numpy results into one big
+    array (an extra copy, and not the 200 arrays the workload returns); a user who wants the
+    arrays back turns that off. It changes nothing for non-numpy results. ``keep_alive`` is
+    on only in ``warm`` mode, where the pool must survive between ``map`` calls.
+    """
+
+    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
+                 keep: bool) -> None:
+        from mpire import WorkerPool
+
+        kwargs: dict[str, Any] = {"n_jobs": workers, "keep_alive": keep}
+        if "context" in opts:
+            kwargs["start_method"] = opts["context"]
+        self.fn, self.total = fn, total
+        self.chunk_size = _int_or_none(opts, "chunksize")
+        self.pool = WorkerPool(**kwargs)
+
+    def run(self, items: Sequence[int]) -> Any:
+        out = self.pool.map(
+            self.fn, items, chunk_size=self.chunk_size, concatenate_numpy_output=False
+        )
+        return _collect(self.total, out)
+
+    def close(self) -> None:
+        self.pool.stop_and_join()
+
+
+class Easycore:
+    """easycore exactly as the README shows it, with no tuning.
+
+    ``call``: ``(producer(fn) >> summer).map(items, devices=workers)`` for W1 (a consumer
+    sums), ``producer(fn).map(items, devices=workers)`` otherwise. ``warm``: the same
+    pipeline's ``open(devices=workers)`` runner, then ``runner.map(items)``.
+    """
+
+    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
+                 keep: bool) -> None:
+        from easycore import consumer, producer
+
+        del opts
+        pipeline: Any = producer(fn)
+        if total:
+            pipeline = pipeline >> consumer(init=0)(_add)
+        self.pipeline, self.workers = pipeline, workers
+        self.runner = pipeline.open(devices=workers) if keep else None
+
+    def run(self, items: Sequence[int]) -> Any:
+        if self.runner is not None:
+            return self.runner.map(items)
+        return self.pipeline.map(items, devices=self.workers)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+
+def _add(total: int, x: int) -> int:
+    """The W1 consumer: a running sum."""
+    return total + x
+
+
+SESSIONS: dict[str, Callable[..., Session]] = {
+    "sequential": Sequential,
+    "pool": MpPool,
+    "futures": Futures,
+    "joblib": Joblib,
+    "mpire": Mpire,
+    "easycore": Easycore,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------------------------
+def measure(
+    lib: str, workload: str, variant: str, n: int, workers: int, mode: str
+) -> dict[str, Any]:
+    """Run one timed measurement and check the result; return ``{"seconds": ..., ...}``.
+
+    Raises:
+        bench_workloads.WrongResult: the library returned a wrong result.
+    """
+    opts = parse_variant(variant)
+    for module in LIB_MODULES[lib]:
+        importlib.import_module(module)
+    if lib == "reference":
+        return _reference(workload, opts, n)
+    fn = work_function(workload, lib)
+    total = workload == "W1"
+    items = wl.items_for(workload, n)
+    make = SESSIONS[lib]
+
+    def cycle(data: Sequence[int], keep: bool = False) -> Any:
+        session = make(fn, total, workers, opts, keep)
+        try:
+            return session.run(data)
+        finally:
+            session.close()
+
+    extra: dict[str, Any] = {}
+    if workload == "W4":
+        phase = opts.get("phase", "cold")
+        if phase == "warm":
+            cycle(items)
+        t0 = time.perf_counter()
+        result = cycle(items)
+        seconds = time.perf_counter() - t0
+    else:
+        warmup = wl.items_for(workload, min(n, max(2 * workers, n // 100)))
+        if mode == "call":
+            cycle(warmup)
+            t0 = time.perf_counter()
+            result = cycle(items)
+            seconds = time.perf_counter() - t0
+        elif mode == "warm":
+            session = make(fn, total, workers, opts, True)
+            try:
+                session.run(warmup)
+                t0 = time.perf_counter()
+                result = session.run(items)
+                seconds = time.perf_counter() - t0
+                runner = getattr(session, "runner", None)
+                if runner is not None:
+                    extra["startup_seconds"] = runner.startup_seconds
+            finally:
+                session.close()
+        else:
+            msg = f"unknown mode {mode!r}"
+            raise ValueError(msg)
+    wl.CHECKS[workload](result, n)
+    return {"seconds": seconds, "n": n, "extra": extra}
+
+
+def _reference(workload: str, opts: dict[str, str], n: int) -> dict[str, Any]:
+    """Physical references: ``import torch`` (W4) or copying the arrays in-process (W3, W3b)."""
+    what = opts.get("what", "")
+    if workload == "W4" and what == "import-torch":
+        t0 = time.perf_counter()
+        import torch
+
+        seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "n": n, "extra": {"torch": torch.__version__}}
+    if workload in ("W3", "W3b") and what == "copy":
+        make = wl.make_tensor if workload == "W3" else wl.make_array
+        arrays = [make(i) for i in range(n)]
+        copy = _copier(workload)
+        for a in arrays[: min(n, 4)]:  # warm the allocator and the code paths
+            copy(a)
+        t0 = time.perf_counter()
+        copies = [copy(a) for a in arrays]
+        seconds = time.perf_counter() - t0
+        wl.CHECKS[workload](copies, n)
+        return {"seconds": seconds, "n": n, "extra": {}}
+    msg = f"no reference {what!r} for {workload}"
+    raise ValueError(msg)
+
+
+def _copier(workload: str) -> Callable[[Any], Any]:
+    if workload == "W3":
+        return lambda t: t.clone()
+    import numpy as np
+
+    return np.copy

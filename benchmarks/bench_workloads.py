@@ -1,0 +1,206 @@
+"""Work functions, inputs and correctness checks of the easycore benchmarks (W1-W4).
+
+Worker processes of every library import this module to find the work functions by
+reference, so it stays light: torch and numpy are imported inside the functions that need
+them, never at module level.
+
+Workloads (sizes are the defaults; ``--quick`` shrinks them):
+
+* **W1** ``square(x) = x * x`` over 200,000 ints, summed by the caller (easycore: a consumer).
+* **W2** ``busy_5ms(x)`` over 400 items: pure-Python integer arithmetic calibrated by the
+  parent to take about 5 ms on this machine; the iteration count reaches every process
+  through the ``EASYCORE_BENCH_W2_ITERS`` environment variable so all libraries do exactly
+  the same work.
+* **W3** ``make_tensor(i)`` returns a 4 MiB float32 ``torch.full((1 << 20,), i)``; 200 items.
+* **W3b** the same as numpy arrays (``np.full``).
+* **W4** ``identity(x)`` on one item: the cost of creating, using and shutting down a pool.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: Elements per W3/W3b array: 1 << 20 float32 = 4 MiB.
+W3_ELEMENTS = 1 << 20
+#: Bytes per W3/W3b array.
+W3_BYTES = W3_ELEMENTS * 4
+#: Environment variable carrying the calibrated W2 iteration count to every process.
+W2_ENV = "EASYCORE_BENCH_W2_ITERS"
+#: Fallback iteration count (about 5 ms on a ~3 GHz core with CPython 3.11).
+W2_DEFAULT_ITERS = 60_000
+#: Target duration of one W2 item.
+W2_SECONDS = 0.005
+
+_W2_ITERS = int(os.environ.get(W2_ENV, W2_DEFAULT_ITERS))
+
+
+# ---------------------------------------------------------------------------------------------
+# work functions (module level, so every library pickles them by reference)
+# ---------------------------------------------------------------------------------------------
+def square(x: int) -> int:
+    """W1: the smallest useful item of work."""
+    return x * x
+
+
+def _spin(seed: int, iters: int) -> int:
+    v = seed
+    for _ in range(iters):
+        v = (v * 1103515245 + 12345) & 0x7FFFFFFF
+    return v
+
+
+def busy_5ms(x: int) -> int:
+    """W2: about 5 ms of pure-Python CPU work (holds the GIL); the result depends on ``x``."""
+    return _spin(x, _W2_ITERS)
+
+
+def make_tensor(i: int) -> Any:
+    """W3: a new 4 MiB float32 tensor filled with ``i`` (torch's own thread settings)."""
+    import torch
+
+    return torch.full((W3_ELEMENTS,), float(i), dtype=torch.float32)
+
+
+_ONE_THREAD = False
+
+
+def make_tensor_1thread(i: int) -> Any:
+    """W3 for peers: as :func:`make_tensor`, after ``torch.set_num_threads(1)`` in this process.
+
+    Two workers on a small machine oversubscribe the cores with torch's default thread pool;
+    a careful user of a peer library limits it like this (easycore does it by itself).
+    """
+    global _ONE_THREAD
+    import torch
+
+    if not _ONE_THREAD:
+        torch.set_num_threads(1)
+        _ONE_THREAD = True
+    return torch.full((W3_ELEMENTS,), float(i), dtype=torch.float32)
+
+
+def make_array(i: int) -> Any:
+    """W3b: a new 4 MiB float32 numpy array filled with ``i``."""
+    import numpy as np
+
+    return np.full(W3_ELEMENTS, i, dtype=np.float32)
+
+
+def identity(x: int) -> int:
+    """W4: no work at all."""
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# calibration
+# ---------------------------------------------------------------------------------------------
+def calibrate_w2(target: float = W2_SECONDS, trials: int = 7) -> int:
+    """Return the iteration count for which :func:`busy_5ms` takes about ``target`` seconds.
+
+    Uses the fastest of several trials, so background load during calibration does not
+    shrink the work; the harness reports the item duration actually reached.
+    """
+    probe = 20_000
+    best = min(_timed(lambda: _spin(1, probe)) for _ in range(trials))
+    return max(1_000, round(probe * target / best))
+
+
+def w2_item_seconds(iters: int, trials: int = 7) -> float:
+    """Fastest measured duration of one W2 item with ``iters`` iterations."""
+    return min(_timed(lambda: _spin(1, iters)) for _ in range(trials))
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# correctness checks (run after the timed section, on what the caller received)
+# ---------------------------------------------------------------------------------------------
+class WrongResult(AssertionError):
+    """A library returned something other than the expected result."""
+
+
+def _fail(msg: str) -> None:
+    raise WrongResult(msg)
+
+
+def check_w1(result: Any, n: int) -> None:
+    """The sum of squares of ``range(n)``."""
+    expected = (n - 1) * n * (2 * n - 1) // 6
+    if result != expected:
+        _fail(f"W1: sum is {result!r}, expected {expected}")
+
+
+def check_w2(result: Any, n: int) -> None:
+    """``n`` results in input order; a few of them recomputed here."""
+    if not isinstance(result, list) or len(result) != n:
+        _fail(f"W2: expected a list of {n} results, got {type(result).__name__}")
+    for i in sorted({0, n // 2, n - 1}):
+        if result[i] != busy_5ms(i):
+            _fail(f"W2: result {i} is {result[i]!r}, expected {busy_5ms(i)!r}")
+
+
+def check_w3(result: Any, n: int) -> None:
+    """``n`` float32 tensors of 1 << 20 elements, tensor ``i`` filled with ``i``, all intact."""
+    import torch
+
+    _check_arrays(result, n, torch.Tensor, torch.float32, lambda a, i: bool((a == i).all()))
+
+
+def check_w3b(result: Any, n: int) -> None:
+    """``n`` float32 numpy arrays of 1 << 20 elements, array ``i`` filled with ``i``."""
+    import numpy as np
+
+    _check_arrays(result, n, np.ndarray, np.float32, lambda a, i: bool((a == i).all()))
+
+
+def _check_arrays(
+    result: Any, n: int, kind: type, dtype: Any, all_equal: Callable[[Any, int], bool]
+) -> None:
+    if not isinstance(result, list) or len(result) != n:
+        _fail(f"expected a list of {n} arrays, got {type(result).__name__}")
+    for i, a in enumerate(result):
+        if not isinstance(a, kind):
+            _fail(f"item {i}: expected {kind.__name__}, got {type(a).__name__}")
+        if a.dtype != dtype or tuple(a.shape) != (W3_ELEMENTS,):
+            _fail(f"item {i}: dtype {a.dtype} shape {tuple(a.shape)}")
+        if not all_equal(a, i):
+            _fail(f"item {i}: contents differ from {i}")
+
+
+def check_w4(result: Any, n: int) -> None:
+    """``[0]`` back (W4 runs one item, 0)."""
+    expected = list(range(n))
+    if list(result) != expected:
+        _fail(f"W4: got {result!r}, expected {expected!r}")
+
+
+#: How many items each workload runs (default, --quick).
+SIZES: dict[str, tuple[int, int]] = {
+    "W1": (200_000, 20_000),
+    "W2": (400, 40),
+    "W3": (200, 20),
+    "W3b": (200, 20),
+    "W4": (1, 1),
+}
+
+#: Correctness check per workload: ``check(result, n_items)``.
+CHECKS: dict[str, Callable[[Any, int], None]] = {
+    "W1": check_w1,
+    "W2": check_w2,
+    "W3": check_w3,
+    "W3b": check_w3b,
+    "W4": check_w4,
+}
+
+
+def items_for(workload: str, n: int) -> Sequence[int]:
+    """Inputs of a workload: ``range(n)`` (lazy ints; every library takes a range)."""
+    del workload
+    return range(n)

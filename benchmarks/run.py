@@ -1,0 +1,557 @@
+"""easycore against sequential, multiprocessing.Pool, concurrent.futures, joblib and mpire.
+
+Usage (``just bench`` runs it with the ``bench`` extra installed)::
+
+    python benchmarks/run.py                      # everything, 5 repeats, 2 workers
+    python benchmarks/run.py --quick              # 1 repeat, small sizes: a smoke test
+    python benchmarks/run.py --only W1,W3 --repeats 3 --json bench.json
+    python benchmarks/run.py --mode warm          # pools created before the clock starts
+
+Every (library, workload, variant) measurement runs in a fresh Python process
+(``run.py --one LIB WORKLOAD VARIANT``), repeated ``--repeats`` times with the cases of a
+workload interleaved, so slow drift in background load spreads over all libraries alike. The
+parent prints, per workload, the median and min-max of each case and its ratio to the best
+peer, then a table of the targets with PASS/MISS. Every run checks its result (the sum, or
+every array's contents), so a broken fast path cannot look good.
+
+Workloads (see ``bench_workloads.py``): W1 200,000 ints ``x*x`` summed; W2 400 items of 5 ms
+pure Python; W3 200 float32 tensors of 4 MiB returned by the workers; W3b the same as numpy
+arrays; W4 create 2 workers, run 1 item, shut down, cold (first time in a fresh process) and
+warm (second time). Peers run with their defaults and with the tuning a careful user would
+apply (chunk sizes, one torch thread per worker); easycore runs untuned. ``bench_libs.py``
+says exactly what each library runs and what is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import bench_workloads as wl
+
+HERE = Path(__file__).resolve().parent
+RESULT_TAG = "BENCH_RESULT "
+EXIT_WRONG = 3  # a child's exit status when the library returned a wrong result
+
+
+# ---------------------------------------------------------------------------------------------
+# what is measured
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Group:
+    """One table: a workload (W4 splits into cold and warm) and how its figure is computed."""
+
+    name: str
+    workload: str
+    title: str
+    unit: str
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: a library with a variant, measured ``repeats`` times in fresh processes.
+
+    ``role`` is ``easycore``, ``peer`` (competes for "best peer"), ``baseline`` (the
+    in-process loop) or ``reference`` (a physical reference: in-process copy, import torch).
+    """
+
+    group: str
+    lib: str
+    variant: str
+    role: str
+    label: str
+    n: int | None = None  # items, when not the workload's size
+
+
+@dataclass
+class Row:
+    """A case's results: seconds per repeat, the derived figures, failures."""
+
+    case: Case
+    n: int
+    seconds: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wrong: bool = False
+    extra: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """At least one good sample, and never a wrong result."""
+        return bool(self.seconds) and not self.wrong
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+GROUPS: dict[str, Group] = {
+    g.name: g
+    for g in [
+        Group("W1", "W1", "ints, x*x, summed", "items/s"),
+        Group("W2", "W2", "items x 5 ms pure Python", "x seq"),
+        Group("W3", "W3", "x 4 MiB float32 torch tensors returned", "GB/s"),
+        Group("W3b", "W3b", "x 4 MiB float32 numpy arrays returned", "GB/s"),
+        Group("W4 cold", "W4", "create 2 workers, 1 item, shut down: fresh process", "s", False),
+        Group("W4 warm", "W4", "create 2 workers, 1 item, shut down: second time", "s", False),
+    ]
+}
+
+
+def size(workload: str, quick: bool) -> int:
+    """Items per run of a workload."""
+    return wl.SIZES[workload][1 if quick else 0]
+
+
+def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
+    """Every row of the benchmark, in table order."""
+    ec = f"easycore .map(devices={workers})"
+    if mode == "warm":
+        ec = f"easycore .open(devices={workers}) runner.map"
+    cases: list[Case] = []
+
+    n = size("W1", quick)
+    sweep = [n // 100, n // 20, n // 4]  # 2,000 / 10,000 / 50,000 items per chunk
+    slow = n // 10  # concurrent.futures' chunksize=1 runs ~4,000 items/s: a tenth of W1
+    cases += [
+        Case("W1", "sequential", "default", "baseline", "in-process loop sum(map(square, ...))"),
+        Case("W1", "pool", "default", "peer", "multiprocessing.Pool, default chunksize"),
+        *[Case("W1", "pool", f"chunksize={c}", "peer", f"multiprocessing.Pool, chunksize={c}")
+          for c in sweep],
+        Case("W1", "futures", "default", "peer",
+             f"concurrent.futures, default chunksize=1 ({slow:,} items)", n=slow),
+        *[Case("W1", "futures", f"chunksize={c}", "peer", f"concurrent.futures, chunksize={c}")
+          for c in sweep],
+        Case("W1", "joblib", "default", "peer", "joblib.Parallel (loky), batch_size=auto"),
+        Case("W1", "joblib", f"batch_size={n // 20}", "peer",
+             f"joblib.Parallel (loky), batch_size={n // 20}"),
+        Case("W1", "mpire", "default", "peer", "mpire.WorkerPool, default chunk_size"),
+        *[Case("W1", "mpire", f"chunksize={c}", "peer", f"mpire.WorkerPool, chunk_size={c}")
+          for c in sweep],
+        Case("W1", "easycore", "default", "easycore", ec),
+    ]
+
+    cases += [
+        Case("W2", "sequential", "default", "baseline", "in-process loop (the 1.00x reference)"),
+        Case("W2", "pool", "default", "peer", "multiprocessing.Pool, default chunksize"),
+        Case("W2", "pool", "chunksize=1", "peer", "multiprocessing.Pool, chunksize=1"),
+        Case("W2", "futures", "default", "peer", "concurrent.futures, default chunksize=1"),
+        Case("W2", "joblib", "default", "peer", "joblib.Parallel (loky), batch_size=auto"),
+        Case("W2", "mpire", "default", "peer", "mpire.WorkerPool, default chunk_size"),
+        Case("W2", "mpire", "chunksize=1", "peer", "mpire.WorkerPool, chunk_size=1"),
+        Case("W2", "easycore", "default", "easycore", ec),
+    ]
+
+    for w, kind in (("W3", "torch.full, 1 torch thread per worker"), ("W3b", "np.full")):
+        clone = "t.clone()" if w == "W3" else "np.copy(a)"
+        cases += [
+            Case(w, "reference", "what=copy", "reference", f"in-process copy ({clone})"),
+            Case(w, "sequential", "default", "baseline", "in-process loop (creating the arrays)"),
+            Case(w, "pool", "default", "peer", f"multiprocessing.Pool, default chunksize, {kind}"),
+            Case(w, "pool", "chunksize=1", "peer", f"multiprocessing.Pool, chunksize=1, {kind}"),
+            Case(w, "futures", "default", "peer", f"concurrent.futures, chunksize=1, {kind}"),
+            Case(w, "joblib", "default", "peer", f"joblib.Parallel (loky), {kind}"),
+            Case(w, "mpire", "default", "peer", f"mpire.WorkerPool, default chunk_size, {kind}"),
+            Case(w, "mpire", "chunksize=1", "peer", f"mpire.WorkerPool, chunk_size=1, {kind}"),
+            Case(w, "easycore", "default", "easycore", ec),
+        ]
+
+    for phase in ("cold", "warm"):
+        g = f"W4 {phase}"
+        if phase == "cold":
+            cases.append(Case(g, "reference", "what=import-torch", "reference",
+                              "`import torch` in a fresh process"))
+        cases += [
+            Case(g, "pool", f"context=fork,phase={phase}", "peer",
+                 "multiprocessing.Pool, fork context"),
+            Case(g, "futures", f"context=fork,phase={phase}", "peer",
+                 "concurrent.futures, fork context"),
+            Case(g, "mpire", f"context=fork,phase={phase}", "peer", "mpire.WorkerPool (fork)"),
+            Case(g, "easycore", f"phase={phase}", "easycore",
+                 f"easycore .map([0], devices={workers})"),
+        ]
+    return cases
+
+
+def select(cases: list[Case], only: str | None) -> list[Case]:
+    """Keep the cases of the groups named in ``--only`` (``W4`` means both W4 groups)."""
+    if not only:
+        return cases
+    wanted = {w.strip().lower() for w in only.split(",") if w.strip()}
+    unknown = wanted - {g.lower() for g in GROUPS} - {g.workload.lower() for g in GROUPS.values()}
+    if unknown:
+        sys.exit(f"--only: unknown workload(s) {sorted(unknown)}; choose from {list(GROUPS)}")
+    return [
+        c for c in cases
+        if c.group.lower() in wanted or GROUPS[c.group].workload.lower() in wanted
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# running the children
+# ---------------------------------------------------------------------------------------------
+def child_env(w2_iters: int) -> dict[str, str]:
+    """The environment of every measurement: W2's work size, benchmarks/ importable."""
+    env = dict(os.environ)
+    env[wl.W2_ENV] = str(w2_iters)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), path) if p)
+    return env
+
+
+def run_child(case: Case, n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """Measure ``case`` once in a fresh interpreter; ``{"seconds": ...}`` or ``{"error": ...}``."""
+    workload = GROUPS[case.group].workload
+    cmd = [sys.executable, str(HERE / "run.py"), "--one", case.lib, workload, case.variant,
+           "--n", str(n), "--workers", str(args.workers), "--mode", args.mode]
+    try:
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG) and proc.returncode == 0:
+            return dict(json.loads(line[len(RESULT_TAG):]))
+    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+    kind = "wrong result" if proc.returncode == EXIT_WRONG else f"exit {proc.returncode}"
+    return {"error": f"{kind}: {tail[0][:200]}", "wrong": proc.returncode == EXIT_WRONG}
+
+
+def figure(group: Group, n: int, seconds: float) -> float:
+    """The reported figure of one sample (W2's speed-up is computed later)."""
+    if group.unit == "items/s":
+        return n / seconds
+    if group.unit == "GB/s":
+        return n * wl.W3_BYTES / seconds / 1e9
+    return seconds
+
+
+def measure_all(cases: list[Case], args: argparse.Namespace, env: dict[str, str]) -> list[Row]:
+    """Run every case ``repeats`` times, workload by workload, cases interleaved."""
+    rows = [Row(c, c.n or size(GROUPS[c.group].workload, args.quick)) for c in cases]
+    for gname in GROUPS:
+        group_rows = [r for r in rows if r.case.group == gname]
+        if not group_rows:
+            continue
+        t0 = time.perf_counter()
+        for rep in range(args.repeats):
+            for row in group_rows:
+                res = run_child(row.case, row.n, args, env)
+                note = f"{res['seconds']:.4f} s" if "seconds" in res else res["error"]
+                print(f"  [{gname} {rep + 1}/{args.repeats}] {row.case.label}: {note}",
+                      file=sys.stderr, flush=True)
+                if "seconds" in res:
+                    row.seconds.append(float(res["seconds"]))
+                    row.extra.append(res.get("extra", {}))
+                else:
+                    row.errors.append(res["error"])
+                    row.wrong = row.wrong or bool(res.get("wrong"))
+        finish_group(GROUPS[gname], group_rows)
+        print_group(GROUPS[gname], group_rows, args, time.perf_counter() - t0)
+    return rows
+
+
+def finish_group(group: Group, rows: list[Row]) -> None:
+    """Turn seconds into the group's figures (W2: speed-up over the sequential median)."""
+    if group.unit == "x seq":
+        base = [r for r in rows if r.case.role == "baseline" and r.ok]
+        if not base:
+            for r in rows:
+                r.errors.append("no sequential baseline")
+                r.seconds.clear()
+            return
+        seq = statistics.median(base[0].seconds)
+        for r in rows:
+            r.values = [seq / s for s in r.seconds]
+        return
+    for r in rows:
+        r.values = [figure(group, r.n, s) for s in r.seconds]
+
+
+# ---------------------------------------------------------------------------------------------
+# reporting
+# ---------------------------------------------------------------------------------------------
+def fmt(group: Group, v: float) -> str:
+    """A figure in the group's unit, compactly."""
+    if group.unit == "items/s":
+        return f"{v / 1e6:.2f} M" if v >= 1e5 else f"{v / 1e3:.1f} k"
+    if group.unit == "GB/s":
+        return f"{v:.3f}" if v < 1 else f"{v:.2f}"
+    if group.unit == "x seq":
+        return f"{v:.2f}x"
+    return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def best_peer(group: Group, rows: list[Row]) -> Row | None:
+    """The peer row with the best median (tuned variants included)."""
+    peers = [r for r in rows if r.case.role == "peer" and r.ok]
+    if not peers:
+        return None
+    pick: Callable[..., Row] = max if group.higher_is_better else min
+    return pick(peers, key=lambda r: r.median)
+
+
+def ratio(group: Group, row: Row, best: Row | None) -> float | None:
+    """How many times better than the best peer (< 1: worse), whatever the unit's direction."""
+    if best is None or not row.ok:
+        return None
+    return row.median / best.median if group.higher_is_better else best.median / row.median
+
+
+def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed: float) -> None:
+    """One workload's table."""
+    n = size(group.workload, args.quick)
+    unit = {"x seq": "speed-up over sequential", "s": "seconds"}.get(group.unit, group.unit)
+    head = f"{group.name}: {n:,} {group.title}" if group.workload != "W4" else (
+        f"{group.name}: {group.title}")
+    print(f"\n{head}  [{unit}; {args.repeats} fresh process(es) per row; {elapsed:.0f} s]")
+    print(f"  {'library / variant':<62} {'median':>9} {'min - max':>19} {'vs best peer':>13}")
+    best = best_peer(group, rows)
+    for r in rows:
+        mark = "*" if r.case.role == "easycore" else ("+" if r is best else " ")
+        label = r.case.label[:62]
+        if not r.ok:
+            why = r.errors[0] if r.errors else "no result"
+            print(f"{mark} {label:<62} {'FAILED':>9}  {why}")
+            continue
+        lo, hi = min(r.values), max(r.values)
+        rat = ratio(group, r, best)
+        rtxt = f"{rat:.2f}x" if rat is not None else "-"
+        fails = f"  ({len(r.errors)} failed: {r.errors[0]})" if r.errors else ""
+        print(f"{mark} {label:<62} {fmt(group, r.median):>9} "
+              f"{fmt(group, lo) + ' - ' + fmt(group, hi):>19} {rtxt:>13}{fails}")
+    if best is not None:
+        print(f"  (+ best peer: {best.case.label}; * easycore; 'vs best peer' > 1 is better)")
+    sys.stdout.flush()
+
+
+@dataclass
+class Target:
+    """One line of the verdict."""
+
+    group: str
+    what: str
+    value: float | None
+    bound: float
+    at_least: bool
+    shown: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if self.value is None:
+            return False
+        return self.value >= self.bound if self.at_least else self.value <= self.bound
+
+
+def targets(rows: list[Row]) -> list[Target]:
+    """The issue's targets, computed from the rows that ran."""
+    by_group: dict[str, list[Row]] = {}
+    for r in rows:
+        by_group.setdefault(r.case.group, []).append(r)
+
+    def role(g: str, name: str) -> Row | None:
+        hits = [r for r in by_group.get(g, []) if r.case.role == name]
+        return hits[0] if hits and hits[0].ok else None
+
+    out: list[Target] = []
+    for g, rs in by_group.items():
+        group = GROUPS[g]
+        ec = role(g, "easycore")
+        rat = ratio(group, ec, best_peer(group, rs)) if ec else None
+        if g == "W1":
+            out.append(Target(g, "easycore / best peer, items/s (untuned)", rat, 1.0, True))
+        elif g == "W2":
+            out.append(Target(g, "easycore speed-up over sequential", ec.median if ec else None,
+                              1.9, True))
+        elif g in ("W3", "W3b"):
+            ref = role(g, "reference")
+            out.append(Target(g, "easycore / best peer, GB/s", rat, 10.0, True))
+            frac = ec.median / ref.median if ec and ref else None
+            out.append(Target(g, "easycore / in-process copy, GB/s", frac, 0.30, True))
+        elif g == "W4 warm":
+            slower = 1 / rat if rat else None
+            out.append(Target(g, "easycore time / fastest fork-based peer", slower, 2.0, False))
+        elif g == "W4 cold":
+            ref = role(g, "reference")
+            extra = ec.median - ref.median if ec and ref else None
+            out.append(Target(g, "easycore time - `import torch` time (s)", extra, 0.5, False))
+    return out
+
+
+def print_targets(ts: list[Target], quick: bool) -> None:
+    """The verdict table."""
+    print("\nTargets" + ("  (--quick: reduced sizes, 1 repeat; not a verdict)" if quick else ""))
+    for t in ts:
+        if t.group.startswith("W3") and "copy" in t.what:
+            val = f"{t.value:.0%}" if t.value is not None else "n/a"
+            bound = f"{t.bound:.0%}"
+        elif t.what.endswith("(s)"):
+            val = f"{t.value:+.3f}" if t.value is not None else "n/a"
+            bound = f"{t.bound:.1f}"
+        else:
+            val = f"{t.value:.2f}x" if t.value is not None else "n/a"
+            bound = f"{t.bound:g}x"
+        op = ">=" if t.at_least else "<="
+        t.shown = f"{val} {op} {bound}"
+        print(f"  {t.group:<8} {t.what:<42} {val:>8} {op} {bound:<6} "
+              f"{'PASS' if t.passed else 'MISS'}")
+
+
+def machine(w2_iters: int, args: argparse.Namespace) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        import easycore
+
+        ec_version = getattr(easycore, "__version__", "?")
+        ec_path = str(Path(easycore.__file__).parent)
+    except Exception as exc:  # a broken checkout still gets its failures reported
+        ec_version, ec_path = f"import failed: {exc}", ""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count() or 0
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cores_usable": affinity,
+        "load_average": os.getloadavg(),
+        "platform": platform.platform(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "torch": version("torch"),
+        "numpy": version("numpy"),
+        "joblib": version("joblib"),
+        "mpire": version("mpire"),
+        "easycore": ec_version,
+        "easycore_path": ec_path,
+        "workers": args.workers,
+        "repeats": args.repeats,
+        "mode": args.mode,
+        "quick": args.quick,
+        "w2_iters": w2_iters,
+        "w2_item_ms": wl.w2_item_seconds(w2_iters) * 1e3,
+    }
+
+
+def print_machine(m: dict[str, Any]) -> None:
+    """The header."""
+    load = ", ".join(f"{x:.2f}" for x in m["load_average"])
+    print(f"easycore benchmarks — {m['workers']} workers, {m['repeats']} repeat(s), "
+          f"mode={m['mode']}{', QUICK' if m['quick'] else ''}")
+    print(f"  machine: {m['cpu']}, {m['cores']} cores ({m['cores_usable']} usable), "
+          f"load {load}; {m['platform']}")
+    print(f"  python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, "
+          f"joblib {m['joblib']}, mpire {m['mpire']}, easycore {m['easycore']} "
+          f"({m['easycore_path']})")
+    print(f"  W2 item: {m['w2_iters']:,} iterations = {m['w2_item_ms']:.2f} ms here")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+# ---------------------------------------------------------------------------------------------
+def child(lib: str, workload: str, variant: str, n: int, workers: int, mode: str) -> int:
+    """``--one``: one measurement in this (fresh) process; prints one tagged JSON line."""
+    import bench_libs
+
+    try:
+        res = bench_libs.measure(lib, workload, variant, n, workers, mode)
+    except wl.WrongResult:
+        traceback.print_exc()
+        return EXIT_WRONG
+    except Exception:
+        traceback.print_exc()
+        return 1
+    print(RESULT_TAG + json.dumps(res), flush=True)
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=None, help="fresh processes per row (5)")
+    p.add_argument("--workers", type=int, default=2, help="processes per pool (2)")
+    p.add_argument("--quick", action="store_true", help="1 repeat, small sizes: a smoke test")
+    p.add_argument("--only", help="comma-separated workloads: W1,W2,W3,W3b,W4 ('W4 warm')")
+    p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
+    p.add_argument("--mode", choices=("call", "warm"), default="call",
+                   help="call: time pool creation + run + shutdown (default); "
+                        "warm: pools up before the clock starts")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
+    p.add_argument("--w2-iters", type=int, help="W2 work per item (default: calibrated to 5 ms)")
+    p.add_argument("--one", nargs=3, metavar=("LIB", "WORKLOAD", "VARIANT"),
+                   help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 5
+    if args.repeats < 1 or args.workers < 1:
+        p.error("--repeats and --workers must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--one``, a single measurement)."""
+    args = parse_args(argv)
+    if args.one:
+        lib, workload, variant = args.one
+        n = args.n or size(workload, args.quick)
+        return child(lib, workload, variant, n, args.workers, args.mode)
+
+    cases = select(build_cases(args.quick, args.workers, args.mode), args.only)
+    w2_iters = args.w2_iters or wl.calibrate_w2()
+    info = machine(w2_iters, args)
+    print_machine(info)
+    t0 = time.perf_counter()
+    rows = measure_all(cases, args, child_env(w2_iters))
+    ts = targets(rows)
+    print_targets(ts, args.quick)
+    total = time.perf_counter() - t0
+    info["load_average_after"] = os.getloadavg()
+    print(f"\n{len(cases)} rows, {sum(len(r.seconds) + len(r.errors) for r in rows)} processes, "
+          f"{total:.0f} s; load average now {info['load_average_after'][0]:.2f}")
+    if args.json:
+        doc = {
+            "machine": info,
+            "rows": [
+                {**asdict(r.case), "n": r.n, "seconds": r.seconds, "values": r.values,
+                 "unit": GROUPS[r.case.group].unit, "median": r.median if r.ok else None,
+                 "min": min(r.values) if r.ok else None, "max": max(r.values) if r.ok else None,
+                 "errors": r.errors, "wrong": r.wrong, "extra": r.extra}
+                for r in rows
+            ],
+            "targets": [{**asdict(t), "passed": t.passed} for t in ts],
+            "seconds": total,
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""How messages, tensors and arrays cross between the caller and a worker.
+
+One :class:`Channel` per end of each worker's pipe (a Unix socket pair). A message is pickled
+with cloudpickle's pickler (so lambdas and ``__main__`` classes travel) extended with one
+hook: a CPU tensor or numpy array of at least ``SHM_THRESHOLD`` bytes is written into a
+*segment* of shared memory owned by the sender, and only ``(segment, offset, dtype, shape)``
+goes into the pickle. Segments are ``memfd_create`` files: they never appear in ``/dev/shm``
+and vanish with the last process that maps them, so a crash cannot leak them. A new
+segment's file descriptor follows its first message over the socket (``SCM_RIGHTS``).
+
+The receiver copies the data out once, into an ordinary tensor/array it owns and may keep,
+and tells the sender (piggy-backed on its next message) that the segment is free again. So
+segments are reused like a ring: after the first few items no new memory is mapped or
+page-faulted, which is where the peers lose most of their time (a new segment, or a pickle
+byte stream, per tensor). The copy-out is the one copy we keep on purpose: it lets the slot
+be reused at once and gives the caller memory with no strings attached.
+
+CUDA tensors go through torch's own CUDA IPC reductions (torch keeps the sender's memory
+alive until the receiver is done with it).
+
+Frame layout on the socket: ``send_bytes(flag + pickle)``; flag ``0`` plain, ``1`` file
+descriptors follow in one ``SCM_RIGHTS`` message of ``_FD_MARKER`` bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import socket
+import sys
+import threading
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["SHM_THRESHOLD", "Channel"]
+
+SHM_THRESHOLD = 64 * 1024  # smaller payloads are cheaper inside the pickle
+MAX_POOL_BYTES = 2 << 30  # per direction and worker; past it, payloads go inline
+_SEGMENT_MIN = 1 << 20
+_FD_MARKER = 8
+_MAX_FDS = 64
+PLAIN = b"\x00"
+WITH_FDS = b"\x01"
+
+_local = threading.local()  # the channel decoding on this thread (for the rebuild functions)
+
+
+def _page_round(n: int) -> int:
+    page = mmap.PAGESIZE
+    return (n + page - 1) // page * page
+
+
+class _Segment:
+    __slots__ = ("id", "map", "size")
+
+    def __init__(self, seg_id: int, size: int, mapping: mmap.mmap) -> None:
+        self.id = seg_id
+        self.size = size
+        self.map = mapping
+
+
+class _Pool:
+    """Segments this side owns: free ones, and ones lent to the peer until it releases them."""
+
+    def __init__(self) -> None:
+        self.segments: dict[int, _Segment] = {}
+        self.free: list[int] = []
+        self.lent_bytes = 0
+        self.next_id = 0
+        self.new_fds: list[int] = []
+        self.recent: list[int] = []  # lent during the encode under way
+
+    def alloc(self, nbytes: int) -> _Segment | None:
+        best: int | None = None
+        for i, seg_id in enumerate(self.free):
+            size = self.segments[seg_id].size
+            if size >= nbytes and (best is None or size < self.segments[self.free[best]].size):
+                best = i
+        if best is not None:
+            seg = self.segments[self.free.pop(best)]
+        else:
+            if sum(s.size for s in self.segments.values()) + nbytes > MAX_POOL_BYTES:
+                return None
+            size = _page_round(max(nbytes, _SEGMENT_MIN))
+            fd = os.memfd_create(f"easycore-{self.next_id}", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+                mapping = mmap.mmap(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            seg = _Segment(self.next_id, size, mapping)
+            self.segments[seg.id] = seg
+            self.next_id += 1
+            self.new_fds.append(fd)
+        self.lent_bytes += seg.size
+        self.recent.append(seg.id)
+        return seg
+
+    def release(self, seg_ids: list[int]) -> None:
+        for seg_id in seg_ids:
+            seg = self.segments.get(seg_id)
+            if seg is not None:
+                self.lent_bytes -= seg.size
+                self.free.append(seg_id)
+
+    def close(self) -> None:
+        for fd in self.new_fds:
+            os.close(fd)
+        self.new_fds.clear()
+        for seg in self.segments.values():
+            try:
+                seg.map.close()
+            except BufferError:  # pragma: no cover - a view still exists; GC will unmap
+                pass
+        self.segments.clear()
+        self.free.clear()
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle plus the shared-memory hook for big CPU tensors and numpy arrays."""
+
+    def __init__(self, file: Any, channel: Channel) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._channel = channel
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = self._channel._reduce_array(obj)
+        if reduced is not None:
+            return reduced
+        return super().reducer_override(obj)
+
+
+def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
+    if obj.device.type == "cuda":
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return reduce_tensor(obj)
+    if (
+        obj.device.type != "cpu"
+        or obj.requires_grad
+        or obj.layout != torch.strided
+        or obj.is_quantized
+        or obj.is_conj()
+        or obj.is_neg()
+    ):
+        return None
+    nbytes = obj.numel() * obj.element_size()
+    if nbytes < SHM_THRESHOLD:
+        return None
+    seg = chan.pool.alloc(nbytes)
+    if seg is None:
+        return None
+    dst = torch.frombuffer(seg.map, dtype=torch.uint8, count=nbytes).view(obj.dtype)
+    dst.view(obj.shape).copy_(obj)
+    del dst
+    chan.shm_bytes += nbytes
+    return (_rebuild_tensor, (seg.id, nbytes, str(obj.dtype).removeprefix("torch."), tuple(obj.shape)))
+
+
+def _numpy_reduce(chan: Channel, obj: Any, np: Any) -> Any:
+    if obj.dtype.hasobject or obj.dtype.fields is not None or obj.nbytes < SHM_THRESHOLD:
+        return None
+    seg = chan.pool.alloc(obj.nbytes)
+    if seg is None:
+        return None
+    dst = np.frombuffer(seg.map, dtype=obj.dtype, count=obj.size).reshape(obj.shape)
+    np.copyto(dst, obj, casting="no")
+    del dst
+    chan.shm_bytes += obj.nbytes
+    return (_rebuild_array, (seg.id, obj.dtype.str, tuple(obj.shape)))
+
+
+def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    chan: Channel = _local.channel
+    seg = chan.peer_segment(seg_id)
+    view = torch.frombuffer(seg, dtype=torch.uint8, count=nbytes).view(getattr(torch, dtype))
+    out = view.view(shape).clone()
+    del view
+    chan.released.append(seg_id)
+    chan.shm_in += nbytes
+    return out
+
+
+def _rebuild_array(seg_id: int, dtype: str, shape: tuple[int, ...]) -> Any:
+    import numpy as np
+
+    chan: Channel = _local.channel
+    seg = chan.peer_segment(seg_id)
+    count = 1
+    for n in shape:
+        count *= n
+    view = np.frombuffer(seg, dtype=np.dtype(dtype), count=count)
+    out = view.reshape(shape).copy()
+    del view
+    chan.released.append(seg_id)
+    chan.shm_in += out.nbytes
+    return out
+
+
+class Channel:
+    """One end of a worker pipe: framing, pickling, and this side's shared-memory segments.
+
+    Not thread-safe, except that :meth:`recv_frame` (socket reads only) may run on another
+    thread than :meth:`send` and :meth:`decode`.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self.pool = _Pool()
+        self.peer: dict[int, mmap.mmap] = {}
+        self.next_peer_id = 0
+        self.released: list[int] = []  # peer segments we copied out of, to announce
+        self.shm_bytes = 0  # bytes moved through shared memory by the last encode
+        self.shm_in = 0  # bytes copied out of the peer's segments since last reset
+
+    # -- sending ---------------------------------------------------------------------------
+    def _reduce_array(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor:
+            return _torch_reduce(self, obj, torch)
+        np = sys.modules.get("numpy")
+        if np is not None and type(obj) is np.ndarray:
+            return _numpy_reduce(self, obj, np)
+        return None
+
+    def encode(self, payload: Any) -> bytes:
+        """Pickle ``(released, payload)``; big arrays land in our segments."""
+        released, self.released = self.released, []
+        buf = io.BytesIO()
+        buf.write(PLAIN)
+        self.shm_bytes = 0
+        self.pool.recent = []
+        try:
+            _Pickler(buf, self).dump((released, payload))
+        except BaseException:
+            # Nothing was sent: take back the releases and the segments this attempt lent.
+            self.released = released + self.released
+            self.pool.release(self.pool.recent)
+            raise
+        return buf.getvalue()
+
+    def send(self, payload: Any) -> int:
+        """Encode and send one message; returns its size including shared-memory bytes."""
+        frame = self.encode(payload)
+        self.send_frame(frame)
+        return len(frame) + self.shm_bytes
+
+    def send_frame(self, frame: bytes) -> None:
+        fds = self.pool.new_fds
+        if fds:
+            frame = WITH_FDS + frame[1:]
+        self.conn.send_bytes(frame)
+        if fds:
+            self.pool.new_fds = []
+            try:
+                socket.send_fds(self.sock, [len(fds).to_bytes(_FD_MARKER, "little")], fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    # -- receiving -------------------------------------------------------------------------
+    def recv_frame(self) -> tuple[bytes, list[int]]:
+        """Read one frame and any file descriptors that follow it (socket work only)."""
+        frame = self.conn.recv_bytes()
+        if frame[:1] == WITH_FDS:
+            _, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
+            return frame, fds
+        return frame, []
+
+    def decode(self, frame: bytes, fds: list[int]) -> Any:
+        """Unpickle a frame: map new peer segments, copy arrays out, apply releases."""
+        for fd in fds:
+            try:
+                size = os.fstat(fd).st_size
+                self.peer[self.next_peer_id] = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            self.next_peer_id += 1
+        _local.channel = self
+        try:
+            released, payload = pickle.loads(memoryview(frame)[1:])
+        finally:
+            _local.channel = None
+        if released:
+            self.pool.release(released)
+        return payload
+
+    def recv(self) -> Any:
+        """Receive and decode one message."""
+        return self.decode(*self.recv_frame())
+
+    def peer_segment(self, seg_id: int) -> mmap.mmap:
+        return self.peer[seg_id]
+
+    def poll(self) -> bool:
+        return bool(self.conn.poll())
+
+    def fileno(self) -> int:
+        return int(self.conn.fileno())
+
+    def close(self) -> None:
+        """Close the pipe and unmap every segment; idempotent."""
+        self.pool.close()
+        for mapping in self.peer.values():
+            try:
+                mapping.close()
+            except BufferError:  # pragma: no cover
+                pass
+        self.peer.clear()
+        self.sock.close()
+        self.conn.close()
