@@ -77,7 +77,7 @@ from easycore._pipeline import Pipeline, Stage
 __all__ = ["Runner", "check_run_args", "parse_devices"]
 
 DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
-MAX_CHUNK = 4096  # items per chunk, at most
+MAX_CHUNK = 16384  # items per chunk, at most (tiny items: ~2-5 ms of work)
 TARGET_CHUNK_SECONDS = 0.01  # grow chunks until one takes about this long...
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
@@ -241,7 +241,7 @@ def _context(start_method: str | None) -> Any:
     if method == "forkserver" and not _PRELOAD_SET:
         # The forkserver imports torch once, before it has any thread or CUDA context; every
         # worker forks from it with torch already loaded. No '__main__': see _hidden_main.
-        ctx.set_forkserver_preload(["easycore._worker", "torch"])
+        ctx.set_forkserver_preload(["easycore._preload"])
         _PRELOAD_SET = True
     return ctx
 
@@ -683,19 +683,16 @@ class Runner:
         index, k = -1, 0
         try:
             for index, values in stream:
-                k = 0
                 if kw:
-                    for y in values:
+                    for k, y in enumerate(values):  # noqa: B007 - k names a failing item
                         new = fn(acc, y, **kw)
                         if new is not None:
                             acc = new
-                        k += 1
                 else:
-                    for y in values:
+                    for k, y in enumerate(values):  # noqa: B007
                         new = fn(acc, y)
                         if new is not None:
                             acc = new
-                        k += 1
         except EasycoreError:
             raise
         except Exception as exc:

@@ -63,14 +63,18 @@ def derive_seed(seed: int, index: int) -> int:
 
 
 def seed_everything(value: int) -> None:
-    """Seed ``random``, numpy (when installed) and torch from one integer."""
+    """Seed ``random``, numpy (when imported) and torch's CPU and CUDA generators."""
     random.seed(value)
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed(value % (2**32))
-    import torch
-
-    torch.manual_seed(value)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # Not torch.manual_seed: while CUDA is not initialised it records a formatted stack
+        # for a lazy CUDA call, tens of milliseconds in a fresh worker, on every call.
+        torch.default_generator.manual_seed(value)
+        if torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(value)
 
 
 def _setup_torch(device: str, n_threads: int | None) -> None:
@@ -159,6 +163,7 @@ def worker_main(
     entropy: int,
 ) -> None:
     """Entry point of a worker process (the ``target`` given to ``Process``)."""
+    entered = time.monotonic()
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chan = Channel(conn)
@@ -188,7 +193,7 @@ def worker_main(
     except BaseException as exc:  # noqa: BLE001 - SystemExit in init is an error too
         _send(chan, (INIT_ERROR, *error_entry(name, exc)))
         return
-    _send(chan, (READY, os.getpid()))
+    _send(chan, (READY, os.getpid(), entered, time.monotonic()))
 
     # slots[2k] = index of the item in hand, slots[2k+1] = its start time (timeouts) or 1.0
     # while a chunk runs, 0.0 when idle: the caller reads them when we die or run late.

@@ -1,0 +1,14 @@
+"""Imported once by the forkserver, before it forks any worker.
+
+Everything a worker needs at start-up is imported and warmed up here, once, so each forked
+worker finds it ready (copy-on-write) instead of paying for it again. Nothing here may start
+a thread or touch CUDA: the forkserver must stay safe to fork.
+"""
+
+from __future__ import annotations
+
+import torch  # noqa: F401 - the point of the forkserver
+
+import easycore._worker
+
+easycore._worker.seed_everything(0)  # first calls import and set up the generators
