@@ -163,7 +163,7 @@ class BaseRunner:
         self.cfg: Mapping[str, Any] = CfgNode() if cfg is None else cfg
         self.queue_scale = queue_scale
         self._runner: Runner | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[[], BaseRunner] | None = None
         self.activate()
 
     # -- the six methods a 0.4 runner overrides (defaults as 0.4 documents them) ----------

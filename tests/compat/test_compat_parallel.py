@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -132,6 +134,11 @@ class FailingConsumer(UnorderedRunner):
         raise KeyError(data)
 
 
+def _child_env():
+    """The environment for a fresh interpreter that imports easycore as this one does."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
 def counts_by_worker(rows):
     out = {}
     for pid, count, _own, _device in rows:
@@ -148,16 +155,12 @@ class TestModules:
 
     def test_import_does_not_load_torch(self):
         """Importing the 0.4 paths keeps `import easycore` light: no torch."""
-        import subprocess
-        import sys
-
         code = (
             "import sys, easycore.common.parallel, easycore.torch.parallel, "
             "easycore.common.config, easycore.common.registry; print('torch' in sys.modules)"
         )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=env, check=True, timeout=60)
+                             env=_child_env(), check=True, timeout=60)
         assert out.stdout.strip() == "False"
 
 
@@ -215,6 +218,30 @@ class TestLifecycle:
             Power(devices=["tpu"])
         with pytest.raises(ValueError):
             Power(devices=0)
+
+    def test_interpreter_exit_closes(self, tmp_path):
+        """A runner never closed runs producer_end at interpreter exit, as 0.4's atexit did."""
+        code = f"""
+import os
+from pathlib import Path
+from easycore.common.parallel import UnorderedRunner
+
+class Ending(UnorderedRunner):
+    @staticmethod
+    def producer_work(device, cfg, data):
+        return data
+
+    @staticmethod
+    def producer_end(device, cfg):
+        Path(cfg.out_dir, str(os.getpid())).write_text("ended")
+
+runner = Ending(devices=2, cfg={{"out_dir": {str(tmp_path)!r}}})
+runner(range(10))
+"""
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=_child_env(), timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert [p.read_text() for p in tmp_path.iterdir()] == ["ended", "ended"]
 
     def test_garbage_collection_closes(self, tmp_path):
         """A runner dropped without close() runs producer_end, as 0.4's __del__ did."""
@@ -287,7 +314,7 @@ class TestErrors:
     def test_failing_producer_work_raises_instead_of_hanging(self, two_devices):
         """A raising producer_work is a WorkerError (0.4 hung); activate() recovers."""
         runner = FailingWork(devices=two_devices)
-        with pytest.raises(WorkerError, match="FailingWork.producer") as info:
+        with pytest.raises(WorkerError, match=r"FailingWork\.producer") as info:
             runner(range(10))
         assert isinstance(info.value.__cause__, ZeroDivisionError)
         assert not runner.is_activate
@@ -312,7 +339,7 @@ class TestErrors:
     def test_failing_consumer(self):
         """A raising consumer_work is a WorkerError naming the consumer."""
         runner = FailingConsumer(devices=1)
-        with pytest.raises(WorkerError, match="FailingConsumer.consumer") as info:
+        with pytest.raises(WorkerError, match=r"FailingConsumer\.consumer") as info:
             runner(range(3))
         assert isinstance(info.value.__cause__, KeyError)
         runner.close()
