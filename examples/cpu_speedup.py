@@ -38,4 +38,7 @@ if __name__ == "__main__":
     two, t2 = timed(2, data)
     assert one == two
     cores = len(os.sched_getaffinity(0))
-    print(f"{items} items: 1 worker {t1:.2f} s, 2 workers {t2:.2f} s -> speed-up {t1 / t2:.2f}x ({cores} cores)")
+    print(
+        f"{items} items: 1 worker {t1:.2f} s, 2 workers {t2:.2f} s"
+        f" -> speed-up {t1 / t2:.2f}x ({cores} cores)"
+    )

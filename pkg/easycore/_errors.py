@@ -21,7 +21,6 @@ Every class here pickles with its message and attributes: errors cross process b
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 __all__ = [
     "EasycoreError",
@@ -47,7 +46,7 @@ class FrozenError(EasycoreError, AttributeError):
     """
 
 
-class RemoteTraceback(Exception):  # noqa: N818 - mirrors loky's _RemoteTraceback
+class RemoteTraceback(Exception):
     """Carries the traceback text of an exception raised in another process.
 
     Set as ``__cause__`` of the re-raised original exception, so Python prints the remote
@@ -148,5 +147,3 @@ def describe_exitcode(exitcode: int | None) -> str:
             return f"signal {-exitcode}"
         return f"signal {-exitcode} ({name})"
     return f"exit code {exitcode}"
-
-

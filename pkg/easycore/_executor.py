@@ -54,14 +54,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
 import attrs
 import cloudpickle
 
 from easycore import _worker
-from easycore._transport import Channel
 from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
@@ -73,6 +72,7 @@ from easycore._errors import (
     describe_exitcode,
 )
 from easycore._pipeline import Pipeline, Stage
+from easycore._transport import Channel
 
 __all__ = ["Runner", "check_run_args", "parse_devices"]
 
@@ -146,9 +146,8 @@ def _one_device(entry: Any, gpus: Callable[[], int]) -> str:
             raise ValueError(msg)
         count = gpus()
         if int(number) >= count:
-            msg = (
-                f"device {entry!r} does not exist: this machine has {count} visible GPU(s)"
-                + (f" (cuda:0 .. cuda:{count - 1})" if count else "")
+            msg = f"device {entry!r} does not exist: this machine has {count} visible GPU(s)" + (
+                f" (cuda:0 .. cuda:{count - 1})" if count else ""
             )
             raise ValueError(msg)
         return f"cuda:{int(number)}"
@@ -235,7 +234,10 @@ def _context(start_method: str | None) -> Any:
 
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
-            msg = "start_method='fork' after CUDA was initialised in this process is unsafe; use 'forkserver' or 'spawn'"
+            msg = (
+                "start_method='fork' after CUDA was initialised in this process is unsafe; "
+                "use 'forkserver' or 'spawn'"
+            )
             raise ValueError(msg)
     ctx = mp.get_context(method)
     if method == "forkserver" and not _PRELOAD_SET:
@@ -272,11 +274,11 @@ def _culprit_of(producers: tuple[Stage, ...], cfg: CfgNode) -> str:
         for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
             try:
                 cloudpickle.dumps(obj)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 return f"the {role} of stage {stage.name!r} cannot be pickled: {exc}"
     try:
         cloudpickle.dumps(cfg)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"cfg cannot be pickled: {exc}"
     return "the pipeline cannot be pickled"
 
@@ -334,14 +336,15 @@ def _raise_remote(
     if blob is not None:
         try:
             original = pickle.loads(blob)
-        except Exception:  # noqa: BLE001 - falls back to a description below
+        except Exception:
             original = None
     if not isinstance(original, BaseException):
         original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
     if original.__cause__ is None:
         original.__cause__ = RemoteTraceback(tb)
     where = f"on {device} (worker {worker})" if device is not None else "in the calling process"
-    msg = f"{stage} raised {tname.rsplit('.', 1)[-1]}: {text}\n  {what} {where}\n\nRemote traceback:\n{tb}"
+    short = tname.rsplit(".", 1)[-1]
+    msg = f"{stage} raised {short}: {text}\n  {what} {where}\n\nRemote traceback:\n{tb}"
     cls = SerializationError if stage == "<result pickling>" else WorkerError
     raise cls(msg, stage, device, worker, index, tb) from original
 
@@ -361,7 +364,7 @@ def _after(retries: int) -> str:
 def _short_repr(obj: Any, limit: int = 80) -> str:
     try:
         text = repr(obj)
-    except Exception:  # noqa: BLE001
+    except Exception:
         text = f"<{type(obj).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -422,7 +425,7 @@ class Runner:
         self._slots: Any = None
         self._ctx: Any = None
         self._payload = b""
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self.startup_seconds = 0.0
         self.activate()
 
@@ -480,9 +483,7 @@ class Runner:
                 self._workers = []
                 for i in range(n):
                     self._workers.append(self._spawn(i))
-                self._finalizer = weakref.finalize(
-                    self, _kill_all, [w.proc for w in self._workers]
-                )
+                self._finalizer = weakref.finalize(self, _kill_all, [w.proc for w in self._workers])
                 while not all(w.ready for w in self._workers):
                     self._wait_and_handle(None, on_result=None)
             except BaseException:
@@ -564,7 +565,9 @@ class Runner:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if remaining == 0.0:
                     break
-                objs = [w.conn for w in waiting.values()] + [w.proc.sentinel for w in waiting.values()]
+                objs = [w.conn for w in waiting.values()] + [
+                    w.proc.sentinel for w in waiting.values()
+                ]
                 ready = mp.connection.wait(objs, remaining)
                 if not ready:
                     break
@@ -602,7 +605,9 @@ class Runner:
                     return True, None
                 if msg[0] == _worker.END_ERROR:
                     try:
-                        _raise_remote(msg[1:], device=w.device, worker=w.slot, index=None, what="while ending")
+                        _raise_remote(
+                            msg[1:], device=w.device, worker=w.slot, index=None, what="while ending"
+                        )
                     except WorkerError as exc:
                         return True, exc
                 # replies of chunks that no longer matter are dropped
@@ -614,7 +619,9 @@ class Runner:
             if code not in (0, None):
                 return True, WorkerDied(
                     f"worker {w.slot} on {w.device} died while ending: {describe_exitcode(code)}",
-                    w.device, w.slot, code,
+                    w.device,
+                    w.slot,
+                    code,
                 )
             return True, None
         return False, None
@@ -627,7 +634,7 @@ class Runner:
                 continue
             try:
                 stage.end(**{n: {**context, "state": state}[n] for n in stage.end_names})
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if first is None:
                     try:
                         self._wrap_local(exc, f"{stage.name} (end)", None, "while ending")
@@ -682,7 +689,7 @@ class Runner:
         fn = cons.fn
         index, k = -1, 0
         try:
-            for index, values in stream:
+            for index, values in stream:  # noqa: B007 - index names a failing item
                 if kw:
                     for k, y in enumerate(values):  # noqa: B007 - k names a failing item
                         new = fn(acc, y, **kw)
@@ -746,7 +753,7 @@ class Runner:
         seed: int | None,
         timeout: float | None,
         retries: int,
-    ) -> Iterator[tuple[int, list[Any]]]:
+    ) -> Generator[tuple[int, list[Any]], None, None]:
         """Yield segments ``(index of first item, results)`` in the requested order."""
         if not self._active:
             msg = "this runner is closed: call runner.activate() to start its workers again"
@@ -767,7 +774,9 @@ class Runner:
             total = n if batch_size is None else math.ceil(n / batch_size)
         return self._guard(self._with_progress(stream, total))
 
-    def _guard(self, stream: Iterator[tuple[int, list[Any]]]) -> Iterator[tuple[int, list[Any]]]:
+    def _guard(
+        self, stream: Iterator[tuple[int, list[Any]]]
+    ) -> Generator[tuple[int, list[Any]], None, None]:
         self._busy = True
         try:
             yield from stream
@@ -791,7 +800,11 @@ class Runner:
         context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
         stages = [
             (s, {n: {**context, "state": st}[n] for n in s.fn_names})
-            for s, st in zip(self.pipeline.producers, self._states or [None] * len(self.pipeline.producers), strict=True)
+            for s, st in zip(
+                self.pipeline.producers,
+                self._states or [None] * len(self.pipeline.producers),
+                strict=True,
+            )
         ]
         if seed is None and stages:
             _worker.seed_everything(int.from_bytes(os.urandom(8), "little") >> 1)
@@ -804,8 +817,8 @@ class Runner:
                 for stage, kw in stages:
                     try:
                         value = stage.fn(value, **kw)
-                    except Exception as exc:  # noqa: BLE001
-                        failed = (stage, exc)
+                    except Exception as error:
+                        failed = (stage, error)
                         break
                 if failed is None:
                     break
@@ -813,7 +826,9 @@ class Runner:
                 if attempt > retries:
                     self._abort()
                     stage, exc = failed
-                    self._wrap_local(exc, stage.name, index, f"while running {_item_label(index, batch_size)}")
+                    self._wrap_local(
+                        exc, stage.name, index, f"while running {_item_label(index, batch_size)}"
+                    )
             yield index, [value]
 
     # -- the process loop ----------------------------------------------------------------
@@ -843,7 +858,9 @@ class Runner:
             self._abort()
             raise
 
-    def _wait_and_handle(self, timeout: float | None, on_result: Callable[[_Worker, Any], None] | None) -> None:
+    def _wait_and_handle(
+        self, timeout: float | None, on_result: Callable[[_Worker, Any], None] | None
+    ) -> None:
         """Wait for any pipe or sentinel, then handle it. Used at start-up and by `_Run`."""
         live = [w for w in self._workers if w.alive]
         objs = [w.conn for w in live] + [w.proc.sentinel for w in live]
@@ -864,7 +881,9 @@ class Runner:
                 if tag == _worker.READY:
                     w.ready = True
                 elif tag == _worker.INIT_ERROR:
-                    _raise_remote(msg[1:], device=w.device, worker=w.slot, index=None, what="while starting")
+                    _raise_remote(
+                        msg[1:], device=w.device, worker=w.slot, index=None, what="while starting"
+                    )
                 elif tag == _worker.DONE and on_result is not None:
                     w.last_nbytes = len(frame) + w.chan.shm_in
                     w.chan.shm_in = 0
@@ -887,7 +906,9 @@ class Runner:
                 )
                 raise WorkerDied(msg, w.device, w.slot, code)
             if on_result is None:  # pragma: no cover - only during start-up
-                raise WorkerDied(f"worker {w.slot} on {w.device} died", w.device, w.slot, w.proc.exitcode)
+                raise WorkerDied(
+                    f"worker {w.slot} on {w.device} died", w.device, w.slot, w.proc.exitcode
+                )
             on_result(w, None)  # None: the worker is gone
 
     def _respawn(self, slot: int) -> None:
@@ -977,9 +998,12 @@ class _Run:
         for k, item in enumerate(items):
             try:
                 w.chan.encode(item)
-            except Exception as inner:  # noqa: BLE001
+            except Exception as inner:
                 label = _item_label(start + k, self.batch_size)
-                msg = f"{label} cannot be pickled to reach a worker: {inner} (item: {_short_repr(item)})"
+                msg = (
+                    f"{label} cannot be pickled to reach a worker: {inner} "
+                    f"(item: {_short_repr(item)})"
+                )
                 raise SerializationError(msg, "<item pickling>", None, None, start + k) from inner
         raise SerializationError(f"a chunk of items cannot be pickled: {exc}") from exc
 
@@ -1048,7 +1072,11 @@ class _Run:
         for start, items in lost:
             if culprit is not None and start <= culprit < start + len(items):
                 k = culprit - start
-                parts = [(start, items[:k]), (culprit, items[k : k + 1]), (culprit + 1, items[k + 1 :])]
+                parts = [
+                    (start, items[:k]),
+                    (culprit, items[k : k + 1]),
+                    (culprit + 1, items[k + 1 :]),
+                ]
                 requeue.extend(p for p in parts if p[1])
             else:
                 requeue.append((start, items))

@@ -92,7 +92,10 @@ def injected_names(
             continue  # e.g. ``list(iterable=(), /)``: cannot be named, keeps its default
         if p.name in allowed:
             if p.kind is p.POSITIONAL_ONLY:
-                msg = f"{role} {name!r}: parameter {p.name!r} is positional-only; it is injected by name"
+                msg = (
+                    f"{role} {name!r}: parameter {p.name!r} is positional-only; "
+                    "injected names are passed by keyword"
+                )
                 raise TypeError(msg)
             names.append(p.name)
         else:

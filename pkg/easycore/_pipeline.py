@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Pipeline", "Stage", "compose", "consumer", "producer"]
 
+
 def _fn_name(fn: Any) -> str:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return str(name)
@@ -83,7 +84,7 @@ class Stage:
         if module and module != "__main__" and "<locals>" not in qualname:
             try:
                 found = _import_stage(module, qualname) if module in sys.modules else None
-            except Exception:  # noqa: BLE001 - any failure means: not importable by name
+            except Exception:
                 found = None
             if found is self:
                 return (_import_stage, (module, qualname))
@@ -114,7 +115,11 @@ class Stage:
 def producer(fn: Callable[..., Any], /) -> Stage: ...
 @overload
 def producer(
-    fn: None = None, /, *, init: Callable[..., Any] | None = None, end: Callable[..., Any] | None = None
+    fn: None = None,
+    /,
+    *,
+    init: Callable[..., Any] | None = None,
+    end: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Stage]: ...
 def producer(
     fn: Callable[..., Any] | None = None,
@@ -384,7 +389,10 @@ class Pipeline:
         from easycore._executor import check_run_args
 
         if self.consumer is not None:
-            msg = f"imap is for pipelines without a consumer; {self!r} ends in {self.consumer!r}: use map"
+            msg = (
+                f"imap is for pipelines without a consumer; {self!r} ends in "
+                f"{self.consumer!r}: use map"
+            )
             raise TypeError(msg)
         check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
 

@@ -24,6 +24,7 @@ descriptors follow in one ``SCM_RIGHTS`` message of ``_FD_MARKER`` bytes.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
@@ -112,10 +113,8 @@ class _Pool:
             os.close(fd)
         self.new_fds.clear()
         for seg in self.segments.values():
-            try:
+            with contextlib.suppress(BufferError):  # a view still exists: GC will unmap it
                 seg.map.close()
-            except BufferError:  # pragma: no cover - a view still exists; GC will unmap
-                pass
         self.segments.clear()
         self.free.clear()
 
@@ -138,7 +137,7 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     if obj.device.type == "cuda":
         from torch.multiprocessing.reductions import reduce_tensor
 
-        return reduce_tensor(obj)
+        return reduce_tensor(obj)  # type: ignore[no-untyped-call]
     if (
         obj.device.type != "cpu"
         or obj.requires_grad
@@ -158,7 +157,10 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     dst.view(obj.shape).copy_(obj)
     del dst
     chan.shm_bytes += nbytes
-    return (_rebuild_tensor, (seg.id, nbytes, str(obj.dtype).removeprefix("torch."), tuple(obj.shape)))
+    return (
+        _rebuild_tensor,
+        (seg.id, nbytes, str(obj.dtype).removeprefix("torch."), tuple(obj.shape)),
+    )
 
 
 def _numpy_reduce(chan: Channel, obj: Any, np: Any) -> Any:
@@ -309,10 +311,8 @@ class Channel:
         """Close the pipe and unmap every segment; idempotent."""
         self.pool.close()
         for mapping in self.peer.values():
-            try:
+            with contextlib.suppress(BufferError):
                 mapping.close()
-            except BufferError:  # pragma: no cover
-                pass
         self.peer.clear()
         self.sock.close()
         self.conn.close()

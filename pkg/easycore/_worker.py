@@ -51,7 +51,7 @@ def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
     """Return (pickled exception or None, type name, str) for sending to the caller."""
     try:
         blob: bytes | None = cloudpickle.dumps(exc, _PROTOCOL)
-    except Exception:  # noqa: BLE001 - an unpicklable exception is reported by name
+    except Exception:
         blob = None
     return blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
 
@@ -134,14 +134,14 @@ def _reply(
 ) -> None:
     try:
         frame = chan.encode((DONE, chunk_id, values, errors, elapsed))
-    except Exception:  # noqa: BLE001 - find the result(s) that will not pickle, report each
+    except Exception:
         failed = {k for k, _ in errors}
         for k, value in enumerate(values):
             if k in failed:
                 continue
             try:
                 chan.encode(value)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 err = TypeError(f"the result cannot be pickled: {exc}")
                 errors.append((k, error_entry("<result pickling>", err)))
                 values[k] = None
@@ -190,7 +190,7 @@ def worker_main(
             st.kwargs = {n: full[n] for n in p.fn_names}
             st.end, st.end_names = p.end, p.end_names
             stages.append(st)
-    except BaseException as exc:  # noqa: BLE001 - SystemExit in init is an error too
+    except BaseException as exc:
         _send(chan, (INIT_ERROR, *error_entry(name, exc)))
         return
     _send(chan, (READY, os.getpid(), entered, time.monotonic()))
@@ -219,7 +219,7 @@ def worker_main(
                 index += 1.0
                 try:
                     append(fast(item))
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     errors.append((len(values), error_entry(stages[0].name, exc)))
                     append(None)
                 if stop.is_set():
@@ -236,7 +236,7 @@ def worker_main(
                 for st in stages:
                     try:
                         value = st.fn(value, **st.kwargs)
-                    except BaseException as exc:  # noqa: BLE001
+                    except BaseException as exc:
                         errors.append((len(values), error_entry(st.name, exc)))
                         value = None
                         break
@@ -256,7 +256,7 @@ def worker_main(
         try:
             full = {"device": device, "cfg": cfg, "worker": worker, "state": st.state}
             st.end(**{n: full[n] for n in st.end_names})
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             if failure is None:
                 failure = error_entry(f"{st.name} (end)", exc)
     _send(chan, (END_ERROR, *failure) if failure is not None else (ENDED,))

@@ -45,10 +45,10 @@ class TestConfigTutorial:
 
     def test_load_config_from_yaml_file(self, in_tmp):
         """Both ways of opening example.yaml give the same mutable tree, INPUT_SIZE a tuple."""
-        cfg = CN.open('example.yaml')
+        cfg = CN.open("example.yaml")
 
         # or
-        with open('example.yaml', 'r', encoding='utf-8') as f:  # noqa: UP015 - as documented
+        with open("example.yaml", "r", encoding="utf-8") as f:  # noqa: UP015 - as documented
             cfg2 = CN.open(f)
 
         assert cfg == cfg2
@@ -80,12 +80,12 @@ class TestConfigTutorial:
         # get value from config
         # the config has been automatically transform into python data type.
         in_features = cfg.MODEL.IN_FEATURES  # list
-        input_size = cfg.MODEL.INPUT_SIZE    # tuple
+        input_size = cfg.MODEL.INPUT_SIZE  # tuple
         num_classes = cfg.MODEL.NUM_CLASSES  # int
-        name = cfg.NAME                      # str
+        name = cfg.NAME  # str
 
         # add new value to config
-        cfg.LICENSE = 'MIT'
+        cfg.LICENSE = "MIT"
 
         # add a new CfgNode to config
         cfg.SOLVER = CN()
@@ -127,12 +127,12 @@ class TestConfigTutorial:
 
     def test_save_config_to_yaml_file(self, in_tmp):
         """save() takes a path or an open file; both read back equal, tuples included."""
-        cfg = CN.open('example.yaml')
+        cfg = CN.open("example.yaml")
         cfg.save("example-save.yaml")
         assert CN.open("example-save.yaml") == cfg
 
         # or
-        with open("example-save.yaml", 'w', encoding='utf-8') as f:
+        with open("example-save.yaml", "w", encoding="utf-8") as f:
             cfg.save(f)
         again = CN.open("example-save.yaml")
         assert again == cfg and isinstance(again.MODEL.INPUT_SIZE, tuple)

@@ -159,8 +159,14 @@ class TestModules:
             "import sys, easycore.common.parallel, easycore.torch.parallel, "
             "easycore.common.config, easycore.common.registry; print('torch' in sys.modules)"
         )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=_child_env(), check=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=_child_env(),
+            check=True,
+            timeout=60,
+        )
         assert out.stdout.strip() == "False"
 
 
@@ -238,8 +244,13 @@ class Ending(UnorderedRunner):
 runner = Ending(devices=2, cfg={{"out_dir": {str(tmp_path)!r}}})
 runner(range(10))
 """
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=_child_env(), timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=_child_env(),
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         assert [p.read_text() for p in tmp_path.iterdir()] == ["ended", "ended"]
 

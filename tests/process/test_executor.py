@@ -57,7 +57,11 @@ class TestMap:
         def add(x):
             return x + offset
 
-        p = producer(add) >> producer(lambda y: y * 2) >> consumer(init=list)(lambda a, y: a.append(y))
+        p = (
+            producer(add)
+            >> producer(lambda y: y * 2)
+            >> consumer(init=list)(lambda a, y: a.append(y))
+        )
         assert p.map([1, 2, 3], devices=2) == [2002, 2004, 2006]
 
     def test_generators_and_empty_input(self):
@@ -284,7 +288,9 @@ class TestDevices:
 
         assert whoami.map([1], devices="cpu")[0][1] == "cpu"
         assert whoami.map([1], devices=torch.device("cpu"))[0][1] == "cpu"
-        assert len({w for *_, w, _ in whoami.map(range(8), devices=["cpu", torch.device("cpu")])}) >= 1
+        assert (
+            len({w for *_, w, _ in whoami.map(range(8), devices=["cpu", torch.device("cpu")])}) >= 1
+        )
 
     def test_auto(self):
         """'auto' without GPUs gives one CPU worker per core."""

@@ -200,7 +200,7 @@ class TestCrashMatrix:
             producer(work).map([1], devices=1)
 
     def test_detected_quickly(self):
-        """A dead worker is seen through its sentinel: the error comes long before the others finish."""
+        """A dead worker is seen through its sentinel, long before the others finish."""
 
         def work(x):
             if x == 0:
@@ -237,7 +237,13 @@ class TestTimeout:
                 time.sleep(60)
             return x * 10
 
-        assert producer(work).map(range(5), devices=2, timeout=0.5, retries=1) == [0, 10, 20, 30, 40]
+        assert producer(work).map(range(5), devices=2, timeout=0.5, retries=1) == [
+            0,
+            10,
+            20,
+            30,
+            40,
+        ]
 
 
 class TestPickling:

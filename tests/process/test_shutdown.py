@@ -62,7 +62,9 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
         env=env,
         start_new_session=True,  # our own process group, like a terminal's foreground job
     )
-    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 60), "workers never started"
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 60), (
+        "workers never started"
+    )
     time.sleep(0.3)  # let them get into their long items
     return proc, pids
 
@@ -72,12 +74,14 @@ def worker_pids(pids: Path) -> list[int]:
 
 
 def all_gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    return not any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
+    )
 
 
 class TestCtrlC:
     def test_keyboard_interrupt_stops_everything(self, tmp_path):
-        """Ctrl-C (SIGINT to the process group): KeyboardInterrupt in the caller, workers gone in 5 s."""
+        """Ctrl-C (SIGINT to the group): KeyboardInterrupt in the caller, workers gone in 5 s."""
         proc, pids = start(tmp_path)
         workers = worker_pids(pids)
         os.killpg(proc.pid, signal.SIGINT)

@@ -22,7 +22,9 @@ ITEMS = int(os.environ.get("EASYCORE_SOAK", "2000"))
 def test_soak_random_faults(tmp_path: Path, capsys):
     """With ~1% of items failing once, retries=3 gives exactly the fault-free result."""
     rng = random.Random(1234)
-    faults = {i: rng.choice(["raise", "exit", "sigkill"]) for i in range(ITEMS) if rng.random() < 0.01}
+    faults = {
+        i: rng.choice(["raise", "exit", "sigkill"]) for i in range(ITEMS) if rng.random() < 0.01
+    }
 
     def work(x, *, worker):
         how = faults.get(x)

@@ -12,8 +12,17 @@ import torch
 from easycore import producer
 
 DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
 ]
 
 

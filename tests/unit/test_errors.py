@@ -33,14 +33,16 @@ class TestTree:
         assert isinstance(err, EasycoreError)
 
     def test_builtin_mixins(self):
-        """FrozenError is an AttributeError; SerializationError a TypeError; timeouts WorkerErrors."""
+        """The builtin mix-ins callers already catch are there."""
         assert issubclass(FrozenError, AttributeError)
         assert issubclass(SerializationError, TypeError)
         assert issubclass(SerializationError, WorkerError)
         assert issubclass(ItemTimeout, WorkerError)
         assert not issubclass(WorkerDied, WorkerError)
 
-    @pytest.mark.parametrize("dumps", [pickle.dumps, cloudpickle.dumps], ids=["pickle", "cloudpickle"])
+    @pytest.mark.parametrize(
+        "dumps", [pickle.dumps, cloudpickle.dumps], ids=["pickle", "cloudpickle"]
+    )
     @pytest.mark.parametrize("err", ERRORS, ids=lambda e: type(e).__name__)
     def test_pickle_round_trip(self, err, dumps):
         """Errors survive a pickle round trip with message and attributes."""

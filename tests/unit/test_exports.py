@@ -18,15 +18,26 @@ class TestExports:
     def test_contract_names(self):
         """The names API.md fixes are exported."""
         for name in [
-            "producer", "consumer", "compose", "CfgNode", "Registry", "EasycoreError",
-            "WorkerError", "WorkerDied", "ItemTimeout", "FrozenError", "__version__",
+            "producer",
+            "consumer",
+            "compose",
+            "CfgNode",
+            "Registry",
+            "EasycoreError",
+            "WorkerError",
+            "WorkerDied",
+            "ItemTimeout",
+            "FrozenError",
+            "__version__",
         ]:
             assert name in easycore.__all__
 
     def test_import_does_not_load_torch(self):
         """`import easycore` does not import torch (CfgNode/Registry users never pay for it)."""
         code = "import sys, easycore; print('torch' in sys.modules)"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
         assert out.stdout.strip() == "False"
 
     def test_version(self):

@@ -26,10 +26,17 @@ CASES = [
 @pytest.mark.parametrize(("name", "args", "expect"), CASES, ids=[c[0] for c in CASES])
 def test_example_runs(name, args, expect):
     """The example exits 0 and prints its result."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "pkg") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "pkg") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True, text=True, env=env, cwd=EXAMPLES, timeout=280,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=EXAMPLES,
+        timeout=280,
     )
     assert out.returncode == 0, out.stderr
     assert expect in out.stdout
