@@ -319,6 +319,41 @@ class TestDevices:
             square.map([1], devices=2, **kwargs)
 
 
+class TestStartMethods:
+    @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+    def test_each_start_method(self, method):
+        """Workers start with spawn, forkserver (the default on Linux) or fork."""
+        assert (square >> summer).map(range(10), devices=2, start_method=method) == 285
+
+    def test_unknown_start_method(self):
+        """An unknown start method is a ValueError before any process starts."""
+        with pytest.raises(ValueError, match="start_method"):
+            square.map([1], devices=1, start_method="teleport")
+
+    def test_unguarded_script(self, tmp_path):
+        """A script without `if __name__ == "__main__"` works: workers never re-run it."""
+        import subprocess
+        import sys
+
+        script = tmp_path / "unguarded.py"
+        script.write_text(
+            "from easycore import producer\n"
+            "print('top level ran')\n"
+            "print(producer(lambda x: x + 1).map([1, 2], devices=2, start_method='spawn'))\n"
+        )
+        pkg = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "pkg")
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": pkg},
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("top level ran") == 1
+        assert "[2, 3]" in out.stdout
+
+
 class TestInline:
     def test_same_semantics(self):
         """inline gives the same results, injection, cfg, seed and errors."""

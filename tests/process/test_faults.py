@@ -145,7 +145,13 @@ class TestCrashMatrix:
             p.map(range(N), devices=2)
 
     def test_results_exactly_once_in_order(self, tmp_path):
-        """After a death and retry, every result reaches the consumer exactly once, in order."""
+        """After a death and retry, every result reaches the consumer exactly once, in order;
+        the dead worker is respawned on its device and its init runs again."""
+        inits = tmp_path / "inits"
+
+        def init(device):
+            with open(inits, "a") as f:
+                f.write(f"{device}\n")
 
         def work(x):
             if x == 50 and first_time(tmp_path / "m"):
@@ -153,8 +159,9 @@ class TestCrashMatrix:
             return x
 
         collect = consumer(init=list)(lambda acc, y: acc.append(y))
-        out = (producer(work) >> collect).map(range(200), devices=2, retries=1)
+        out = (producer(init=init)(work) >> collect).map(range(200), devices=2, retries=1)
         assert out == list(range(200))
+        assert inits.read_text().split() == ["cpu"] * 3
 
     def test_poison_item_named(self):
         """An item that keeps killing workers is named with index and a short repr."""
