@@ -260,3 +260,7 @@ def worker_main(
             if failure is None:
                 failure = error_entry(f"{st.name} (end)", exc)
     _send(chan, (END_ERROR, *failure) if failure is not None else (ENDED,))
+    # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
