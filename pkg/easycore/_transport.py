@@ -24,7 +24,7 @@ descriptors follow in one ``SCM_RIGHTS`` message of ``_FD_MARKER`` bytes.
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import io
 import mmap
 import os
@@ -32,6 +32,8 @@ import pickle
 import socket
 import sys
 import threading
+import weakref
+from collections import deque
 from typing import Any
 
 import cloudpickle
@@ -54,10 +56,70 @@ def _page_round(n: int) -> int:
     return (n + page - 1) // page * page
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Mapping:
+    """A shared mapping of a segment file that keeps no file descriptor open.
+
+    (Python's ``mmap`` keeps a duplicate descriptor per mapping: with results kept by the
+    caller, that would exhaust the descriptor limit.) Lent out to arrays the receiver keeps,
+    it is unmapped only when it is closed *and* the last borrower is gone.
+    """
+
+    __slots__ = ("addr", "buf", "closed", "lock", "size", "users")
+
+    def __init__(self, fd: int, size: int) -> None:
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of a {size}-byte segment failed: {os.strerror(err)}")
+        self.addr: int = addr
+        self.size = size
+        self.buf: Any = (ctypes.c_char * size).from_address(addr)
+        self.users = 0
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def borrow(self) -> None:
+        with self.lock:
+            self.users += 1
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.users -= 1
+            done = self.closed and self.users == 0
+        if done:
+            self._unmap()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            done = self.users == 0
+        if done:
+            self._unmap()
+
+    def _unmap(self) -> None:
+        if self.buf is not None:
+            self.buf = None
+            _libc.munmap(self.addr, self.size)
+
+
 class _Segment:
     __slots__ = ("id", "map", "size")
 
-    def __init__(self, seg_id: int, size: int, mapping: mmap.mmap) -> None:
+    def __init__(self, seg_id: int, size: int, mapping: _Mapping) -> None:
         self.id = seg_id
         self.size = size
         self.map = mapping
@@ -89,7 +151,7 @@ class _Pool:
             fd = os.memfd_create(f"easycore-{self.next_id}", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, size)
-                mapping = mmap.mmap(fd, size)
+                mapping = _Mapping(fd, size)
             except BaseException:
                 os.close(fd)
                 raise
@@ -113,8 +175,7 @@ class _Pool:
             os.close(fd)
         self.new_fds.clear()
         for seg in self.segments.values():
-            with contextlib.suppress(BufferError):  # a view still exists: GC will unmap it
-                seg.map.close()
+            seg.map.close()
         self.segments.clear()
         self.free.clear()
 
@@ -153,7 +214,7 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     seg = chan.pool.alloc(nbytes)
     if seg is None:
         return None
-    dst = torch.frombuffer(seg.map, dtype=torch.uint8, count=nbytes).view(obj.dtype)
+    dst = torch.frombuffer(seg.map.buf, dtype=torch.uint8, count=nbytes).view(obj.dtype)
     dst.view(obj.shape).copy_(obj)
     del dst
     chan.shm_bytes += nbytes
@@ -169,40 +230,68 @@ def _numpy_reduce(chan: Channel, obj: Any, np: Any) -> Any:
     seg = chan.pool.alloc(obj.nbytes)
     if seg is None:
         return None
-    dst = np.frombuffer(seg.map, dtype=obj.dtype, count=obj.size).reshape(obj.shape)
+    dst = np.frombuffer(seg.map.buf, dtype=obj.dtype, count=obj.size).reshape(obj.shape)
     np.copyto(dst, obj, casting="no")
     del dst
     chan.shm_bytes += obj.nbytes
     return (_rebuild_array, (seg.id, obj.dtype.str, tuple(obj.shape)))
 
 
+def _lend(chan: Channel, seg_id: int, count: int, dtype: Any) -> Any:
+    """A numpy array over the peer's segment; the segment goes back when the array dies.
+
+    The array is the one owner of the memory: torch tensors made from it, and every view of
+    either, keep it alive, so the segment cannot be reused while any of them exists.
+    """
+    import numpy as np
+
+    mapping = chan.peer_segment(seg_id)
+    base = np.frombuffer(mapping.buf, dtype=dtype, count=count)
+    mapping.borrow()
+    weakref.finalize(base, _returned, chan.released, mapping, seg_id)
+    return base
+
+
+def _returned(released: deque[int], mapping: _Mapping, seg_id: int) -> None:
+    released.append(seg_id)
+    mapping.give_back()
+
+
 def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> Any:
     import torch
 
     chan: Channel = _local.channel
+    chan.shm_in += nbytes
+    if _has_numpy():
+        base = _lend(chan, seg_id, nbytes, "u1")
+        return torch.from_numpy(base).view(getattr(torch, dtype)).view(shape)
+    # without numpy: copy out, and give the segment back at once
     seg = chan.peer_segment(seg_id)
-    view = torch.frombuffer(seg, dtype=torch.uint8, count=nbytes).view(getattr(torch, dtype))
+    view = torch.frombuffer(seg.buf, dtype=torch.uint8, count=nbytes).view(getattr(torch, dtype))
     out = view.view(shape).clone()
     del view
     chan.released.append(seg_id)
-    chan.shm_in += nbytes
     return out
 
 
 def _rebuild_array(seg_id: int, dtype: str, shape: tuple[int, ...]) -> Any:
-    import numpy as np
-
     chan: Channel = _local.channel
-    seg = chan.peer_segment(seg_id)
     count = 1
     for n in shape:
         count *= n
-    view = np.frombuffer(seg, dtype=np.dtype(dtype), count=count)
-    out = view.reshape(shape).copy()
-    del view
-    chan.released.append(seg_id)
-    chan.shm_in += out.nbytes
-    return out
+    base = _lend(chan, seg_id, count, dtype)
+    chan.shm_in += base.nbytes
+    return base.reshape(shape)
+
+
+def _has_numpy() -> bool:
+    if "numpy" in sys.modules:
+        return True
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class Channel:
@@ -216,9 +305,11 @@ class Channel:
         self.conn = conn
         self.sock = socket.socket(fileno=os.dup(conn.fileno()))
         self.pool = _Pool()
-        self.peer: dict[int, mmap.mmap] = {}
+        self.peer: dict[int, _Mapping] = {}
         self.next_peer_id = 0
-        self.released: list[int] = []  # peer segments we copied out of, to announce
+        # Peer segments we are done with, to announce on our next message. Appended to by
+        # finalizers (any thread, any time): a deque, drained with popleft.
+        self.released: deque[int] = deque()
         self.shm_bytes = 0  # bytes moved through shared memory by the last encode
         self.shm_in = 0  # bytes copied out of the peer's segments since last reset
 
@@ -234,7 +325,9 @@ class Channel:
 
     def encode(self, payload: Any) -> bytes:
         """Pickle ``(released, payload)``; big arrays land in our segments."""
-        released, self.released = self.released, []
+        released = []
+        while self.released:
+            released.append(self.released.popleft())
         buf = io.BytesIO()
         buf.write(PLAIN)
         self.shm_bytes = 0
@@ -243,7 +336,7 @@ class Channel:
             _Pickler(buf, self).dump((released, payload))
         except BaseException:
             # Nothing was sent: take back the releases and the segments this attempt lent.
-            self.released = released + self.released
+            self.released.extendleft(reversed(released))
             self.pool.release(self.pool.recent)
             raise
         return buf.getvalue()
@@ -281,7 +374,7 @@ class Channel:
         for fd in fds:
             try:
                 size = os.fstat(fd).st_size
-                self.peer[self.next_peer_id] = mmap.mmap(fd, size)
+                self.peer[self.next_peer_id] = _Mapping(fd, size)
             finally:
                 os.close(fd)
             self.next_peer_id += 1
@@ -298,7 +391,7 @@ class Channel:
         """Receive and decode one message."""
         return self.decode(*self.recv_frame())
 
-    def peer_segment(self, seg_id: int) -> mmap.mmap:
+    def peer_segment(self, seg_id: int) -> _Mapping:
         return self.peer[seg_id]
 
     def poll(self) -> bool:
@@ -311,8 +404,7 @@ class Channel:
         """Close the pipe and unmap every segment; idempotent."""
         self.pool.close()
         for mapping in self.peer.values():
-            with contextlib.suppress(BufferError):
-                mapping.close()
+            mapping.close()  # unmapped now, or when the last array lent from it dies
         self.peer.clear()
         self.sock.close()
         self.conn.close()

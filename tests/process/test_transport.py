@@ -107,6 +107,24 @@ class TestTensors:
         assert count() <= before
 
 
+    def test_kept_results_hold_no_descriptors(self):
+        """Results kept by the caller share memory with no file descriptor each."""
+
+        def count() -> int:
+            gc.collect()
+            return len(os.listdir("/proc/self/fd"))
+
+        make = producer(lambda i: torch.full((20_000,), float(i)))
+        with make.open(devices=2) as runner:
+            before = count()
+            kept = runner.map(range(300))
+            assert count() < before + 20
+            second = runner.map(range(300))
+        assert all(float(t[0]) == i for i, t in enumerate(kept))
+        assert all(float(t[-1]) == i for i, t in enumerate(second))
+        del kept, second
+
+
 class TestArrays:
     @pytest.mark.parametrize("dtype", ["<f4", "<f8", "<i8", "|u1", "|b1", "<c16", ">i4"])
     def test_round_trip(self, echo_runner, dtype):
