@@ -54,7 +54,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -292,7 +292,7 @@ class _Worker:
     ready: bool = False
     alive: bool = True
     # chunk id -> (index of its first item, the items): what the worker holds right now
-    outstanding: dict[int, tuple[int, list[Any]]] = attrs.Factory(dict)
+    outstanding: dict[int, tuple[int, Sequence[Any]]] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the item we killed it for
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
     idle_deaths: int = 0
@@ -841,7 +841,7 @@ class Runner:
         retries: int,
         batch_size: int | None,
     ) -> Iterator[tuple[int, list[Any]]]:
-        run = _Run(self, iter(source), ordered, seed, timeout, retries, batch_size)
+        run = _Run(self, source, ordered, seed, timeout, retries, batch_size)
         try:
             yield from run.loop()
         except GeneratorExit:
@@ -929,7 +929,7 @@ class _Run:
     def __init__(
         self,
         runner: Runner,
-        source: Iterator[Any],
+        source: Iterable[Any],
         ordered: bool,
         seed: int | None,
         timeout: float | None,
@@ -937,7 +937,9 @@ class _Run:
         batch_size: int | None,
     ) -> None:
         self.r = runner
-        self.it = source
+        # A range is cut into sub-ranges: three ints on the wire per chunk instead of every item.
+        self.range = source if type(source) is range else None
+        self.it = iter(source)
         self.pulled = 0  # items taken from the source so far (the next item's index)
         self.exhausted = False
         self.ordered = ordered
@@ -945,7 +947,7 @@ class _Run:
         self.timeout = timeout
         self.retries = retries
         self.batch_size = batch_size
-        self.redo: deque[tuple[int, list[Any]]] = deque()
+        self.redo: deque[tuple[int, Sequence[Any]]] = deque()
         self.attempts: dict[int, int] = {}
         self.segments: dict[int, list[Any]] = {}  # ordered: start index -> results
         self.ready: deque[tuple[int, list[Any]]] = deque()  # unordered: as they come
@@ -959,13 +961,17 @@ class _Run:
         n = len(self.r._workers)
         return max(DEPTH * n * self.chunk.size, 2 * DEPTH * n)
 
-    def _take(self) -> tuple[int, list[Any]] | None:
+    def _take(self) -> tuple[int, Sequence[Any]] | None:
         if self.redo:
             return self.redo.popleft()
         room = min(self.chunk.size, self.window() - self.taken)
         if room <= 0 or self.exhausted:
             return None
-        items = list(itertools.islice(self.it, room))
+        items: Sequence[Any]
+        if self.range is not None:
+            items = self.range[self.pulled : self.pulled + room]
+        else:
+            items = list(itertools.islice(self.it, room))
         if len(items) < room:
             self.exhausted = True
         if not items:
@@ -994,7 +1000,9 @@ class _Run:
                 except OSError:
                     break  # the worker is dying; its sentinel will tell us and we re-queue
 
-    def _unpicklable(self, w: _Worker, start: int, items: list[Any], exc: Exception) -> NoReturn:
+    def _unpicklable(
+        self, w: _Worker, start: int, items: Sequence[Any], exc: Exception
+    ) -> NoReturn:
         for k, item in enumerate(items):
             try:
                 w.chan.encode(item)
@@ -1068,7 +1076,7 @@ class _Run:
             item = None if holder is None or culprit is None else holder[1][culprit - holder[0]]
             self._raise_death(w, code, culprit, item, sum(len(c[1]) for c in lost))
         # Re-run what it held ahead of new input, the culprit alone so it is pinned down.
-        requeue: list[tuple[int, list[Any]]] = []
+        requeue: list[tuple[int, Sequence[Any]]] = []
         for start, items in lost:
             if culprit is not None and start <= culprit < start + len(items):
                 k = culprit - start

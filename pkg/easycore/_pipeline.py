@@ -336,8 +336,18 @@ class Pipeline:
         retries: int = 0,
         *,
         start_method: str | None = None,
+        distributed: bool = False,
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
+
+        With ``distributed=True``, in a job launched by ``torchrun`` or Slurm (every rank
+        calls ``map`` with the same ``data``): item (or batch) ``i`` runs on rank
+        ``i % world_size`` on that rank's ``devices`` (``"local"``: its own GPU, else its
+        share of the CPU cores), results come back in input order (``ordered`` does not
+        apply), the consumer folds them once on rank 0, and every rank returns the same
+        result, equal to a single-process run with the same ``seed`` and ``batch_size``. An
+        error on any rank raises ``WorkerError`` on every rank. See
+        :mod:`easycore.distributed`.
 
         Returns:
             The consumer's result, or a list of results when there is no consumer.
@@ -356,6 +366,21 @@ class Pipeline:
         from easycore._executor import check_run_args
 
         check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        if distributed:
+            from easycore.distributed import _distributed_map
+
+            return _distributed_map(
+                self,
+                data,
+                devices=devices,
+                cfg=cfg,
+                batch_size=batch_size,
+                progress=progress,
+                seed=seed,
+                timeout=timeout,
+                retries=retries,
+                start_method=start_method,
+            )
         with self.open(devices, cfg=cfg, start_method=start_method) as runner:
             return runner.map(
                 data,

@@ -222,8 +222,6 @@ def worker_main(
                 except BaseException as exc:
                     errors.append((len(values), error_entry(stages[0].name, exc)))
                     append(None)
-                if stop.is_set():
-                    break
         else:
             for item in items:
                 cur[base] = index

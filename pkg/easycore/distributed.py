@@ -1,0 +1,711 @@
+"""Run easycore across machines on ``torch.distributed``, launched by ``torchrun`` or Slurm.
+
+easycore brings no cluster engine of its own: every process of a ``torchrun`` (or ``srun``)
+job is a *rank*, and each rank drives the ordinary executor on its own devices. This module
+finds the launcher from the environment, sets up the process group, and offers the
+communication helpers a training or inference script needs::
+
+    from easycore import distributed
+
+    distributed.init()                       # torchrun / Slurm / nothing: a world of one
+    distributed.rank(), distributed.world_size(), distributed.local_rank()
+    distributed.all_gather(obj)              # [obj of rank 0, obj of rank 1, ...]
+    distributed.gather(obj, dst=0)           # that list on dst, None elsewhere
+    distributed.broadcast(obj, src=0)        # src's obj on every rank
+    distributed.barrier()
+
+    @distributed.main_only                   # runs on rank 0 only (None elsewhere)
+    def save(result): ...
+
+    result = pipeline.map(data, devices="local", distributed=True)
+
+``pipeline.map(..., distributed=True)`` splits the work between ranks::
+
+    every rank iterates the same data ──> units: items, or batches of batch_size (global)
+      unit i goes to rank i % world_size; its seed is derive_seed(seed, i), i global
+    rank r: Pipeline(producers).map(its units, devices=...)    (the ordinary executor)
+      ├─ ok    -> ("ok", results)         ┐  all_gather (no consumer): every rank merges
+      └─ error -> ("error", description)  ┘  gather to rank 0 (consumer): rank 0 merges,
+                                              folds once, broadcasts ("ok", result) or error
+    every rank returns the same value, or every rank raises WorkerError naming the rank
+
+A failing rank still takes part in the exchange, with a description of its error instead of
+results, so no rank is left waiting in a collective. The exchange carries cloudpickled bytes,
+so anything that crosses to a worker (lambdas, closures) crosses between ranks too.
+
+``torch`` is imported only when a process group is needed: without a launcher, every helper
+works on a world of one without loading it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import functools
+import itertools
+import math
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import attrs
+import cloudpickle
+
+from easycore import _worker
+from easycore._errors import RemoteTraceback, WorkerDied, WorkerError
+
+if TYPE_CHECKING:
+    from easycore._pipeline import Pipeline
+
+__all__ = [
+    "LaunchInfo",
+    "all_gather",
+    "barrier",
+    "broadcast",
+    "detect_launcher",
+    "gather",
+    "init",
+    "is_main",
+    "local_devices",
+    "local_rank",
+    "local_world_size",
+    "main_only",
+    "rank",
+    "world_size",
+]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+DEFAULT_PORT = 29500  # torch's own default MASTER_PORT
+
+
+# ---------------------------------------------------------------------------------------------
+# the launcher
+# ---------------------------------------------------------------------------------------------
+@attrs.frozen
+class LaunchInfo:
+    """Where this process stands in its job, as the launcher described it in the environment.
+
+    Attributes:
+        launcher: ``"torchrun"``, ``"slurm"`` or ``"none"`` (a plain ``python script.py``).
+        rank: this process's global rank, 0 .. world_size-1.
+        world_size: how many processes the job has.
+        local_rank: this process's rank on its node (its GPU number, one rank per GPU).
+        local_world_size: how many processes run on this node.
+        master_addr: host of rank 0's rendezvous store (``None`` without a launcher).
+        master_port: port of that store (``None`` without a launcher).
+    """
+
+    launcher: str
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "")
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+def _first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``"node[01-02],gpu7"`` -> ``"node01"``."""
+    depth = 0
+    for k, ch in enumerate(nodelist):  # the first entry ends at a comma outside brackets
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            nodelist = nodelist[:k]
+            break
+    # each bracket group ("[01-04,07]") stands for its first member ("01"), zero-padding kept
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], nodelist.strip())
+
+
+def _tasks_on_node(tasks_per_node: str, node: int) -> int | None:
+    """Read Slurm's ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``) for node number ``node``."""
+    seen = 0
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return None
+        count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        if node < seen + repeat:
+            return count
+        seen += repeat
+    return None
+
+
+def detect_launcher(environ: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Describe this process's place in the job from the launcher's environment variables.
+
+    ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT``; it wins when both are present. Slurm's ``srun`` sets
+    ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` and the node list; rank 0's host is
+    then ``MASTER_ADDR`` if set, else the first host of ``SLURM_JOB_NODELIST`` (or
+    ``SLURM_NODELIST``), and the port is ``MASTER_PORT`` if set, else
+    ``29500 + SLURM_JOB_ID % 10000`` (two jobs sharing a node rarely collide). Neither: a
+    world of one.
+
+    Args:
+        environ: the variables to read; ``os.environ`` when ``None``.
+
+    Returns:
+        A :class:`LaunchInfo`.
+
+    >>> detect_launcher({}).launcher
+    'none'
+    >>> info = detect_launcher({"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+    ...                         "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_JOB_ID": "1234"})
+    >>> info.rank, info.world_size, info.local_rank, info.master_addr, info.master_port
+    (3, 8, 1, 'node07', 30734)
+    """
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = _int(env, "WORLD_SIZE", 1)
+        return LaunchInfo(
+            launcher="torchrun",
+            rank=_int(env, "RANK", 0),
+            world_size=world,
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT", DEFAULT_PORT),
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world = _int(env, "SLURM_NTASKS", 1)
+        per_node = _int(env, "SLURM_NTASKS_PER_NODE", 0) or _tasks_on_node(
+            env.get("SLURM_TASKS_PER_NODE", ""), _int(env, "SLURM_NODEID", 0)
+        )
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        job = _int(env, "SLURM_JOB_ID", -1)
+        port = DEFAULT_PORT + job % 10000 if job >= 0 else DEFAULT_PORT
+        return LaunchInfo(
+            launcher="slurm",
+            rank=_int(env, "SLURM_PROCID", 0),
+            world_size=world,
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            local_world_size=per_node or world,
+            master_addr=env.get("MASTER_ADDR") or _first_host(nodelist),
+            master_port=_int(env, "MASTER_PORT", port),
+        )
+    return LaunchInfo(launcher="none")
+
+
+# ---------------------------------------------------------------------------------------------
+# the process group
+# ---------------------------------------------------------------------------------------------
+@attrs.define
+class _State:
+    ready: bool = False  # init() has run (a world of one needs nothing more)
+    group: Any = None  # the group our object collectives use (gloo); None: the default group
+    created: bool = False  # we made the default process group, so we destroy it at exit
+
+
+_STATE = _State()
+
+
+def _dist() -> Any:
+    """``torch.distributed`` when a process group is up, else ``None`` (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _destroy() -> None:
+    dist = _dist()
+    if dist is not None and _STATE.created:
+        with contextlib.suppress(Exception):  # best effort at interpreter exit
+            dist.destroy_process_group()
+    _STATE.ready = _STATE.created = False
+    _STATE.group = None
+
+
+def init(backend: str | None = None, *, timeout: float | None = None) -> None:
+    """Join the job's process group: detect the launcher and set ``torch.distributed`` up.
+
+    Under ``torchrun`` or Slurm this initialises the default process group: ``nccl`` where
+    CUDA is available (each rank bound to ``cuda:LOCAL_RANK`` first), else ``gloo``. Without a
+    launcher it is a world of one and needs nothing (not even ``MASTER_ADDR``). Calling it
+    again, or after the script set up ``torch.distributed`` itself, changes nothing. Every
+    collective here calls it for you; ``pipeline.map(..., distributed=True)`` does too.
+
+    Object collectives always travel over a ``gloo`` group (created next to an ``nccl``
+    default group), so they never touch GPU memory.
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"``...; ``None`` picks by the presence of CUDA.
+        timeout: seconds a rank waits for the others, at start-up and in every collective
+            (so the slowest rank's share of a ``map`` must finish within it); ``None``
+            keeps torch's default (30 minutes for gloo, 10 for nccl).
+
+    Raises:
+        RuntimeError: a launcher says the world is larger than one but this torch has no
+            ``torch.distributed``.
+
+    >>> init()          # a plain `python` process: a world of one
+    >>> world_size()
+    1
+    """
+    if _STATE.ready:
+        return
+    info = detect_launcher()
+    dist = _dist()
+    if dist is None and info.launcher == "none":
+        _STATE.ready = True
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        msg = f"{info.launcher} started {info.world_size} processes, but this torch build has no "
+        msg += "torch.distributed"
+        raise RuntimeError(msg)
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        chosen = backend or ("nccl" if cuda and dist.is_nccl_available() else "gloo")
+        if cuda and chosen == "nccl":
+            torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+        kwargs: dict[str, Any] = {"backend": chosen, "rank": info.rank}
+        kwargs["world_size"] = info.world_size
+        if timeout is not None:
+            kwargs["timeout"] = datetime.timedelta(seconds=timeout)
+        if info.launcher == "slurm":
+            kwargs["init_method"] = f"tcp://{info.master_addr}:{info.master_port}"
+        # torchrun: env:// (the default), which joins the store torchrun's agent already
+        # serves at MASTER_ADDR:MASTER_PORT instead of trying to bind that port again.
+        dist.init_process_group(**kwargs)
+        _STATE.created = True
+        atexit.register(_destroy)
+    if dist.get_backend() != "gloo":
+        group_timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
+        _STATE.group = dist.new_group(backend="gloo", timeout=group_timeout)
+    _STATE.ready = True
+
+
+# ---------------------------------------------------------------------------------------------
+# where am I
+# ---------------------------------------------------------------------------------------------
+def rank() -> int:
+    """This process's global rank (0 without a launcher); works before :func:`init` too.
+
+    >>> rank()
+    0
+    """
+    dist = _dist()
+    return int(dist.get_rank()) if dist is not None else detect_launcher().rank
+
+
+def world_size() -> int:
+    """How many processes the job has (1 without a launcher).
+
+    >>> world_size()
+    1
+    """
+    dist = _dist()
+    return int(dist.get_world_size()) if dist is not None else detect_launcher().world_size
+
+
+def local_rank() -> int:
+    """This process's rank on its node (``LOCAL_RANK`` / ``SLURM_LOCALID``; 0 without one).
+
+    >>> local_rank()
+    0
+    """
+    return detect_launcher().local_rank
+
+
+def local_world_size() -> int:
+    """How many of the job's processes run on this node (1 without a launcher).
+
+    >>> local_world_size()
+    1
+    """
+    return detect_launcher().local_world_size
+
+
+def is_main() -> bool:
+    """True on rank 0, the rank that logs, saves and runs a distributed map's consumer.
+
+    >>> is_main()
+    True
+    """
+    return rank() == 0
+
+
+def main_only(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
+    """Decorate a function to run on rank 0 only; elsewhere a call does nothing, returns None.
+
+    No collective is involved (a rank never waits for another), so it suits logging,
+    printing and saving. To hand rank 0's value to everyone, use :func:`broadcast`.
+
+    >>> @main_only
+    ... def report(x):
+    ...     return f"done: {x}"
+    >>> report(3)
+    'done: 3'
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        return fn(*args, **kwargs) if is_main() else None
+
+    return wrapper
+
+
+def local_devices() -> list[str]:
+    """This rank's own devices, what ``devices="local"`` means in a distributed map.
+
+    Its GPU ``cuda:LOCAL_RANK`` where GPUs exist (modulo their number, so ranks that each see
+    one GPU all use ``cuda:0``), else its share of the node's CPU cores:
+    ``max(1, cores // local_world_size())`` CPU workers. Pass it to ``open`` to keep workers
+    up across several calls.
+
+    >>> local_devices()[0] in ("cpu", "cuda:0")
+    True
+    """
+    from easycore._executor import _cpu_count, _gpu_count
+
+    gpus = _gpu_count()
+    if gpus:
+        return [f"cuda:{local_rank() % gpus}"]
+    return ["cpu"] * max(1, _cpu_count() // max(1, local_world_size()))
+
+
+# ---------------------------------------------------------------------------------------------
+# collectives on picklable objects
+# ---------------------------------------------------------------------------------------------
+def _check_rank(name: str, value: int) -> None:
+    world = world_size()
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < world:
+        msg = f"{name}={value!r} is not a rank of this job: expected 0 .. {world - 1}"
+        raise ValueError(msg)
+
+
+def _all_gather_bytes(blob: bytes) -> list[bytes]:
+    init()
+    dist = _dist()
+    if dist is None:
+        return [blob]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, blob, group=_STATE.group)
+    return out
+
+
+def _gather_bytes(blob: bytes, dst: int) -> list[bytes] | None:
+    init()
+    dist = _dist()
+    if dist is None:
+        return [blob]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(blob, out, dst=dst, group=_STATE.group)
+    return out
+
+
+def _broadcast_bytes(blob: bytes | None, src: int) -> bytes:
+    init()
+    dist = _dist()
+    if dist is None:
+        assert blob is not None
+        return blob
+    box = [blob]
+    dist.broadcast_object_list(box, src=src, group=_STATE.group)
+    out = box[0]
+    assert isinstance(out, bytes)
+    return out
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` in a world of one).
+
+    Objects travel by cloudpickle: anything a worker could receive (lambdas included).
+
+    >>> all_gather({"loss": 0.5})
+    [{'loss': 0.5}]
+    """
+    return [cloudpickle.loads(b) for b in _all_gather_bytes(cloudpickle.dumps(obj))]
+
+
+def gather(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``obj``, in rank order, on rank ``dst``; ``None`` on the other ranks.
+
+    Raises:
+        ValueError: ``dst`` is not a rank of this job.
+
+    >>> gather("mine")
+    ['mine']
+    """
+    _check_rank("dst", dst)
+    parts = _gather_bytes(cloudpickle.dumps(obj), dst)
+    return None if parts is None else [cloudpickle.loads(b) for b in parts]
+
+
+def broadcast(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (the others' ``obj`` is ignored; pass ``None``).
+
+    Raises:
+        ValueError: ``src`` is not a rank of this job.
+
+    >>> broadcast([1, 2])
+    [1, 2]
+    """
+    _check_rank("src", src)
+    mine = cloudpickle.dumps(obj) if rank() == src else None
+    return cloudpickle.loads(_broadcast_bytes(mine, src))
+
+
+def barrier() -> None:
+    """Wait until every rank reaches this point (nothing to wait for in a world of one).
+
+    >>> barrier()
+    """
+    init()
+    dist = _dist()
+    if dist is not None:
+        dist.barrier(group=_STATE.group)
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline.map(..., distributed=True)
+# ---------------------------------------------------------------------------------------------
+class _SeedByIndex:
+    """First stage of a seeded rank's share: seed from the unit's *global* index, pass it on.
+
+    The executor seeds each item from its index in the stream it is given, which on a rank is
+    the rank's own share; seeding here from the global index instead gives every unit the same
+    random state as in a single-process run (``derive_seed(seed, i)`` before the first stage).
+    """
+
+    __name__ = "<seed>"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __call__(self, pair: tuple[int, Any]) -> Any:
+        index, unit = pair
+        _worker.seed_everything(_worker.derive_seed(self.seed, index))
+        return unit
+
+
+class _Sized:
+    """An iterable with a known length, so the main rank's progress bar shows a total."""
+
+    def __init__(self, it: Iterable[Any], n: int) -> None:
+        self._it = it
+        self._n = n
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._it)
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def _global_index(local: int | None, me: int, world: int) -> int | None:
+    return None if local is None else me + local * world
+
+
+def _describe(
+    exc: BaseException, me: int, world: int, batch_size: int | None, *, share: bool = True
+) -> dict[str, Any]:
+    """A picklable account of a rank's failure, enough to raise it again on another rank.
+
+    ``share``: the error comes from the rank's share, whose item indices the executor counted
+    within the share; they are turned back into indices of the input. Otherwise (the
+    consumer, which folds the merged input) they already are.
+    """
+    from easycore._executor import _item_label
+
+    cause = exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ else exc
+    local = getattr(exc, "index", None)
+    index = _global_index(local, me, world) if share else local
+    if isinstance(exc, WorkerError | WorkerDied):
+        text = str(exc)
+        if local is not None and index is not None:
+            # name the unit of the input, as a single-process run would ("batch 3 (items ..)")
+            text = re.sub(
+                rf"(while running |while folding |^)item {local}\b",
+                lambda m: m.group(1) + _item_label(index, batch_size),
+                text,
+                count=1,
+            )
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    tb = getattr(exc, "remote_traceback", None) or "".join(
+        traceback.format_exception(type(cause), cause, cause.__traceback__)
+    )
+    blob, tname, ctext = _worker.pack_exception(cause)
+    return {
+        "rank": me,
+        "message": text,
+        "stage": getattr(exc, "stage", None),
+        "device": getattr(exc, "device", None),
+        "worker": getattr(exc, "worker", None),
+        "index": index,
+        "traceback": tb,
+        "cause": (blob, tname, ctext),
+    }
+
+
+def _remote_cause(info: dict[str, Any]) -> BaseException:
+    blob, tname, text = info["cause"]
+    original: Any = None
+    if blob is not None:
+        try:
+            original = cloudpickle.loads(blob)
+        except Exception:
+            original = None
+    if not isinstance(original, BaseException):
+        original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
+    if original.__cause__ is None:
+        original.__cause__ = RemoteTraceback(info["traceback"])
+    cause: BaseException = original
+    return cause
+
+
+def _raise_failure(
+    failures: list[dict[str, Any]], me: int, world: int, own: BaseException | None
+) -> None:
+    """Raise the same ``WorkerError`` on every rank; a failing rank reports its own error."""
+    mine = next((f for f in failures if f["rank"] == me), None)
+    info = mine if mine is not None else failures[0]
+    msg = f"rank {info['rank']} of {world} failed: {info['message']}"
+    others = [str(f["rank"]) for f in failures if f is not info]
+    if others:
+        msg += f"\n(rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too)"
+    if mine is not None and own is not None:
+        cause = own.__cause__ if isinstance(own, WorkerError) and own.__cause__ else own
+    else:
+        cause = _remote_cause(info)
+    args = (info["stage"], info["device"], info["worker"], info["index"], info["traceback"])
+    raise WorkerError(msg, *args) from cause
+
+
+def _lost_peer(exc: BaseException, me: int, what: str) -> WorkerDied:
+    msg = (
+        f"rank {me}: the collective exchanging {what} failed, most likely because another rank "
+        f"died or stopped answering within the process group's timeout: {exc}"
+    )
+    return WorkerDied(msg)
+
+
+def _resolve_devices(devices: Any) -> Any:
+    return local_devices() if isinstance(devices, str) and devices == "local" else devices
+
+
+def _distributed_map(
+    pipeline: Pipeline,
+    data: Iterable[Any],
+    *,
+    devices: Any,
+    cfg: Mapping[str, Any] | None,
+    batch_size: int | None,
+    progress: bool,
+    seed: int | None,
+    timeout: float | None,
+    retries: int,
+    start_method: str | None,
+) -> Any:
+    """``pipeline.map(data, ..., distributed=True)``: share the units out, merge, fold once."""
+    from easycore._executor import _batched
+    from easycore._pipeline import Pipeline
+
+    init()
+    me, world = rank(), world_size()
+    own: BaseException | None = None
+    try:
+        units: Iterable[Any] = _batched(data, batch_size) if batch_size else data
+        share: Iterator[tuple[int, Any]] = itertools.islice(enumerate(units), me, None, world)
+        first = (_seed_stage(seed),) if seed is not None and pipeline.producers else ()
+        seeded = bool(first)
+        items: Iterable[Any] = share if seeded else (unit for _, unit in share)
+        count = _count(data, batch_size)
+        if count is not None:
+            items = _Sized(items, len(range(me, count, world)))
+        local = Pipeline(producers=first + pipeline.producers).map(
+            items,
+            devices=_resolve_devices(devices),
+            cfg=cfg,
+            ordered=True,
+            progress=progress and me == 0,
+            timeout=timeout,
+            retries=retries,
+            start_method=start_method,
+        )
+        status = cloudpickle.dumps(("ok", local))
+    except Exception as exc:
+        own = exc
+        status = cloudpickle.dumps(("error", _describe(exc, me, world, batch_size)))
+
+    if pipeline.consumer is None:
+        try:
+            parts = _all_gather_bytes(status)
+        except RuntimeError as exc:
+            raise _lost_peer(exc, me, "results") from exc
+        statuses = [cloudpickle.loads(b) for b in parts]
+        failures = [s[1] for s in statuses if s[0] == "error"]
+        if failures:
+            _raise_failure(failures, me, world, own)
+        return _interleave([s[1] for s in statuses])
+
+    try:
+        gathered = _gather_bytes(status, 0)
+    except RuntimeError as exc:
+        raise _lost_peer(exc, me, "results") from exc
+    verdict: bytes | None = None
+    if gathered is not None:  # rank 0: fold once, then tell everyone
+        statuses = [cloudpickle.loads(b) for b in gathered]
+        failures = [s[1] for s in statuses if s[0] == "error"]
+        if failures:
+            verdict = cloudpickle.dumps(("error", failures))
+        else:
+            try:
+                merged = _interleave([s[1] for s in statuses])
+                result = Pipeline(consumer=pipeline.consumer).map(merged, devices="inline", cfg=cfg)
+                verdict = cloudpickle.dumps(("ok", result))
+            except Exception as exc:
+                own = exc
+                described = _describe(exc, me, world, batch_size, share=False)
+                verdict = cloudpickle.dumps(("error", [described]))
+    try:
+        tag, value = cloudpickle.loads(_broadcast_bytes(verdict, 0))
+    except RuntimeError as exc:
+        raise _lost_peer(exc, me, "the consumer's result") from exc
+    if tag == "error":
+        _raise_failure(value, me, world, own)
+    return value
+
+
+def _seed_stage(seed: int) -> Any:
+    from easycore._pipeline import producer
+
+    return producer(_SeedByIndex(seed))
+
+
+def _count(data: Iterable[Any], batch_size: int | None) -> int | None:
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return n if batch_size is None else math.ceil(n / batch_size)
+
+
+_MISSING = object()
+
+
+def _interleave(shares: list[list[Any]]) -> list[Any]:
+    """Undo the round robin: unit ``i`` is element ``i // world`` of share ``i % world``."""
+    out: list[Any] = []
+    for row in itertools.zip_longest(*shares, fillvalue=_MISSING):
+        out.extend(v for v in row if v is not _MISSING)
+    return out
