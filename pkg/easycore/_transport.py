@@ -3,17 +3,20 @@
 One :class:`Channel` per end of each worker's pipe (a Unix socket pair). A message is pickled
 with cloudpickle's pickler (so lambdas and ``__main__`` classes travel) extended with one
 hook: a CPU tensor or numpy array of at least ``SHM_THRESHOLD`` bytes is written into a
-*segment* of shared memory owned by the sender, and only ``(segment, offset, dtype, shape)``
-goes into the pickle. Segments are ``memfd_create`` files: they never appear in ``/dev/shm``
-and vanish with the last process that maps them, so a crash cannot leak them. A new
-segment's file descriptor follows its first message over the socket (``SCM_RIGHTS``).
+*segment* of shared memory owned by the sender, and only ``(segment, dtype, shape)`` goes
+into the pickle. Segments are ``memfd_create`` files: they never appear in ``/dev/shm`` (so
+its size limit, the classic Docker failure, does not apply) and vanish with the last process
+that maps them, so a crash cannot leak them. A new segment's file descriptor follows its
+first message over the socket (``SCM_RIGHTS``); both sides map it with libc ``mmap`` and
+close the descriptor, so mappings hold no descriptors.
 
-The receiver copies the data out once, into an ordinary tensor/array it owns and may keep,
-and tells the sender (piggy-backed on its next message) that the segment is free again. So
-segments are reused like a ring: after the first few items no new memory is mapped or
-page-faulted, which is where the peers lose most of their time (a new segment, or a pickle
-byte stream, per tensor). The copy-out is the one copy we keep on purpose: it lets the slot
-be reused at once and gives the caller memory with no strings attached.
+The receiver gets an ordinary tensor/array *over the segment itself*: no copy is made on
+receipt. The segment is lent to it, and given back to the sender (announced on the
+receiver's next message) when the last view of it is freed; the sender then reuses it like a
+slot in a ring, so in steady state no memory is mapped or page-faulted per item. The one
+copy is the sender's write into the segment (a producer's result must leave its own memory).
+Tensors that need their own semantics (``requires_grad``, subclasses such as
+``nn.Parameter``, sparse, quantized) take the plain pickle path.
 
 CUDA tensors go through torch's own CUDA IPC reductions (torch keeps the sender's memory
 alive until the receiver is done with it).
