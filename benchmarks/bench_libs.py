@@ -41,6 +41,11 @@ LIB_MODULES: dict[str, tuple[str, ...]] = {
     "reference": (),
 }
 
+#: Modules the caller of a workload uses anyway (it receives tensors or arrays), imported
+#: before pools are created: fork-based pools then inherit them instead of importing them
+#: again in every worker, as in a program that already works with torch or numpy.
+WORKLOAD_MODULES: dict[str, tuple[str, ...]] = {"W3": ("torch",), "W3b": ("numpy",)}
+
 #: Libraries that pass work through the pool itself (not easycore, not in-process).
 PEERS = ("pool", "futures", "joblib", "mpire")
 
@@ -104,8 +109,9 @@ class Session(Protocol):
 class Sequential:
     """The in-process loop: ``sum(map(fn, items))`` or ``list(map(fn, items))``."""
 
-    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
-                 keep: bool) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
         del workers, opts, keep
         self.fn, self.total = fn, total
 
@@ -119,8 +125,9 @@ class Sequential:
 class MpPool:
     """``multiprocessing.Pool(workers).map(fn, items, chunksize)``; default start method."""
 
-    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
-                 keep: bool) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
         import multiprocessing as mp
 
         del keep
@@ -140,8 +147,9 @@ class MpPool:
 class Futures:
     """``ProcessPoolExecutor(workers).map(fn, items, chunksize=...)`` (its default is 1)."""
 
-    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
-                 keep: bool) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
@@ -165,8 +173,9 @@ class Joblib:
     to shut down: that reuse is joblib's own default behaviour.
     """
 
-    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
-                 keep: bool) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
         from joblib import Parallel
 
         del keep
@@ -193,8 +202,9 @@ class Mpire:
     on only in ``warm`` mode, where the pool must survive between ``map`` calls.
     """
 
-    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
-                 keep: bool) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
         from mpire import WorkerPool
 
         kwargs: dict[str, Any] = {"n_jobs": workers, "keep_alive": keep}
@@ -222,8 +232,9 @@ class Easycore:
     pipeline's ``open(devices=workers)`` runner, then ``runner.map(items)``.
     """
 
-    def __init__(self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str],
-                 keep: bool) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
         from easycore import consumer, producer
 
         del opts
@@ -270,7 +281,7 @@ def measure(
         bench_workloads.WrongResult: the library returned a wrong result.
     """
     opts = parse_variant(variant)
-    for module in LIB_MODULES[lib]:
+    for module in LIB_MODULES[lib] + WORKLOAD_MODULES.get(workload, ()):
         importlib.import_module(module)
     if lib == "reference":
         return _reference(workload, opts, n)
@@ -330,18 +341,45 @@ def _reference(workload: str, opts: dict[str, str], n: int) -> dict[str, Any]:
         seconds = time.perf_counter() - t0
         return {"seconds": seconds, "n": n, "extra": {"torch": torch.__version__}}
     if workload in ("W3", "W3b") and what == "copy":
-        make = wl.make_tensor if workload == "W3" else wl.make_array
-        arrays = [make(i) for i in range(n)]
-        copy = _copier(workload)
-        for a in arrays[: min(n, 4)]:  # warm the allocator and the code paths
-            copy(a)
-        t0 = time.perf_counter()
-        copies = [copy(a) for a in arrays]
-        seconds = time.perf_counter() - t0
-        wl.CHECKS[workload](copies, n)
-        return {"seconds": seconds, "n": n, "extra": {}}
+        return _copy_reference(workload, n)
     msg = f"no reference {what!r} for {workload}"
     raise ValueError(msg)
+
+
+def _copy_reference(workload: str, n: int) -> dict[str, Any]:
+    """Copy ``n`` arrays in this process (``clone()`` / ``np.copy``), the physical reference.
+
+    One untimed pass first, so the timed ones measure copying rather than the first touch of
+    fresh memory. torch is timed with its default thread count and with one thread, and the
+    faster counts: on a loaded machine torch's threads can make a 4 MiB copy several times
+    slower, which would flatter everything measured against this reference.
+    """
+    make = wl.make_tensor if workload == "W3" else wl.make_array
+    arrays = [make(i) for i in range(n)]
+    copy = _copier(workload)
+    warm = [copy(a) for a in arrays]
+    del warm
+    timings: dict[str, float] = {}
+    for threads in _thread_settings(workload):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        copies = [copy(a) for a in arrays]
+        timings[f"torch threads={threads}" if threads else "numpy"] = time.perf_counter() - t0
+        wl.CHECKS[workload](copies, n)
+        del copies
+    return {"seconds": min(timings.values()), "n": n, "extra": timings}
+
+
+def _thread_settings(workload: str) -> list[int]:
+    """torch thread counts to try for the copy reference (``[0]``: numpy, no setting)."""
+    if workload != "W3":
+        return [0]
+    import torch
+
+    return sorted({torch.get_num_threads(), 1}, reverse=True)
 
 
 def _copier(workload: str) -> Callable[[Any], Any]:

@@ -125,22 +125,29 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
 
     n = size("W1", quick)
     sweep = [n // 100, n // 20, n // 4]  # 2,000 / 10,000 / 50,000 items per chunk
+    tuned = n // 20
     slow = n // 10  # concurrent.futures' chunksize=1 runs ~4,000 items/s: a tenth of W1
     cases += [
         Case("W1", "sequential", "default", "baseline", "in-process loop sum(map(square, ...))"),
         Case("W1", "pool", "default", "peer", "multiprocessing.Pool, default chunksize"),
-        *[Case("W1", "pool", f"chunksize={c}", "peer", f"multiprocessing.Pool, chunksize={c}")
-          for c in sweep],
-        Case("W1", "futures", "default", "peer",
-             f"concurrent.futures, default chunksize=1 ({slow:,} items)", n=slow),
-        *[Case("W1", "futures", f"chunksize={c}", "peer", f"concurrent.futures, chunksize={c}")
-          for c in sweep],
+        *[
+            Case("W1", "pool", f"chunksize={c}", "peer", f"multiprocessing.Pool, chunksize={c}")
+            for c in sweep
+        ],
+        Case(
+            "W1",
+            "futures",
+            "default",
+            "peer",
+            f"concurrent.futures, default chunksize=1 ({slow:,} items)",
+            n=slow,
+        ),
+        Case(
+            "W1", "futures", f"chunksize={tuned}", "peer", f"concurrent.futures, chunksize={tuned}"
+        ),
         Case("W1", "joblib", "default", "peer", "joblib.Parallel (loky), batch_size=auto"),
-        Case("W1", "joblib", f"batch_size={n // 20}", "peer",
-             f"joblib.Parallel (loky), batch_size={n // 20}"),
         Case("W1", "mpire", "default", "peer", "mpire.WorkerPool, default chunk_size"),
-        *[Case("W1", "mpire", f"chunksize={c}", "peer", f"mpire.WorkerPool, chunk_size={c}")
-          for c in sweep],
+        Case("W1", "mpire", f"chunksize={tuned}", "peer", f"mpire.WorkerPool, chunk_size={tuned}"),
         Case("W1", "easycore", "default", "easycore", ec),
     ]
 
@@ -151,37 +158,56 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
         Case("W2", "futures", "default", "peer", "concurrent.futures, default chunksize=1"),
         Case("W2", "joblib", "default", "peer", "joblib.Parallel (loky), batch_size=auto"),
         Case("W2", "mpire", "default", "peer", "mpire.WorkerPool, default chunk_size"),
-        Case("W2", "mpire", "chunksize=1", "peer", "mpire.WorkerPool, chunk_size=1"),
         Case("W2", "easycore", "default", "easycore", ec),
     ]
 
-    for w, kind in (("W3", "torch.full, 1 torch thread per worker"), ("W3b", "np.full")):
-        clone = "t.clone()" if w == "W3" else "np.copy(a)"
+    for w, kind in (("W3", ", 1 torch thread/worker"), ("W3b", "")):
+        clone = "t.clone(), faster of default / 1 thread" if w == "W3" else "np.copy(a)"
         cases += [
             Case(w, "reference", "what=copy", "reference", f"in-process copy ({clone})"),
             Case(w, "sequential", "default", "baseline", "in-process loop (creating the arrays)"),
-            Case(w, "pool", "default", "peer", f"multiprocessing.Pool, default chunksize, {kind}"),
-            Case(w, "pool", "chunksize=1", "peer", f"multiprocessing.Pool, chunksize=1, {kind}"),
-            Case(w, "futures", "default", "peer", f"concurrent.futures, chunksize=1, {kind}"),
-            Case(w, "joblib", "default", "peer", f"joblib.Parallel (loky), {kind}"),
-            Case(w, "mpire", "default", "peer", f"mpire.WorkerPool, default chunk_size, {kind}"),
-            Case(w, "mpire", "chunksize=1", "peer", f"mpire.WorkerPool, chunk_size=1, {kind}"),
+            Case(w, "pool", "default", "peer", f"multiprocessing.Pool, default chunksize{kind}"),
+            Case(w, "futures", "default", "peer", f"concurrent.futures, chunksize=1{kind}"),
+            Case(w, "joblib", "default", "peer", f"joblib.Parallel (loky){kind}"),
+            Case(w, "mpire", "default", "peer", f"mpire.WorkerPool, default chunk_size{kind}"),
             Case(w, "easycore", "default", "easycore", ec),
         ]
 
     for phase in ("cold", "warm"):
         g = f"W4 {phase}"
         if phase == "cold":
-            cases.append(Case(g, "reference", "what=import-torch", "reference",
-                              "`import torch` in a fresh process"))
+            cases.append(
+                Case(
+                    g,
+                    "reference",
+                    "what=import-torch",
+                    "reference",
+                    "`import torch` in a fresh process",
+                )
+            )
         cases += [
-            Case(g, "pool", f"context=fork,phase={phase}", "peer",
-                 "multiprocessing.Pool, fork context"),
-            Case(g, "futures", f"context=fork,phase={phase}", "peer",
-                 "concurrent.futures, fork context"),
+            Case(
+                g,
+                "pool",
+                f"context=fork,phase={phase}",
+                "peer",
+                "multiprocessing.Pool, fork context",
+            ),
+            Case(
+                g,
+                "futures",
+                f"context=fork,phase={phase}",
+                "peer",
+                "concurrent.futures, fork context",
+            ),
             Case(g, "mpire", f"context=fork,phase={phase}", "peer", "mpire.WorkerPool (fork)"),
-            Case(g, "easycore", f"phase={phase}", "easycore",
-                 f"easycore .map([0], devices={workers})"),
+            Case(
+                g,
+                "easycore",
+                f"phase={phase}",
+                "easycore",
+                f"easycore .map([0], devices={workers})",
+            ),
         ]
     return cases
 
@@ -195,8 +221,7 @@ def select(cases: list[Case], only: str | None) -> list[Case]:
     if unknown:
         sys.exit(f"--only: unknown workload(s) {sorted(unknown)}; choose from {list(GROUPS)}")
     return [
-        c for c in cases
-        if c.group.lower() in wanted or GROUPS[c.group].workload.lower() in wanted
+        c for c in cases if c.group.lower() in wanted or GROUPS[c.group].workload.lower() in wanted
     ]
 
 
@@ -215,8 +240,20 @@ def child_env(w2_iters: int) -> dict[str, str]:
 def run_child(case: Case, n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     """Measure ``case`` once in a fresh interpreter; ``{"seconds": ...}`` or ``{"error": ...}``."""
     workload = GROUPS[case.group].workload
-    cmd = [sys.executable, str(HERE / "run.py"), "--one", case.lib, workload, case.variant,
-           "--n", str(n), "--workers", str(args.workers), "--mode", args.mode]
+    cmd = [
+        sys.executable,
+        str(HERE / "run.py"),
+        "--one",
+        case.lib,
+        workload,
+        case.variant,
+        "--n",
+        str(n),
+        "--workers",
+        str(args.workers),
+        "--mode",
+        args.mode,
+    ]
     try:
         proc = subprocess.run(
             cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False
@@ -225,7 +262,7 @@ def run_child(case: Case, n: int, args: argparse.Namespace, env: dict[str, str])
         return {"error": f"timed out after {args.timeout} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG) and proc.returncode == 0:
-            return dict(json.loads(line[len(RESULT_TAG):]))
+            return dict(json.loads(line[len(RESULT_TAG) :]))
     tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or ["no output"]
     kind = "wrong result" if proc.returncode == EXIT_WRONG else f"exit {proc.returncode}"
     return {"error": f"{kind}: {tail[0][:200]}", "wrong": proc.returncode == EXIT_WRONG}
@@ -250,10 +287,16 @@ def measure_all(cases: list[Case], args: argparse.Namespace, env: dict[str, str]
         t0 = time.perf_counter()
         for rep in range(args.repeats):
             for row in group_rows:
+                t_child = time.perf_counter()
                 res = run_child(row.case, row.n, args, env)
+                wall = time.perf_counter() - t_child
                 note = f"{res['seconds']:.4f} s" if "seconds" in res else res["error"]
-                print(f"  [{gname} {rep + 1}/{args.repeats}] {row.case.label}: {note}",
-                      file=sys.stderr, flush=True)
+                note += f"  (process: {wall:.1f} s)"
+                print(
+                    f"  [{gname} {rep + 1}/{args.repeats}] {row.case.label}: {note}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if "seconds" in res:
                     row.seconds.append(float(res["seconds"]))
                     row.extra.append(res.get("extra", {}))
@@ -316,8 +359,11 @@ def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed
     """One workload's table."""
     n = size(group.workload, args.quick)
     unit = {"x seq": "speed-up over sequential", "s": "seconds"}.get(group.unit, group.unit)
-    head = f"{group.name}: {n:,} {group.title}" if group.workload != "W4" else (
-        f"{group.name}: {group.title}")
+    head = (
+        f"{group.name}: {n:,} {group.title}"
+        if group.workload != "W4"
+        else (f"{group.name}: {group.title}")
+    )
     print(f"\n{head}  [{unit}; {args.repeats} fresh process(es) per row; {elapsed:.0f} s]")
     print(f"  {'library / variant':<62} {'median':>9} {'min - max':>19} {'vs best peer':>13}")
     best = best_peer(group, rows)
@@ -332,8 +378,10 @@ def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed
         rat = ratio(group, r, best)
         rtxt = f"{rat:.2f}x" if rat is not None else "-"
         fails = f"  ({len(r.errors)} failed: {r.errors[0]})" if r.errors else ""
-        print(f"{mark} {label:<62} {fmt(group, r.median):>9} "
-              f"{fmt(group, lo) + ' - ' + fmt(group, hi):>19} {rtxt:>13}{fails}")
+        print(
+            f"{mark} {label:<62} {fmt(group, r.median):>9} "
+            f"{fmt(group, lo) + ' - ' + fmt(group, hi):>19} {rtxt:>13}{fails}"
+        )
     if best is not None:
         print(f"  (+ best peer: {best.case.label}; * easycore; 'vs best peer' > 1 is better)")
     sys.stdout.flush()
@@ -375,8 +423,9 @@ def targets(rows: list[Row]) -> list[Target]:
         if g == "W1":
             out.append(Target(g, "easycore / best peer, items/s (untuned)", rat, 1.0, True))
         elif g == "W2":
-            out.append(Target(g, "easycore speed-up over sequential", ec.median if ec else None,
-                              1.9, True))
+            out.append(
+                Target(g, "easycore speed-up over sequential", ec.median if ec else None, 1.9, True)
+            )
         elif g in ("W3", "W3b"):
             ref = role(g, "reference")
             out.append(Target(g, "easycore / best peer, GB/s", rat, 10.0, True))
@@ -407,12 +456,16 @@ def print_targets(ts: list[Target], quick: bool) -> None:
             bound = f"{t.bound:g}x"
         op = ">=" if t.at_least else "<="
         t.shown = f"{val} {op} {bound}"
-        print(f"  {t.group:<8} {t.what:<42} {val:>8} {op} {bound:<6} "
-              f"{'PASS' if t.passed else 'MISS'}")
+        why = "" if t.value is not None else "  (easycore or its reference failed)"
+        print(
+            f"  {t.group:<8} {t.what:<42} {val:>8} {op} {bound:<6} "
+            f"{'PASS' if t.passed else 'MISS'}{why}"
+        )
 
 
 def machine(w2_iters: int, args: argparse.Namespace) -> dict[str, Any]:
     """What the numbers were measured on."""
+
     def version(dist: str) -> str:
         try:
             return metadata.version(dist)
@@ -461,13 +514,19 @@ def machine(w2_iters: int, args: argparse.Namespace) -> dict[str, Any]:
 def print_machine(m: dict[str, Any]) -> None:
     """The header."""
     load = ", ".join(f"{x:.2f}" for x in m["load_average"])
-    print(f"easycore benchmarks — {m['workers']} workers, {m['repeats']} repeat(s), "
-          f"mode={m['mode']}{', QUICK' if m['quick'] else ''}")
-    print(f"  machine: {m['cpu']}, {m['cores']} cores ({m['cores_usable']} usable), "
-          f"load {load}; {m['platform']}")
-    print(f"  python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, "
-          f"joblib {m['joblib']}, mpire {m['mpire']}, easycore {m['easycore']} "
-          f"({m['easycore_path']})")
+    print(
+        f"easycore benchmarks — {m['workers']} workers, {m['repeats']} repeat(s), "
+        f"mode={m['mode']}{', QUICK' if m['quick'] else ''}"
+    )
+    print(
+        f"  machine: {m['cpu']}, {m['cores']} cores ({m['cores_usable']} usable), "
+        f"load {load}; {m['platform']}"
+    )
+    print(
+        f"  python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, "
+        f"joblib {m['joblib']}, mpire {m['mpire']}, easycore {m['easycore']} "
+        f"({m['easycore_path']})"
+    )
     print(f"  W2 item: {m['w2_iters']:,} iterations = {m['w2_item_ms']:.2f} ms here")
     sys.stdout.flush()
 
@@ -499,13 +558,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 repeat, small sizes: a smoke test")
     p.add_argument("--only", help="comma-separated workloads: W1,W2,W3,W3b,W4 ('W4 warm')")
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
-    p.add_argument("--mode", choices=("call", "warm"), default="call",
-                   help="call: time pool creation + run + shutdown (default); "
-                        "warm: pools up before the clock starts")
+    p.add_argument(
+        "--mode",
+        choices=("call", "warm"),
+        default="call",
+        help="call: time pool creation + run + shutdown (default); "
+        "warm: pools up before the clock starts",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     p.add_argument("--w2-iters", type=int, help="W2 work per item (default: calibrated to 5 ms)")
-    p.add_argument("--one", nargs=3, metavar=("LIB", "WORKLOAD", "VARIANT"),
-                   help=argparse.SUPPRESS)
+    p.add_argument("--one", nargs=3, metavar=("LIB", "WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats is None:
@@ -533,18 +595,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_targets(ts, args.quick)
     total = time.perf_counter() - t0
     info["load_average_after"] = os.getloadavg()
-    print(f"\n{len(cases)} rows, {sum(len(r.seconds) + len(r.errors) for r in rows)} processes, "
-          f"{total:.0f} s; load average now {info['load_average_after'][0]:.2f}")
+    print(
+        f"\n{len(cases)} rows, {sum(len(r.seconds) + len(r.errors) for r in rows)} processes, "
+        f"{total:.0f} s; load average now {info['load_average_after'][0]:.2f}"
+    )
     if args.json:
         doc = {
             "machine": info,
             "rows": [
-                {**asdict(r.case), "n": r.n, "seconds": r.seconds, "values": r.values,
-                 "unit": GROUPS[r.case.group].unit, "median": r.median if r.ok else None,
-                 "min": min(r.values) if r.ok else None, "max": max(r.values) if r.ok else None,
-                 "errors": r.errors, "wrong": r.wrong, "extra": r.extra}
+                {
+                    **asdict(r.case),
+                    "n": r.n,
+                    "seconds": r.seconds,
+                    "values": r.values,
+                    "unit": GROUPS[r.case.group].unit,
+                    "median": r.median if r.ok else None,
+                    "min": min(r.values) if r.ok else None,
+                    "max": max(r.values) if r.ok else None,
+                    "errors": r.errors,
+                    "wrong": r.wrong,
+                    "extra": r.extra,
+                }
                 for r in rows
             ],
+            "best_peer": {
+                g: b.case.label
+                for g in GROUPS
+                if (b := best_peer(GROUPS[g], [r for r in rows if r.case.group == g]))
+            },
             "targets": [{**asdict(t), "passed": t.passed} for t in ts],
             "seconds": total,
         }
