@@ -31,7 +31,9 @@ communication helpers a training or inference script needs::
 
 A failing rank still takes part in the exchange, with a description of its error instead of
 results, so no rank is left waiting in a collective. The exchange carries cloudpickled bytes,
-so anything that crosses to a worker (lambdas, closures) crosses between ranks too.
+so anything that crosses to a worker (lambdas, closures) crosses between ranks too. Each rank
+reads the input lazily, but the results are exchanged whole: without a consumer every rank
+ends up holding all of them, with one rank 0 does.
 
 ``torch`` is imported only when a process group is needed: without a launcher, every helper
 works on a world of one without loading it.
