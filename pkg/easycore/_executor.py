@@ -4,14 +4,16 @@ Data flow (one caller thread, no helper threads in the caller)::
 
     caller process                                       worker process k (one per device)
     ------------------------------------------------     ---------------------------------------
-    data ──lazy──> [window] ──chunk of (index, item)──>  pipe k ──> reader thread ──> local queue
-     ^ (backpressure: at most `window` indices          (duplex)       │ EOF: caller died ->
-     │  taken and not yet yielded)                          │          │      os._exit (no orphan)
-     │                                                      │          v
+    data ──lazy──> [window] ──chunk (start, items)───>   pipe k ──> reader thread ──> local queue
+     ^ (backpressure: at most `window` items            (duplex     │ EOF: caller died ->
+     │  taken and not yet yielded)                     Unix socket) │      os._exit (no orphan)
+     │                                                      │       v
     yield / consumer <── reorder buffer <── reply ──────────┘     main thread: init once, then
-                        (ordered=True)      (one per chunk:       per item: slots[k] = (index,
-                                             results + errors)    start), fused producers; STOP
-                                                                  -> end -> ENDED
+                        (ordered=True:      (one per chunk:       per item: slots[k] = (index,
+                         segments keyed     results + errors)     start), fused producers; STOP
+                         by start index)                          -> end -> ENDED -> exit
+          big tensors/arrays in both directions: shared-memory segments, only their ids in the
+          pickle (see _transport); slots: one shared array of 2 doubles per worker
     multiprocessing.connection.wait([pipe 1..n, process sentinel 1..n], timeout)
        pipe ready      -> read replies (results, per-item errors, READY, ENDED)
        sentinel ready  -> the process is gone: drain its pipe first (results already sent are
@@ -77,8 +79,8 @@ from easycore._transport import Channel
 __all__ = ["Runner", "check_run_args", "parse_devices"]
 
 DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
-MAX_CHUNK = 16384  # items per chunk, at most (tiny items: ~2-5 ms of work)
-TARGET_CHUNK_SECONDS = 0.01  # grow chunks until one takes about this long...
+MAX_CHUNK = 16384  # items per chunk, at most
+TARGET_CHUNK_SECONDS = 0.02  # grow chunks until one takes about this long...
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 INLINE = "inline"
@@ -319,8 +321,8 @@ class _ChunkSizer:
         by_time = TARGET_CHUNK_SECONDS / self.per_item
         by_bytes = TARGET_CHUNK_BYTES / max(nbytes / n, 1)
         target = max(1, min(MAX_CHUNK, int(min(by_time, by_bytes))))
-        # Grow at most 4x per reply so one fast outlier does not make a huge chunk.
-        self.size = min(target, self.size * 4)
+        # Grow at most 8x per reply so one fast outlier does not make a huge chunk.
+        self.size = min(target, self.size * 8)
 
 
 def _raise_remote(
@@ -939,6 +941,11 @@ class _Run:
         self.r = runner
         # A range is cut into sub-ranges: three ints on the wire per chunk instead of every item.
         self.range = source if type(source) is range else None
+        # With a known length, chunks shrink as the input runs out ("guided" scheduling), so
+        # the workers finish together instead of one waiting on the other's last big chunk.
+        self.total: int | None = None
+        with contextlib.suppress(TypeError):
+            self.total = len(source)  # type: ignore[arg-type]
         self.it = iter(source)
         self.pulled = 0  # items taken from the source so far (the next item's index)
         self.exhausted = False
@@ -965,6 +972,9 @@ class _Run:
         if self.redo:
             return self.redo.popleft()
         room = min(self.chunk.size, self.window() - self.taken)
+        if self.total is not None:
+            share = -(-(self.total - self.pulled) // (2 * len(self.r._workers)))
+            room = min(room, max(1, share))
         if room <= 0 or self.exhausted:
             return None
         items: Sequence[Any]

@@ -7,8 +7,14 @@ a thread or touch CUDA: the forkserver must stay safe to fork.
 
 from __future__ import annotations
 
+import gc
+
 import torch  # noqa: F401 - the point of the forkserver
 
 import easycore._worker
 
 easycore._worker.seed_everything(0)  # first calls import and set up the generators
+
+# Everything imported so far lives as long as the forkserver: keep the garbage collector off
+# it, so that a collection in a forked worker does not touch (and copy-on-write) every page.
+gc.freeze()

@@ -106,7 +106,6 @@ class TestTensors:
             assert all(float(t[7]) == i for i, t in enumerate(out))
         assert count() <= before
 
-
     def test_kept_results_hold_no_descriptors(self):
         """Results kept by the caller share memory with no file descriptor each."""
 
