@@ -51,7 +51,6 @@ import multiprocessing as mp
 import multiprocessing.connection
 import multiprocessing.spawn
 import os
-import pickle
 import threading
 import time
 import weakref
@@ -67,7 +66,6 @@ from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
     ItemTimeout,
-    RemoteTraceback,
     SerializationError,
     WorkerDied,
     WorkerError,
@@ -334,16 +332,7 @@ def _raise_remote(
     what: str,
 ) -> None:
     stage, blob, tname, text, tb = entry
-    original: BaseException | None = None
-    if blob is not None:
-        try:
-            original = pickle.loads(blob)
-        except Exception:
-            original = None
-    if not isinstance(original, BaseException):
-        original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
-    if original.__cause__ is None:
-        original.__cause__ = RemoteTraceback(tb)
+    original = _worker.unpack_exception(blob, tname, text, tb)
     where = f"on {device} (worker {worker})" if device is not None else "in the calling process"
     short = tname.rsplit(".", 1)[-1]
     msg = f"{stage} raised {short}: {text}\n  {what} {where}\n\nRemote traceback:\n{tb}"

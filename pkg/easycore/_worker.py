@@ -34,6 +34,7 @@ from typing import Any
 
 import cloudpickle
 
+from easycore._errors import RemoteTraceback
 from easycore._transport import Channel
 
 STOP = b"\x00easycore-stop"
@@ -54,6 +55,26 @@ def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
     except Exception:
         blob = None
     return blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
+
+
+def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str) -> BaseException:
+    """The inverse of :func:`pack_exception`, in the caller.
+
+    The original exception when it unpickles, else a ``RuntimeError`` naming its type; its
+    ``__cause__`` carries the remote traceback unless it already has a cause.
+    """
+    original: Any = None
+    if blob is not None:
+        try:
+            original = pickle.loads(blob)
+        except Exception:
+            original = None
+    if not isinstance(original, BaseException):
+        original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
+    if original.__cause__ is None:
+        original.__cause__ = RemoteTraceback(tb)
+    exc: BaseException = original
+    return exc
 
 
 def derive_seed(seed: int, index: int) -> int:

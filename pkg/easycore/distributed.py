@@ -58,7 +58,7 @@ import attrs
 import cloudpickle
 
 from easycore import _worker
-from easycore._errors import RemoteTraceback, WorkerDied, WorkerError
+from easycore._errors import WorkerDied, WorkerError
 
 if TYPE_CHECKING:
     from easycore._pipeline import Pipeline
@@ -560,19 +560,10 @@ def _describe(
 
 
 def _remote_cause(info: dict[str, Any]) -> BaseException:
+    from easycore._worker import unpack_exception
+
     blob, tname, text = info["cause"]
-    original: Any = None
-    if blob is not None:
-        try:
-            original = cloudpickle.loads(blob)
-        except Exception:
-            original = None
-    if not isinstance(original, BaseException):
-        original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
-    if original.__cause__ is None:
-        original.__cause__ = RemoteTraceback(info["traceback"])
-    cause: BaseException = original
-    return cause
+    return unpack_exception(blob, tname, text, info["traceback"])
 
 
 def _raise_failure(
