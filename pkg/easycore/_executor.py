@@ -36,7 +36,7 @@ Why this shape:
   milliseconds, and no worker is forked from a caller that may hold threads or CUDA state.
 * Chunks grow adaptively (target a few milliseconds of work per message) so tiny items do not
   drown in per-message overhead; the window scales with the chunk size and bounds memory:
-  at most ``n_workers * DEPTH * chunk`` items are in flight, and with ``ordered=True`` the
+  at most ``n_workers * (DEPTH + 1) * chunk`` items are in flight, and with ``ordered=True`` the
   reorder buffer holds at most that many results (a slow item stalls the stream instead of
   growing memory).
 """
@@ -79,6 +79,7 @@ __all__ = ["Runner", "check_run_args", "parse_devices"]
 DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
 MAX_CHUNK = 16384  # items per chunk, at most
 TARGET_CHUNK_SECONDS = 0.02  # grow chunks until one takes about this long...
+TAIL_CHUNK_SECONDS = 0.001  # ...and, as a sized input runs out, shrink them no further
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 INLINE = "inline"
@@ -311,6 +312,12 @@ class _ChunkSizer:
         self.size = 1
         self.per_item: float | None = None
 
+    def floor(self) -> int:
+        """The smallest chunk worth a message: about a millisecond of work."""
+        if self.per_item is None:
+            return 1
+        return max(1, min(self.size, int(TAIL_CHUNK_SECONDS / self.per_item)))
+
     def update(self, n: int, elapsed: float, nbytes: int) -> None:
         if n <= 0:
             return
@@ -319,8 +326,8 @@ class _ChunkSizer:
         by_time = TARGET_CHUNK_SECONDS / self.per_item
         by_bytes = TARGET_CHUNK_BYTES / max(nbytes / n, 1)
         target = max(1, min(MAX_CHUNK, int(min(by_time, by_bytes))))
-        # Grow at most 8x per reply so one fast outlier does not make a huge chunk.
-        self.size = min(target, self.size * 8)
+        # Grow at most 16x per reply so one fast outlier does not make a huge chunk.
+        self.size = min(target, self.size * 16)
 
 
 def _raise_remote(
@@ -403,8 +410,12 @@ class Runner:
         *,
         cfg: Mapping[str, Any] | None = None,
         start_method: str | None = None,
+        _wait: bool = True,
     ) -> None:
         self.pipeline = pipeline
+        # False for the runner a one-shot map opens: work goes to each worker as soon as it
+        # is ready instead of after the slowest one (init errors surface during the map).
+        self._wait = _wait
         self.devices: tuple[str, ...] = tuple(parse_devices(devices))
         self.cfg = _frozen_cfg(cfg)
         self._start_method = start_method
@@ -475,7 +486,7 @@ class Runner:
                 for i in range(n):
                     self._workers.append(self._spawn(i))
                 self._finalizer = weakref.finalize(self, _kill_all, [w.proc for w in self._workers])
-                while not all(w.ready for w in self._workers):
+                while self._wait and not all(w.ready for w in self._workers):
                     self._wait_and_handle(None, on_result=None)
             except BaseException:
                 self._abort()
@@ -592,12 +603,15 @@ class Runner:
         try:
             while w.chan.poll():
                 msg = w.chan.recv()
-                if msg[0] == _worker.ENDED:
+                if msg[0] == _worker.READY:
+                    w.ready = True
+                elif msg[0] == _worker.ENDED:
                     return True, None
-                if msg[0] == _worker.END_ERROR:
+                if msg[0] in (_worker.END_ERROR, _worker.INIT_ERROR):
                     try:
+                        what = "while ending" if msg[0] == _worker.END_ERROR else "while starting"
                         _raise_remote(
-                            msg[1:], device=w.device, worker=w.slot, index=None, what="while ending"
+                            msg[1:], device=w.device, worker=w.slot, index=None, what=what
                         )
                     except WorkerError as exc:
                         return True, exc
@@ -608,8 +622,9 @@ class Runner:
             w.proc.join(0.1)
             code = w.proc.exitcode
             if code not in (0, None):
+                when = "while ending" if w.ready else "while starting (during init)"
                 return True, WorkerDied(
-                    f"worker {w.slot} on {w.device} died while ending: {describe_exitcode(code)}",
+                    f"worker {w.slot} on {w.device} died {when}: {describe_exitcode(code)}",
                     w.device,
                     w.slot,
                     code,
@@ -954,8 +969,10 @@ class _Run:
 
     # -- dispatch --------------------------------------------------------------------------
     def window(self) -> int:
+        # One chunk per worker beyond what the workers hold: new work can go out while the
+        # results just received still wait to be yielded.
         n = len(self.r._workers)
-        return max(DEPTH * n * self.chunk.size, 2 * DEPTH * n)
+        return max((DEPTH + 1) * n * self.chunk.size, 2 * DEPTH * n)
 
     def _take(self) -> tuple[int, Sequence[Any]] | None:
         if self.redo:
@@ -963,7 +980,7 @@ class _Run:
         room = min(self.chunk.size, self.window() - self.taken)
         if self.total is not None:
             share = -(-(self.total - self.pulled) // (2 * len(self.r._workers)))
-            room = min(room, max(1, share))
+            room = min(room, max(share, self.chunk.floor()))
         if room <= 0 or self.exhausted:
             return None
         items: Sequence[Any]
@@ -1118,8 +1135,9 @@ class _Run:
 
     def loop(self) -> Iterator[tuple[int, list[Any]]]:
         while True:
-            # Yield first, then refill: yielding frees room in the window, and we must never
-            # wait with room to spare and nothing in flight.
+            # Refill before yielding (the workers compute while the caller folds results) and
+            # after (yielding frees room): never wait with room to spare and nothing in flight.
+            self.dispatch()
             if self.ordered:
                 while self.next_out in self.segments:
                     start = self.next_out

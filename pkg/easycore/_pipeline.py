@@ -381,7 +381,9 @@ class Pipeline:
                 retries=retries,
                 start_method=start_method,
             )
-        with self.open(devices, cfg=cfg, start_method=start_method) as runner:
+        from easycore._executor import Runner
+
+        with Runner(self, devices, cfg=cfg, start_method=start_method, _wait=False) as runner:
             return runner.map(
                 data,
                 ordered=ordered,
@@ -422,7 +424,9 @@ class Pipeline:
         check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
 
         def run() -> Iterator[Any]:
-            with self.open(devices, cfg=cfg, start_method=start_method) as runner:
+            from easycore._executor import Runner
+
+            with Runner(self, devices, cfg=cfg, start_method=start_method, _wait=False) as runner:
                 yield from runner.imap(
                     data,
                     ordered=ordered,

@@ -174,6 +174,13 @@ class TestCrashMatrix:
         with pytest.raises(WorkerDied, match=r"item 2 after 2 retries \(item: 'poison'\)"):
             producer(work).map(["a", "b", "poison", "c"], devices=2, retries=2)
 
+    @pytest.mark.parametrize("how", ["raise", "exit"])
+    def test_init_failure_with_no_items(self, how):
+        """A failing init is reported even when there is nothing to run."""
+        p = pipeline_failing_in("init", how, marker=None)
+        with pytest.raises(EasycoreError, match="while starting"):
+            p.map([], devices=2)
+
     def test_original_exception_type_kept(self):
         """__cause__ is the original exception with its type; the error pickles."""
         import pickle
