@@ -890,6 +890,8 @@ class Runner:
                     _raise_remote(
                         msg[1:], device=w.device, worker=w.slot, index=None, what="while starting"
                     )
+                elif tag == _worker.UNREADABLE and on_result is not None:
+                    on_result(w, msg)
                 elif tag == _worker.DONE and on_result is not None:
                     w.last_nbytes = len(frame) + w.chan.shm_in
                     w.chan.shm_in = 0
@@ -1036,6 +1038,14 @@ class _Run:
         if msg is None:
             self._on_death(w)
             return
+        if msg[0] == _worker.UNREADABLE:
+            start, items = w.outstanding.pop(min(w.outstanding))
+            last = _item_label(start + len(items) - 1, self.batch_size)
+            what = f"while unpickling {_item_label(start, self.batch_size)} .. {last} in the worker"
+            try:
+                _raise_remote(msg[1:], device=w.device, worker=w.slot, index=start, what=what)
+            except WorkerError as exc:
+                raise SerializationError(str(exc), *exc.args[1:]) from exc.__cause__
         _, chunk_id, values, errors, elapsed = msg
         chunk = w.outstanding.pop(chunk_id, None)
         if chunk is None:  # pragma: no cover - a reply for a chunk we already re-queued
@@ -1201,4 +1211,4 @@ class _Run:
             w.outstanding.clear()
             self.r._respawn(w.slot)
             return
-        w.outstanding.pop(msg[1], None)
+        w.outstanding.pop(min(w.outstanding) if msg[0] == _worker.UNREADABLE else msg[1], None)

@@ -212,11 +212,15 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     ):
         return None
     nbytes = obj.numel() * obj.element_size()
-    if nbytes < SHM_THRESHOLD:
-        return None
-    seg = chan.pool.alloc(nbytes)
+    seg = chan.pool.alloc(nbytes) if nbytes >= SHM_THRESHOLD else None
     if seg is None:
-        return None
+        # Small (or no room left): raw bytes in the pickle. torch's own tensor pickling goes
+        # through a storage serializer, ~20x slower for a small tensor.
+        if not _has_numpy():
+            return None
+        raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        dtype = str(obj.dtype).removeprefix("torch.")
+        return (_rebuild_small_tensor, (raw, dtype, tuple(obj.shape)))
     dst = torch.frombuffer(seg.map.buf, dtype=torch.uint8, count=nbytes).view(obj.dtype)
     dst.view(obj.shape).copy_(obj)
     del dst
@@ -275,6 +279,16 @@ def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]
     del view
     chan.released.append(seg_id)
     return out
+
+
+def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
+    import numpy as np
+    import torch
+
+    if not raw:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    flat = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
+    return flat.view(getattr(torch, dtype)).reshape(shape)
 
 
 def _rebuild_array(seg_id: int, dtype: str, shape: tuple[int, ...]) -> Any:

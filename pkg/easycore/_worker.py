@@ -46,6 +46,7 @@ INIT_ERROR = "init_error"
 DONE = "done"
 ENDED = "ended"
 END_ERROR = "end_error"
+UNREADABLE = "unreadable"
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
@@ -226,7 +227,13 @@ def worker_main(
         task = tasks.get()
         if task is None or stop.is_set():
             break
-        chunk_id, seed, start, items, timed = chan.decode(*task)
+        try:
+            chunk_id, seed, start, items, timed = chan.decode(*task)
+        except BaseException as exc:
+            # An item that pickled in the caller but does not unpickle here: say so for the
+            # oldest chunk we hold (chunks arrive and are answered in order).
+            _send(chan, (UNREADABLE, *error_entry("<item unpickling>", exc)))
+            continue
         values: list[Any] = []
         errors: list[tuple[int, Any]] = []
         t0 = clock()

@@ -45,6 +45,17 @@ def fail(how: str):
     raise AssertionError(how)
 
 
+def _refuse_to_load():
+    raise RuntimeError("this object cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles fine, fails when unpickled."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
 def first_time(marker: Path) -> bool:
     """True the first time it is called for `marker` (across processes)."""
     try:
@@ -266,6 +277,12 @@ class TestPickling:
         data = [1, 2, threading.Lock(), 4]
         with pytest.raises(TypeError, match="item 2 cannot be pickled"):
             producer(lambda x: x).map(data, devices=2)
+
+    def test_item_that_does_not_unpickle_in_the_worker(self):
+        """An item that pickles here but fails to unpickle in the worker is named, no hang."""
+        data = [1, 2, Unloadable(), 4]
+        with pytest.raises(SerializationError, match="unpickling item"):
+            producer(lambda x: x).map(data, devices=1)
 
     def test_unpicklable_function_preflight(self):
         """A work function that cannot be pickled is named before any worker starts."""
