@@ -17,6 +17,7 @@ test *args: setup
 # Lint and type-check.
 lint: setup
     {{python}} -m ruff check pkg tests examples benchmarks
+    {{python}} -m ruff format --check pkg tests examples benchmarks
     {{python}} -m pip install -q mypy && {{python}} -m mypy
 
 # Benchmarks against multiprocessing.Pool, concurrent.futures, joblib and mpire.
