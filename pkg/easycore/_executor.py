@@ -1023,7 +1023,7 @@ class _Run:
     ) -> NoReturn:
         for k, item in enumerate(items):
             try:
-                w.chan.encode(item)
+                cloudpickle.dumps(item)  # a probe: must not consume releases
             except Exception as inner:
                 label = _item_label(start + k, self.batch_size)
                 msg = (

@@ -45,6 +45,7 @@ __all__ = ["SHM_THRESHOLD", "Channel"]
 
 SHM_THRESHOLD = 64 * 1024  # smaller payloads are cheaper inside the pickle
 MAX_POOL_BYTES = 2 << 30  # per direction and worker; past it, payloads go inline
+MAX_FREE_BYTES = 256 << 20  # free segments kept for reuse; beyond that they are unmapped
 _SEGMENT_MIN = 1 << 20
 _FD_MARKER = 8
 _MAX_FDS = 64
@@ -134,10 +135,11 @@ class _Pool:
     def __init__(self) -> None:
         self.segments: dict[int, _Segment] = {}
         self.free: list[int] = []
-        self.lent_bytes = 0
+        self.total_bytes = 0  # of every segment we own
         self.next_id = 0
         self.new_fds: list[int] = []
         self.recent: list[int] = []  # lent during the encode under way
+        self.forgotten: list[int] = []  # dropped segments the peer should unmap
 
     def alloc(self, nbytes: int) -> _Segment | None:
         best: int | None = None
@@ -148,7 +150,7 @@ class _Pool:
         if best is not None:
             seg = self.segments[self.free.pop(best)]
         else:
-            if sum(s.size for s in self.segments.values()) + nbytes > MAX_POOL_BYTES:
+            if self.total_bytes + nbytes > MAX_POOL_BYTES:
                 return None
             size = _page_round(max(nbytes, _SEGMENT_MIN))
             fd = os.memfd_create(f"easycore-{self.next_id}", os.MFD_CLOEXEC)
@@ -160,18 +162,25 @@ class _Pool:
                 raise
             seg = _Segment(self.next_id, size, mapping)
             self.segments[seg.id] = seg
+            self.total_bytes += size
             self.next_id += 1
             self.new_fds.append(fd)
-        self.lent_bytes += seg.size
         self.recent.append(seg.id)
         return seg
 
     def release(self, seg_ids: list[int]) -> None:
         for seg_id in seg_ids:
-            seg = self.segments.get(seg_id)
-            if seg is not None:
-                self.lent_bytes -= seg.size
+            if seg_id in self.segments:
                 self.free.append(seg_id)
+        # After a burst of results the caller kept, do not hold their memory for ever: unmap
+        # the oldest free segments past a budget, and tell the peer to unmap them too.
+        free_bytes = sum(self.segments[i].size for i in self.free)
+        while free_bytes > MAX_FREE_BYTES:
+            seg = self.segments.pop(self.free.pop(0))
+            seg.map.close()
+            self.total_bytes -= seg.size
+            free_bytes -= seg.size
+            self.forgotten.append(seg.id)
 
     def close(self) -> None:
         for fd in self.new_fds:
@@ -341,7 +350,7 @@ class Channel:
         return None
 
     def encode(self, payload: Any) -> bytes:
-        """Pickle ``(released, payload)``; big arrays land in our segments."""
+        """Pickle ``(released, forgotten, payload)``; big arrays land in our segments."""
         released = []
         while self.released:
             released.append(self.released.popleft())
@@ -350,12 +359,13 @@ class Channel:
         self.shm_bytes = 0
         self.pool.recent = []
         try:
-            _Pickler(buf, self).dump((released, payload))
+            _Pickler(buf, self).dump((released, self.pool.forgotten, payload))
         except BaseException:
             # Nothing was sent: take back the releases and the segments this attempt lent.
             self.released.extendleft(reversed(released))
             self.pool.release(self.pool.recent)
             raise
+        self.pool.forgotten = []
         return buf.getvalue()
 
     def send(self, payload: Any) -> int:
@@ -397,11 +407,15 @@ class Channel:
             self.next_peer_id += 1
         _local.channel = self
         try:
-            released, payload = pickle.loads(memoryview(frame)[1:])
+            released, forgotten, payload = pickle.loads(memoryview(frame)[1:])
         finally:
             _local.channel = None
         if released:
             self.pool.release(released)
+        for seg_id in forgotten:
+            mapping = self.peer.pop(seg_id, None)
+            if mapping is not None:
+                mapping.close()
         return payload
 
     def recv(self) -> Any:
