@@ -155,18 +155,21 @@ class TestSeed:
     def test_unseeded_workers_differ(self):
         """Without seed, workers never share a random stream."""
 
-        def draw(x, *, worker):
+        def first_draws(worker):
             import torch
 
-            time.sleep(0.05)
-            return worker, float(torch.rand(1)), random.random()
+            return (float(torch.rand(1)), random.random())
 
-        out = producer(draw).map(range(4), devices=2)
-        by_worker = {}
-        for w, a, b in out:
-            by_worker.setdefault(w, []).append((a, b))
-        firsts = [v[0] for v in by_worker.values()]
-        assert len(set(firsts)) == len(firsts)
+        stage = producer(init=first_draws)(lambda x, *, state, worker: (worker, state))
+        with stage.open(devices=2) as runner:
+            seen = {}
+            deadline = time.monotonic() + 30
+            while len(seen) < 2 and time.monotonic() < deadline:
+                for w, draws in runner.map(range(8)):
+                    seen[w] = draws
+        assert sorted(seen) == [0, 1]
+        (t0, r0), (t1, r1) = seen[0], seen[1]
+        assert t0 != t1 and r0 != r1
 
 
 class TestRunner:
