@@ -34,7 +34,7 @@ Why this shape:
 * Workers start from a forkserver that has already imported torch and easycore (Linux
   default): the first pool pays the import once, later pools and respawns fork in
   milliseconds, and no worker is forked from a caller that may hold threads or CUDA state.
-* Chunks grow adaptively (target a few milliseconds of work per message) so tiny items do not
+* Chunks grow adaptively (target ~50 ms of work or ~1 MiB per message) so tiny items do not
   drown in per-message overhead; the window scales with the chunk size and bounds memory:
   at most ``n_workers * (DEPTH + 1) * chunk`` items are in flight, and with ``ordered=True`` the
   reorder buffer holds at most that many results (a slow item stalls the stream instead of
@@ -78,7 +78,7 @@ __all__ = ["Runner", "check_run_args", "parse_devices"]
 
 DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
 MAX_CHUNK = 16384  # items per chunk, at most
-TARGET_CHUNK_SECONDS = 0.02  # grow chunks until one takes about this long...
+TARGET_CHUNK_SECONDS = 0.05  # grow chunks until one takes about this long...
 TAIL_CHUNK_SECONDS = 0.001  # ...and, as a sized input runs out, shrink them no further
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
