@@ -74,7 +74,7 @@ from easycore._errors import (
 from easycore._pipeline import Pipeline, Stage
 from easycore._transport import Channel
 
-__all__ = ["Runner", "check_run_args", "parse_devices"]
+__all__ = ["Runner", "StageStats", "check_run_args", "parse_devices"]
 
 DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
 MAX_CHUNK = 16384  # items per chunk, at most
@@ -83,6 +83,7 @@ TAIL_CHUNK_SECONDS = 0.001  # ...and, as a sized input runs out, shrink them no 
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 INLINE = "inline"
+_PIPE_TAGS = frozenset((_worker.MID, _worker.SENT, _worker.BAD_OUTPUT))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,6 +208,53 @@ def parse_devices(devices: Any) -> list[str]:
     raise ValueError(msg)
 
 
+@attrs.define
+class StageStats:
+    """What one pool of a runner did in the run under way (or the last run).
+
+    ``done``: items (batches, for a pool with ``batch_size``) it finished; ``busy``: the
+    fraction of its workers' time spent computing since the run started; ``queued``: items
+    sent to its workers and not finished; ``waiting``: items it finished that wait for room
+    in the next pool (a pool with many waiting items feeds a bottleneck).
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    done: int = 0
+    busy: float = 0.0
+    queued: int = 0
+    waiting: int = 0
+
+
+def _plan_pools(pipeline: Pipeline, devices: Any) -> list[_PoolSpec]:
+    """Cut the producers into pools and give each its devices (raises ValueError early)."""
+    cache: list[tuple[str, ...]] = []
+
+    def run_devices() -> tuple[str, ...]:
+        if not cache:
+            cache.append(tuple(parse_devices(devices)))
+        return cache[0]
+
+    groups = pipeline.pools
+    if not groups:
+        return [_PoolSpec(0, (), run_devices(), None, 1)]
+    inline = isinstance(devices, str) and devices == INLINE
+    specs: list[_PoolSpec] = []
+    slot, unit = 0, 1
+    for i, (stages, binding) in enumerate(groups):
+        if inline:
+            devs: tuple[str, ...] = (INLINE,)
+        elif binding is None:
+            devs = run_devices()
+        else:
+            devs = tuple(parse_devices(binding.devices))
+        batch = binding.batch_size if binding is not None and i > 0 else None
+        unit *= batch or 1
+        specs.append(_PoolSpec(i, stages, devs, batch, unit, slot))
+        slot += len(devs)
+    return specs
+
+
 def _frozen_cfg(cfg: Mapping[str, Any] | None) -> CfgNode:
     if cfg is None:
         return CfgNode({}, frozen=True)
@@ -285,15 +333,49 @@ def _culprit_of(producers: tuple[Stage, ...], cfg: CfgNode) -> str:
 
 
 @attrs.define(eq=False)
+class _PoolSpec:
+    """One pool of a pipeline: its fused producers and one worker per device."""
+
+    index: int
+    stages: tuple[Stage, ...]
+    devices: tuple[str, ...]
+    batch: int | None  # groups the previous pool's results into one item (pools after the first)
+    unit: int  # first-pool items per item of this pool
+    first_slot: int = 0  # global slot of its first worker
+    payload: bytes = b""
+
+    @property
+    def name(self) -> str:
+        return " >> ".join(s.name for s in self.stages)
+
+
+@attrs.define(eq=False, slots=True)
+class _Chunk:
+    """Consecutive first-pool items on their way through the pools."""
+
+    id: int
+    start: int  # index of its first first-pool item
+    items: Sequence[Any]  # the first-pool items, kept to re-run the chunk after a death
+    pool: int = 0  # the pool that has it
+    slot: int = -1  # the worker of that pool that runs it, holds its results, or receives it
+    held: bool = False  # done in `pool`, its results waiting (in `slot`) for the next pool
+    src: int = -1  # >= 0 while moving: the worker sending it to `slot` (not yet confirmed)
+
+
+@attrs.define(eq=False)
 class _Worker:
-    slot: int
+    slot: int  # global: this worker's place in `Runner._workers` and in the slots array
+    index: int  # within its pool (the `worker` injected into its functions)
+    pool: int
     device: str
     proc: Any
     chan: Channel
     ready: bool = False
     alive: bool = True
-    # chunk id -> (index of its first item, the items): what the worker holds right now
-    outstanding: dict[int, tuple[int, Sequence[Any]]] = attrs.Factory(dict)
+    # chunks it runs or will run (counted against DEPTH), by chunk id
+    outstanding: dict[int, _Chunk] = attrs.Factory(dict)
+    # chunks whose results it holds for the next pool, or is sending there (multi-pool)
+    holding: dict[int, _Chunk] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the item we killed it for
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
     idle_deaths: int = 0
@@ -306,11 +388,18 @@ class _Worker:
 class _ChunkSizer:
     """Grow chunks of small items until one takes ~10 ms or ~1 MiB, shrink for slow ones."""
 
-    __slots__ = ("per_item", "size")
+    __slots__ = ("bytes_per_item", "per_item", "size")
 
     def __init__(self) -> None:
         self.size = 1
         self.per_item: float | None = None
+        self.bytes_per_item = 0.0
+
+    def limit_bytes(self, n: int, nbytes: int) -> None:
+        """Results measured after the fact (a middle pool's, when sent on)."""
+        if n > 0:
+            self.bytes_per_item = max(self.bytes_per_item, nbytes / n)
+            self.size = max(1, min(self.size, int(TARGET_CHUNK_BYTES / self.bytes_per_item)))
 
     def floor(self) -> int:
         """The smallest chunk worth a message: about a millisecond of work."""
@@ -324,7 +413,7 @@ class _ChunkSizer:
         t = max(elapsed / n, 1e-7)
         self.per_item = t if self.per_item is None else 0.5 * self.per_item + 0.5 * t
         by_time = TARGET_CHUNK_SECONDS / self.per_item
-        by_bytes = TARGET_CHUNK_BYTES / max(nbytes / n, 1)
+        by_bytes = TARGET_CHUNK_BYTES / max(nbytes / n, self.bytes_per_item, 1)
         target = max(1, min(MAX_CHUNK, int(min(by_time, by_bytes))))
         # Grow at most 16x per reply so one fast outlier does not make a huge chunk.
         self.size = min(target, self.size * 16)
@@ -416,17 +505,26 @@ class Runner:
         # False for the runner a one-shot map opens: work goes to each worker as soon as it
         # is ready instead of after the slowest one (init errors surface during the map).
         self._wait = _wait
-        self.devices: tuple[str, ...] = tuple(parse_devices(devices))
+        self._pools = _plan_pools(pipeline, devices)
+        self.devices: tuple[str, ...] = tuple(d for p in self._pools for d in p.devices)
         self.cfg = _frozen_cfg(cfg)
         self._start_method = start_method
-        self._inline = self.devices == (INLINE,)
+        self._inline = INLINE in self.devices
+        if len(self._pools) > 1 and start_method == "fork":
+            msg = (
+                "a pipeline with several pools (.on) needs start_method 'forkserver' or "
+                "'spawn': with 'fork', workers inherit each other's pipes"
+            )
+            raise ValueError(msg)
         self._workers: list[_Worker] = []
         self._active = False
         self._busy = False
         self._states: list[Any] = []
         self._slots: Any = None
         self._ctx: Any = None
-        self._payload = b""
+        self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
+        self._pair_keys = itertools.count()
+        self._last_run: _Run | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self.startup_seconds = 0.0
         self.activate()
@@ -439,12 +537,26 @@ class Runner:
 
     @property
     def n_workers(self) -> int:
-        """How many workers this runner has (1 for ``"inline"``)."""
-        return len(self.devices)
+        """How many workers this runner has, over all its pools (1 for ``"inline"``)."""
+        return 1 if self._inline else len(self.devices)
 
     def __repr__(self) -> str:
         state = "active" if self._active else "closed"
+        if len(self._pools) > 1:
+            where = ", ".join(f"{p.name}: {list(p.devices)}" for p in self._pools)
+            return f"<Runner {self.pipeline!r} on {{{where}}} ({state})>"
         return f"<Runner {self.pipeline!r} on {list(self.devices)} ({state})>"
+
+    def stats(self) -> list[StageStats]:
+        """Per pool, for the run under way or the last one: what is done, busy and queued.
+
+        The pool whose workers are busy near 100% while the pool before it has results
+        waiting is the bottleneck; give it more devices.
+        """
+        run = self._last_run
+        if run is None:
+            return [StageStats(p.name, p.devices) for p in self._pools]
+        return run.stats()
 
     def __enter__(self) -> Runner:
         return self
@@ -472,17 +584,20 @@ class Runner:
         if self._inline:
             self._activate_inline()
         elif producers:
-            try:
-                self._payload = cloudpickle.dumps((producers, self.cfg), _worker._PROTOCOL)
-            except Exception as exc:
-                msg = f"{_culprit_of(producers, self.cfg)}; workers receive their functions pickled"
-                raise SerializationError(msg) from exc
+            for pool in self._pools:
+                try:
+                    pool.payload = cloudpickle.dumps((pool.stages, self.cfg), _worker._PROTOCOL)
+                except Exception as exc:
+                    culprit = _culprit_of(pool.stages, self.cfg)
+                    msg = f"{culprit}; workers receive their functions pickled"
+                    raise SerializationError(msg) from exc
             self._ctx = _context(self._start_method)
             n = len(self.devices)
             self._slots = self._ctx.RawArray("d", 2 * n)
             self._active = True
             try:
                 self._workers = []
+                self._pairs.clear()
                 for i in range(n):
                     self._workers.append(self._spawn(i))
                 self._finalizer = weakref.finalize(self, _kill_all, [w.proc for w in self._workers])
@@ -508,16 +623,27 @@ class Runner:
                 self._wrap_local(exc, f"{stage.name} (init)", None, "while starting")
         self._active = True
 
+    def _pool_of(self, slot: int) -> _PoolSpec:
+        for pool in reversed(self._pools):
+            if slot >= pool.first_slot:
+                return pool
+        raise AssertionError(slot)  # pragma: no cover
+
     def _spawn(self, slot: int) -> _Worker:
         device = self.devices[slot]
+        pool = self._pool_of(slot)
+        index = slot - pool.first_slot
         cpus = _cpu_count()
         env_set = any(k in os.environ for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
         threads = None if env_set else max(1, cpus // len(self.devices))
+        role = None
+        if len(self._pools) > 1:
+            role = (pool.index, pool.index == len(self._pools) - 1, pool.batch, pool.unit)
         parent, child = self._ctx.Pipe(duplex=True)
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
         proc = self._ctx.Process(
             target=_worker.worker_main,
-            args=(child, self._slots, slot, slot, device, threads, self._payload, entropy),
+            args=(child, self._slots, slot, index, device, threads, pool.payload, entropy, role),
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
@@ -525,7 +651,29 @@ class Runner:
             proc.start()
         child.close()
         self._slots[2 * slot + 1] = 0.0
-        return _Worker(slot=slot, device=device, proc=proc, chan=Channel(parent))
+        return _Worker(
+            slot=slot, index=index, pool=pool.index, device=device, proc=proc, chan=Channel(parent)
+        )
+
+    def _pair(self, src: _Worker, dst: _Worker) -> tuple[int, int | None]:
+        """The pipe from ``src`` to ``dst`` (next pool): its key, and ``src``'s end if new.
+
+        A new pipe is a socket pair made here: ``dst`` gets its end now, ``src`` with the
+        forward order; we keep neither end, so a worker's death is an EOF to its peers.
+        """
+        key = self._pairs.get((src.slot, dst.slot))
+        if key is not None:
+            return key, None
+        import socket
+
+        key = next(self._pair_keys)
+        a, b = socket.socketpair()
+        try:
+            dst.chan.send_control(("peer", key), b.fileno())
+        finally:
+            b.close()
+        self._pairs[(src.slot, dst.slot)] = key
+        return key, a.detach()
 
     def close(self) -> None:
         """Run every worker's ``end`` and stop the workers; idempotent.
@@ -682,6 +830,7 @@ class Runner:
             WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
         """
         check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        batch_size = self._first_batch(batch_size)
         stream = self._results(data, ordered, batch_size, progress, seed, timeout, retries)
         cons = self.pipeline.consumer
         if cons is None:
@@ -747,6 +896,7 @@ class Runner:
             msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
             raise TypeError(msg)
         check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        batch_size = self._first_batch(batch_size)
         stream = self._results(data, ordered, batch_size, progress, seed, timeout, retries)
         return (y for _, values in stream for y in values)
 
@@ -768,17 +918,45 @@ class Runner:
             msg = "this runner is already running a map/imap; runs on one runner go one at a time"
             raise RuntimeError(msg)
         source: Iterable[Any] = _batched(data, batch_size) if batch_size else data
-        if self._inline or not self.pipeline.producers:
-            stream = self._stream_inline(source, seed, retries, batch_size)
-        else:
-            stream = self._stream(source, ordered, seed, timeout, retries, batch_size)
-        if not progress:
-            return self._guard(stream)
         total = None
         with contextlib.suppress(TypeError):
             n = len(data)  # type: ignore[arg-type]
             total = n if batch_size is None else math.ceil(n / batch_size)
-        return self._guard(self._with_progress(stream, total))
+        bars = self._progress_bars(total) if progress else None
+        if self._inline or not self.pipeline.producers:
+            stream = self._stream_inline(source, seed, retries, batch_size)
+        else:
+            stream = self._stream(source, ordered, seed, timeout, retries, batch_size, bars)
+        if bars is None:
+            return self._guard(stream)
+        if len(bars) == 1:
+            return self._guard(self._with_progress(stream, bars))
+        return self._guard(self._closing(stream, bars))
+
+    def _first_batch(self, batch_size: int | None) -> int | None:
+        """``map``'s batch_size, or the first pool's ``.on(batch_size=...)``."""
+        groups = self.pipeline.pools
+        bound = groups[0][1] if groups else None
+        if bound is None or bound.batch_size is None:
+            return batch_size
+        if batch_size is not None and batch_size != bound.batch_size:
+            msg = (
+                f"batch_size={batch_size} conflicts with the first pool's "
+                f".on(batch_size={bound.batch_size}); give it once"
+            )
+            raise ValueError(msg)
+        return bound.batch_size
+
+    def _progress_bars(self, total: int | None) -> list[Any]:
+        from tqdm.auto import tqdm
+
+        bars = []
+        multi = len(self._pools) > 1
+        for k, pool in enumerate(self._pools):
+            n = None if total is None else math.ceil(total / pool.unit)
+            desc = f"{pool.name} ({len(pool.devices)})" if multi else None
+            bars.append(tqdm(total=n, unit="item", dynamic_ncols=True, position=k, desc=desc))
+        return bars
 
     def _guard(
         self, stream: Iterator[tuple[int, list[Any]]]
@@ -791,34 +969,59 @@ class Runner:
 
     @staticmethod
     def _with_progress(
-        stream: Iterator[tuple[int, list[Any]]], total: int | None
+        stream: Iterator[tuple[int, list[Any]]], bars: list[Any]
     ) -> Iterator[tuple[int, list[Any]]]:
-        from tqdm.auto import tqdm
-
-        with tqdm(total=total, unit="item", dynamic_ncols=True) as bar:
+        try:
             for segment in stream:
-                bar.update(len(segment[1]))
+                bars[0].update(len(segment[1]))
                 yield segment
+        finally:
+            bars[0].close()
+
+    @staticmethod
+    def _closing(
+        stream: Iterator[tuple[int, list[Any]]], bars: list[Any]
+    ) -> Iterator[tuple[int, list[Any]]]:
+        try:
+            yield from stream  # the run updates each pool's bar as its chunks finish
+        finally:
+            for bar in bars:
+                bar.close()
 
     def _stream_inline(
         self, source: Iterable[Any], seed: int | None, retries: int, batch_size: int | None
     ) -> Iterator[tuple[int, list[Any]]]:
         context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
-        stages = [
-            (s, {n: {**context, "state": st}[n] for n in s.fn_names})
-            for s, st in zip(
-                self.pipeline.producers,
-                self._states or [None] * len(self.pipeline.producers),
-                strict=True,
-            )
-        ]
-        if seed is None and stages:
+        states = iter(self._states or [None] * len(self.pipeline.producers))
+        if seed is None and self.pipeline.producers:
             _worker.seed_everything(int.from_bytes(os.urandom(8), "little") >> 1)
-        for index, item in enumerate(source):
+        stream: Iterator[tuple[int, Any]] = enumerate(source)
+        for pool in self._pools:
+            stages = [
+                (s, {n: {**context, "state": st}[n] for n in s.fn_names})
+                for s, st in zip(pool.stages, states, strict=False)
+            ]
+            if pool.batch:
+                stream = enumerate(_batched((v for _, v in stream), pool.batch))
+            label = batch_size if pool.index == 0 else pool.batch
+            stream = self._inline_pool(stream, stages, pool.index, seed, retries, label)
+        for index, value in stream:
+            yield index, [value]
+
+    def _inline_pool(
+        self,
+        stream: Iterator[tuple[int, Any]],
+        stages: list[tuple[Stage, dict[str, Any]]],
+        pool: int,
+        seed: int | None,
+        retries: int,
+        batch_size: int | None,
+    ) -> Iterator[tuple[int, Any]]:
+        for index, item in stream:
             attempt = 0
             while True:
                 if seed is not None:
-                    _worker.seed_everything(_worker.derive_seed(seed, index))
+                    _worker.seed_everything(_worker.derive_seed(seed, index, pool))
                 value, failed = item, None
                 for stage, kw in stages:
                     try:
@@ -835,7 +1038,7 @@ class Runner:
                     self._wrap_local(
                         exc, stage.name, index, f"while running {_item_label(index, batch_size)}"
                     )
-            yield index, [value]
+            yield index, value
 
     # -- the process loop ----------------------------------------------------------------
     def _stream(
@@ -846,8 +1049,10 @@ class Runner:
         timeout: float | None,
         retries: int,
         batch_size: int | None,
+        bars: list[Any] | None,
     ) -> Iterator[tuple[int, list[Any]]]:
-        run = _Run(self, source, ordered, seed, timeout, retries, batch_size)
+        run = _Run(self, source, ordered, seed, timeout, retries, batch_size, bars)
+        self._last_run = run
         try:
             yield from run.loop()
         except GeneratorExit:
@@ -896,6 +1101,8 @@ class Runner:
                     w.last_nbytes = len(frame) + w.chan.shm_in
                     w.chan.shm_in = 0
                     on_result(w, msg)
+                elif tag in _PIPE_TAGS and on_result is not None:
+                    on_result(w, msg)
         except (EOFError, OSError):
             broken = True
         if broken or not w.proc.is_alive():
@@ -920,6 +1127,8 @@ class Runner:
             on_result(w, None)  # None: the worker is gone
 
     def _respawn(self, slot: int) -> None:
+        for pair in [p for p in self._pairs if slot in p]:
+            del self._pairs[pair]
         self._workers[slot] = self._spawn(slot)
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -929,9 +1138,17 @@ class Runner:
 class _Run:
     """The state of one ``map``/``imap`` call on an active process runner.
 
-    Work moves in chunks of consecutive items ``(start index, [items])``; results come back
-    per chunk and are delivered as segments ``(start index, [results])``, so the per-item
-    cost in the caller is a list append, not a message.
+    Work moves in chunks of consecutive first-pool items; results come back per chunk and
+    are delivered as segments ``(start index, [results])``, so the per-item cost in the
+    caller is a list append, not a message.
+
+    With several pools, a chunk finished by pool ``p`` stays in that worker (``held``) until
+    a worker of pool ``p + 1`` has room; then we tell the holder to send it there directly
+    (``fwd``), and the holder confirms (``SENT``). We route, so we know where every chunk is:
+    when a worker dies, each chunk it ran, held, or was about to receive is re-run from its
+    first-pool items (kept here) under a new id, and a late reply for the old id is dropped,
+    so nothing is lost or delivered twice. Chunks hold a whole number of the last pool's
+    items, so every pool's batches are the same whatever the routing.
     """
 
     def __init__(
@@ -943,8 +1160,12 @@ class _Run:
         timeout: float | None,
         retries: int,
         batch_size: int | None,
+        bars: list[Any] | None = None,
     ) -> None:
         self.r = runner
+        self.pools = runner._pools
+        self.multi = len(self.pools) > 1
+        self.align = self.pools[-1].unit  # chunks hold whole items of every pool
         # A range is cut into sub-ranges: three ints on the wire per chunk instead of every item.
         self.range = source if type(source) is range else None
         # With a known length, chunks shrink as the input runs out ("guided" scheduling), so
@@ -960,31 +1181,88 @@ class _Run:
         self.timeout = timeout
         self.retries = retries
         self.batch_size = batch_size
+        self.bars = bars if self.multi else None
         self.redo: deque[tuple[int, Sequence[Any]]] = deque()
-        self.attempts: dict[int, int] = {}
-        self.segments: dict[int, list[Any]] = {}  # ordered: start index -> results
-        self.ready: deque[tuple[int, list[Any]]] = deque()  # unordered: as they come
+        self.attempts: dict[tuple[int, int], int] = {}  # (pool, item index) -> runs charged
+        # results, and how many first-pool items they stand for
+        self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start index
+        self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
         self.next_out = 0
         self.taken = 0  # items pulled from the source and not yet yielded
-        self.chunk = _ChunkSizer()
+        # one sizer per pool: chunks are as big as the slowest pool allows
+        self.sizers = [_ChunkSizer() for _ in self.pools]
+        self.chunk_size = self.align
         self.chunk_ids = itertools.count()
+        self.live: dict[int, _Chunk] = {}
+        self.waiting: list[list[_Chunk]] = [[] for _ in self.pools]  # held, by pool
+        self.done = [0] * len(self.pools)
+        self.busy_seconds = [0.0] * len(self.pools)
+        self.started = time.monotonic()
+        self.finished: float | None = None
+
+    # -- insight ---------------------------------------------------------------------------
+    def stats(self) -> list[StageStats]:
+        wall = max((self.finished or time.monotonic()) - self.started, 1e-9)
+        out = []
+        for pool in self.pools:
+            p = pool.index
+            per = pool.unit
+            workers = [w for w in self.r._workers if w.pool == p]
+            queued = sum(len(c.items) for w in workers for c in w.outstanding.values())
+            waiting = sum(len(c.items) for c in self.waiting[p])
+            busy = self.busy_seconds[p] / (wall * len(pool.devices))
+            out.append(
+                StageStats(
+                    pool.name,
+                    pool.devices,
+                    done=self.done[p],
+                    busy=min(1.0, busy),
+                    queued=-(-queued // per),
+                    waiting=-(-waiting // per),
+                )
+            )
+        return out
+
+    def _label(self, pool: int, index: int) -> str:
+        batch = self.batch_size if pool == 0 else self.pools[pool].batch
+        label = _item_label(index, batch)
+        if self.multi:
+            label = f"{label} of stage {self.pools[pool].name!r}"
+        return label
 
     # -- dispatch --------------------------------------------------------------------------
     def window(self) -> int:
         # One chunk per worker beyond what the workers hold: new work can go out while the
         # results just received still wait to be yielded.
         n = len(self.r._workers)
-        return max((DEPTH + 1) * n * self.chunk.size, 2 * DEPTH * n)
+        return max((DEPTH + 1) * n * self.chunk_size, 2 * DEPTH * n * self.align)
+
+    def _floor(self) -> int:
+        return (
+            min(s.floor() for s in self.sizers if s.per_item is not None)
+            if any(s.per_item is not None for s in self.sizers)
+            else 1
+        )
+
+    def _resize(self, pool: int, n: int, elapsed: float, nbytes: int) -> None:
+        self.sizers[pool].update(n, elapsed, nbytes)
+        self._resize_to_sizers()
+
+    def _resize_to_sizers(self) -> None:
+        size = min(s.size for s in self.sizers if s.per_item is not None)
+        self.chunk_size = max(self.align, size - size % self.align)
 
     def _take(self) -> tuple[int, Sequence[Any]] | None:
         if self.redo:
             return self.redo.popleft()
-        room = min(self.chunk.size, self.window() - self.taken)
+        room = min(self.chunk_size, self.window() - self.taken)
         if self.total is not None:
-            share = -(-(self.total - self.pulled) // (2 * len(self.r._workers)))
-            room = min(room, max(share, self.chunk.floor()))
+            share = -(-(self.total - self.pulled) // (2 * len(self.pools[0].devices)))
+            room = min(room, max(share, self._floor()))
         if room <= 0 or self.exhausted:
             return None
+        if self.align > 1:
+            room = max(self.align, room - room % self.align)
         items: Sequence[Any]
         if self.range is not None:
             items = self.range[self.pulled : self.pulled + room]
@@ -1000,23 +1278,70 @@ class _Run:
         return start, items
 
     def dispatch(self) -> None:
+        if self.multi:
+            self._route()
         timed = self.timeout is not None
         for w in self.r._workers:
+            if w.pool:
+                break
             while w.alive and w.ready and len(w.outstanding) < DEPTH:
-                chunk = self._take()
-                if chunk is None:
+                taken = self._take()
+                if taken is None:
                     return
-                chunk_id = next(self.chunk_ids)
-                start, items = chunk
+                start, items = taken
+                chunk = _Chunk(next(self.chunk_ids), start, items, slot=w.slot)
                 try:
-                    frame = w.chan.encode((chunk_id, self.seed, start, items, timed))
+                    frame = w.chan.encode(
+                        (chunk.id, self.seed, start, items, timed, self.retries, self._spent(chunk))
+                    )
                 except Exception as exc:
                     self._unpicklable(w, start, items, exc)
-                w.outstanding[chunk_id] = chunk
+                w.outstanding[chunk.id] = chunk
+                self.live[chunk.id] = chunk
                 try:
                     w.chan.send_frame(frame)
                 except OSError:
                     break  # the worker is dying; its sentinel will tell us and we re-queue
+
+    def _spent(self, chunk: _Chunk) -> dict[tuple[int, int], int]:
+        """Runs already charged to items of this chunk (by deaths), for the worker's retries."""
+        if not self.attempts:
+            return {}
+        end = chunk.start + len(chunk.items)
+        return {
+            (p, i): n
+            for (p, i), n in self.attempts.items()
+            if chunk.start <= i * self.pools[p].unit < end
+        }
+
+    def _route(self) -> None:
+        """Send chunks finished by pool p to workers of pool p + 1 that have room."""
+        workers = self.r._workers
+        for p in range(len(self.pools) - 2, -1, -1):
+            held = self.waiting[p]
+            if not held:
+                continue
+            nxt = self.pools[p + 1]
+            targets = workers[nxt.first_slot : nxt.first_slot + len(nxt.devices)]
+            while held:
+                room = [t for t in targets if t.alive and t.ready and len(t.outstanding) < DEPTH]
+                if not room:
+                    break
+                dst = min(room, key=lambda t: len(t.outstanding))
+                chunk = held.pop(0)
+                src = workers[chunk.slot]
+                key, fd = self.r._pair(src, dst)
+                try:
+                    src.chan.send_control(("fwd", chunk.id, key), fd)
+                except OSError:
+                    # the holder is dying: leave the chunk with it, its death re-runs it
+                    held.insert(0, chunk)
+                    break
+                finally:
+                    if fd is not None:
+                        os.close(fd)
+                chunk.pool, chunk.src, chunk.slot, chunk.held = p + 1, src.slot, dst.slot, False
+                dst.outstanding[chunk.id] = chunk
 
     def _unpicklable(
         self, w: _Worker, start: int, items: Sequence[Any], exc: Exception
@@ -1038,80 +1363,134 @@ class _Run:
         if msg is None:
             self._on_death(w)
             return
-        if msg[0] == _worker.UNREADABLE:
-            start, items = w.outstanding.pop(min(w.outstanding))
-            last = _item_label(start + len(items) - 1, self.batch_size)
-            what = f"while unpickling {_item_label(start, self.batch_size)} .. {last} in the worker"
+        tag = msg[0]
+        if tag == _worker.SENT:
+            chunk = w.holding.pop(msg[1], None)
+            if chunk is not None:
+                self.sizers[w.pool].limit_bytes(len(chunk.items), msg[2])
+                self._resize_to_sizers()
+                if chunk.src == w.slot:
+                    chunk.src = -1
+            return
+        if tag == _worker.UNREADABLE:
+            chunk = w.outstanding[min(w.outstanding)]
+            unit = self.pools[w.pool].unit
+            first, last = chunk.start // unit, (chunk.start + len(chunk.items) - 1) // unit
+            what = (
+                f"while unpickling {self._label(w.pool, first)} .. "
+                f"{_item_label(last, None)} in the worker"
+            )
             try:
-                _raise_remote(msg[1:], device=w.device, worker=w.slot, index=start, what=what)
+                _raise_remote(msg[1:], device=w.device, worker=w.index, index=first, what=what)
             except WorkerError as exc:
                 raise SerializationError(str(exc), *exc.args[1:]) from exc.__cause__
-        _, chunk_id, values, errors, elapsed = msg
+        if tag == _worker.BAD_OUTPUT:
+            _, chunk_id, k, entry = msg
+            chunk = self.live.get(chunk_id)
+            if chunk is None:
+                return
+            index = chunk.start // self.pools[w.pool].unit + k
+            what = f"while sending {self._label(w.pool, index)} to the next stage"
+            _raise_remote(entry, device=w.device, worker=w.index, index=index, what=what)
+        chunk_id, values, errors, elapsed = msg[1], msg[2], msg[3], msg[4]
         chunk = w.outstanding.pop(chunk_id, None)
-        if chunk is None:  # pragma: no cover - a reply for a chunk we already re-queued
+        if chunk is None or self.live.get(chunk_id) is not chunk:
+            # a chunk we already re-ran elsewhere (its sender died before confirming)
+            if tag == _worker.MID:
+                with contextlib.suppress(OSError):
+                    w.chan.send_control(("drop", chunk_id))
             return
-        start, items = chunk
-        self.chunk.update(len(values), elapsed, w.last_nbytes)
-        if not errors:
-            self._deliver(start, values)
+        if chunk.src >= 0:  # it arrived before its sender's confirmation did
+            self.r._workers[chunk.src].holding.pop(chunk_id, None)
+            chunk.src = -1
+        p = w.pool
+        unit = self.pools[p].unit
+        n = values if tag == _worker.MID else len(values)
+        self.done[p] += n
+        self.busy_seconds[p] += elapsed
+        if self.bars is not None:
+            self.bars[p].update(n)
+        self._resize(p, len(chunk.items), elapsed, w.last_nbytes if tag == _worker.DONE else 0)
+        if errors:
+            k, entry = min(errors, key=lambda e: e[0])
+            index = chunk.start // unit + k
+            what = f"while running {self._label(p, index)}{_after(self.retries)}"
+            _raise_remote(entry, device=w.device, worker=w.index, index=index, what=what)
+        if tag == _worker.MID:
+            chunk.held = True
+            w.holding[chunk_id] = chunk
+            self.waiting[p].append(chunk)
+            if self.ordered:
+                self.waiting[p].sort(key=lambda c: c.start)
             return
-        done = 0
-        for k, entry in sorted(errors, key=lambda e: e[0]):
-            index = start + k
-            tries = self.attempts.get(index, 0) + 1
-            self.attempts[index] = tries
-            if tries > self.retries:
-                what = f"while running {_item_label(index, self.batch_size)}{_after(self.retries)}"
-                _raise_remote(entry, device=w.device, worker=w.slot, index=index, what=what)
-            if k > done:
-                self._deliver(start + done, values[done:k])
-            self.redo.append((index, [items[k]]))
-            done = k + 1
-        if done < len(values):
-            self._deliver(start + done, values[done:])
-
-    def _deliver(self, start: int, values: list[Any]) -> None:
+        del self.live[chunk_id]
         if self.ordered:
-            self.segments[start] = values
+            self.segments[chunk.start] = (values, len(chunk.items))
         else:
-            self.ready.append((start, values))
+            self.ready.append((chunk.start, values, len(chunk.items)))
+
+    def _forget(self, w: _Worker) -> tuple[list[_Chunk], list[_Chunk]]:
+        """Take every chunk a dead worker ran, held or was sending: (ran, all of them)."""
+        workers = self.r._workers
+        running = sorted(w.outstanding.values(), key=lambda c: c.start)
+        lost = running + list(w.holding.values())
+        w.outstanding.clear()
+        w.holding.clear()
+        for chunk in lost:
+            self.live.pop(chunk.id, None)
+            if chunk.held:
+                self.waiting[chunk.pool].remove(chunk)
+            elif chunk.src >= 0 and chunk.src != w.slot:
+                workers[chunk.src].holding.pop(chunk.id, None)  # it was on its way to w
+            elif chunk.src == w.slot:
+                workers[chunk.slot].outstanding.pop(chunk.id, None)  # w was sending it
+        return running, lost
 
     def _on_death(self, w: _Worker) -> None:
-        slots = self.r._slots
-        lost = sorted(w.outstanding.values(), key=lambda c: c[0])
-        w.outstanding.clear()
+        running, lost = self._forget(w)
         code = w.proc.exitcode
-        culprit: int | None = w.timed_out
+        slots = self.r._slots
+        unit = self.pools[w.pool].unit
+        culprit: int | None = w.timed_out  # an index in w's pool
         if culprit is None and slots[2 * w.slot + 1] > 0:
             culprit = int(slots[2 * w.slot])
-        holder = next((c for c in lost if c[0] <= (culprit or -1) < c[0] + len(c[1])), None)
+        holder = next(
+            (c for c in running if c.start <= (culprit or 0) * unit < c.start + len(c.items)),
+            None,
+        )
         if holder is None:
             culprit = None
-        if culprit is not None:
-            charged = [culprit]
-        else:
-            charged = [start + k for start, items in lost for k in range(len(items))]
+        charged = (
+            [culprit]
+            if culprit is not None
+            else sorted({(c.start + k) // unit for c in running for k in range(len(c.items))})
+        )
         exhausted = False
         for index in charged:
-            self.attempts[index] = self.attempts.get(index, 0) + 1
-            exhausted = exhausted or self.attempts[index] > self.retries
+            key = (w.pool, index)
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            exhausted = exhausted or self.attempts[key] > self.retries
         if not charged:
             w.idle_deaths += 1
             exhausted = w.idle_deaths > self.retries
         if exhausted:
-            item = None if holder is None or culprit is None else holder[1][culprit - holder[0]]
-            self._raise_death(w, code, culprit, item, sum(len(c[1]) for c in lost))
-        # Re-run what it held ahead of new input, the culprit alone so it is pinned down.
+            item = None
+            if holder is not None and culprit is not None and w.pool == 0:
+                item = holder.items[culprit - holder.start]
+            self._raise_death(w, code, culprit, item, sum(len(c.items) for c in running))
+        # Re-run what it had ahead of new input, the culprit's items alone so it is pinned down.
         requeue: list[tuple[int, Sequence[Any]]] = []
-        for start, items in lost:
-            if culprit is not None and start <= culprit < start + len(items):
-                k = culprit - start
+        for chunk in sorted(lost, key=lambda c: c.start):
+            start, items = chunk.start, chunk.items
+            if chunk is holder and culprit is not None:
+                a = (culprit * unit) // self.align * self.align
+                b = a + self.align
                 parts = [
-                    (start, items[:k]),
-                    (culprit, items[k : k + 1]),
-                    (culprit + 1, items[k + 1 :]),
+                    (start, items[: a - start]),
+                    (a, items[a - start : b - start]),
+                    (b, items[b - start :]),
                 ]
-                requeue.extend(p for p in parts if p[1])
+                requeue.extend(part for part in parts if len(part[1]))
             else:
                 requeue.append((start, items))
         self.redo.extendleft(reversed(requeue))
@@ -1122,28 +1501,37 @@ class _Run:
     ) -> NoReturn:
         how = describe_exitcode(code)
         tries = _after(self.retries)
+        who = f"worker {w.index}"
+        if self.multi:
+            who += f" of stage {self.pools[w.pool].name!r}"
         if culprit is not None:
-            label = _item_label(culprit, self.batch_size)
+            label = _item_label(
+                culprit, self.batch_size if w.pool == 0 else self.pools[w.pool].batch
+            )
+            shown = f" (item: {_short_repr(item)})" if w.pool == 0 else ""
             if w.timed_out is not None:
                 msg = (
-                    f"{label} ran past timeout={self.timeout}s on {w.device} (worker {w.slot}); "
-                    f"the worker was killed{tries} (item: {_short_repr(item)})"
+                    f"{label} ran past timeout={self.timeout}s on {w.device} ({who}); "
+                    f"the worker was killed{tries}{shown}"
                 )
-                raise ItemTimeout(msg, "<timeout>", w.device, w.slot, culprit)
-            msg = (
-                f"worker {w.slot} on {w.device} died ({how}) while running {label}{tries} "
-                f"(item: {_short_repr(item)})"
-            )
-            raise WorkerDied(msg, w.device, w.slot, code, culprit)
+                raise ItemTimeout(msg, "<timeout>", w.device, w.index, culprit)
+            msg = f"{who} on {w.device} died ({how}) while running {label}{tries}{shown}"
+            raise WorkerDied(msg, w.device, w.index, code, culprit)
         holding = f" holding {held} item(s)" if held else ""
-        msg = f"worker {w.slot} on {w.device} died ({how}){holding}{tries}"
-        raise WorkerDied(msg, w.device, w.slot, code)
+        msg = f"{who} on {w.device} died ({how}){holding}{tries}"
+        raise WorkerDied(msg, w.device, w.index, code)
 
     # -- the loop --------------------------------------------------------------------------
     def busy(self) -> bool:
-        return any(w.outstanding for w in self.r._workers)
+        return bool(self.live)
 
     def loop(self) -> Iterator[tuple[int, list[Any]]]:
+        try:
+            yield from self._loop()
+        finally:
+            self.finished = time.monotonic()
+
+    def _loop(self) -> Iterator[tuple[int, list[Any]]]:
         while True:
             # Refill before yielding (the workers compute while the caller folds results) and
             # after (yielding frees room): never wait with room to spare and nothing in flight.
@@ -1151,14 +1539,14 @@ class _Run:
             if self.ordered:
                 while self.next_out in self.segments:
                     start = self.next_out
-                    values = self.segments.pop(start)
-                    self.taken -= len(values)
-                    self.next_out += len(values)
+                    values, n = self.segments.pop(start)
+                    self.taken -= n
+                    self.next_out += n
                     yield start, values
             else:
                 while self.ready:
-                    start, values = self.ready.popleft()
-                    self.taken -= len(values)
+                    start, values, n = self.ready.popleft()
+                    self.taken -= n
                     yield start, values
             self.dispatch()
             if not self.busy():
@@ -1202,13 +1590,32 @@ class _Run:
         """Wait for the chunks in flight and drop their results (caller stopped early)."""
         self.exhausted = True
         self.redo.clear()
+        for held in self.waiting:
+            for chunk in held:
+                self.live.pop(chunk.id, None)
+                w = self.r._workers[chunk.slot]
+                w.holding.pop(chunk.id, None)
+                with contextlib.suppress(OSError):
+                    w.chan.send_control(("drop", chunk.id))
+            held.clear()
         while self.busy():
             self.r._wait_and_handle(self._wait_time(), self._discard)
             self._check_timeouts()
 
     def _discard(self, w: _Worker, msg: Any) -> None:
         if msg is None:
-            w.outstanding.clear()
+            self._forget(w)
             self.r._respawn(w.slot)
             return
-        w.outstanding.pop(min(w.outstanding) if msg[0] == _worker.UNREADABLE else msg[1], None)
+        tag = msg[0]
+        if tag == _worker.SENT:
+            w.holding.pop(msg[1], None)
+            return
+        chunk_id = min(w.outstanding) if tag == _worker.UNREADABLE else msg[1]
+        chunk = w.outstanding.pop(chunk_id, None)
+        if chunk is not None and chunk.src >= 0:
+            self.r._workers[chunk.src].holding.pop(chunk_id, None)
+        if tag == _worker.MID:
+            with contextlib.suppress(OSError):
+                w.chan.send_control(("drop", chunk_id))
+        self.live.pop(chunk_id, None)

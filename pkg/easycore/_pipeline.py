@@ -9,6 +9,7 @@ Running is the executor's business (``easycore._executor``); this module only de
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
@@ -20,7 +21,43 @@ from easycore import _inject
 if TYPE_CHECKING:
     from easycore._executor import Runner
 
-__all__ = ["Pipeline", "Stage", "compose", "consumer", "producer"]
+__all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]
+
+_binding_tokens = itertools.count(1)
+
+
+def _devices_converter(devices: Any) -> Any:
+    return tuple(devices) if isinstance(devices, list) else devices
+
+
+def _placement_converter(value: Iterable[Binding | None]) -> tuple[Binding | None, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class Binding:
+    """Where a run of producers executes: its own pool, made by ``.on(devices, batch_size)``.
+
+    ``token`` tells two ``.on`` calls apart even with equal arguments: each is its own pool.
+    """
+
+    devices: Any = attrs.field(converter=_devices_converter)
+    batch_size: int | None = None
+    token: int = attrs.field(factory=_binding_tokens.__next__)
+
+
+def _check_on_args(devices: Any, batch_size: int | None) -> None:
+    if isinstance(devices, str) and devices == "inline":
+        msg = (
+            ".on('inline') is not supported: 'inline' applies to a whole run, "
+            "use map(..., devices='inline') to debug every stage in the calling process"
+        )
+        raise ValueError(msg)
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        msg = f"batch_size must be a positive int or None, got {batch_size!r}"
+        raise ValueError(msg)
 
 
 def _fn_name(fn: Any) -> str:
@@ -96,6 +133,10 @@ class Stage:
 
     def __rrshift__(self, other: object) -> Pipeline:
         return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
+
+    def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
+        """Give this producer its own pool of workers; see :meth:`Pipeline.on`."""
+        return compose(self).on(devices, batch_size)
 
     # -- running (a bare stage is a one-stage pipeline) --------------------------------
     def map(self, data: Iterable[Any], **kwargs: Any) -> Any:
@@ -276,14 +317,71 @@ class Pipeline:
 
     producers: tuple[Stage, ...] = attrs.field(converter=_producers_converter, default=())
     consumer: Stage | None = None
+    # One entry per producer: the pool it is bound to by ``.on``, or None (the run's devices).
+    placement: tuple[Binding | None, ...] = attrs.field(converter=_placement_converter, default=())
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.placement) != len(self.producers):
+            object.__setattr__(self, "placement", (None,) * len(self.producers))
 
     @property
     def stages(self) -> tuple[Stage, ...]:
         """All stages in order, the consumer (if any) last."""
         return self.producers + ((self.consumer,) if self.consumer is not None else ())
 
+    @property
+    def pools(self) -> tuple[tuple[tuple[Stage, ...], Binding | None], ...]:
+        """The producers cut into pools: ``((stages, binding or None), ...)``.
+
+        Each ``.on`` is one pool; consecutive producers without ``.on`` fuse into one pool
+        that runs on the run's ``devices``.
+        """
+        out: list[tuple[tuple[Stage, ...], Binding | None]] = []
+        for stage, binding in zip(self.producers, self.placement, strict=True):
+            if out and out[-1][1] == binding:
+                out[-1] = (out[-1][0] + (stage,), binding)
+            else:
+                out.append(((stage,), binding))
+        return tuple(out)
+
     def __repr__(self) -> str:
-        return f"Pipeline({' >> '.join(s.name for s in self.stages)})"
+        parts = []
+        for stages, binding in self.pools:
+            text = " >> ".join(s.name for s in stages)
+            if binding is not None:
+                args = repr(binding.devices)
+                if binding.batch_size is not None:
+                    args += f", batch_size={binding.batch_size}"
+                text = f"({text}).on({args})" if len(stages) > 1 else f"{text}.on({args})"
+            parts.append(text)
+        if self.consumer is not None:
+            parts.append(self.consumer.name)
+        return f"Pipeline({' >> '.join(parts)})"
+
+    def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
+        """Run these producers, fused, in a pool of their own on ``devices``.
+
+        ``decode.on(4) >> predict.on(["cuda:0", "cuda:1"], batch_size=32) >> collect`` runs
+        ``decode`` on 4 CPU workers and ``predict`` on two GPUs; items go from pool to pool
+        directly between workers. ``batch_size`` groups what the previous pool yields item by
+        item into lists for this pool. Producers without ``.on`` run on ``map``'s ``devices``.
+
+        Raises:
+            TypeError: the pipeline has a consumer or is already (partly) bound.
+            ValueError: ``devices='inline'`` or a bad ``batch_size``.
+        """
+        if self.consumer is not None:
+            msg = f".on binds producers to workers; {self!r} ends in a consumer"
+            raise TypeError(msg)
+        if not self.producers:
+            msg = ".on needs at least one producer"
+            raise TypeError(msg)
+        if any(b is not None for b in self.placement):
+            msg = f"{self!r} is already bound with .on; bind each run of producers once"
+            raise TypeError(msg)
+        _check_on_args(devices, batch_size)
+        binding = Binding(devices, batch_size)
+        return attrs.evolve(self, placement=(binding,) * len(self.producers))
 
     def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
         return compose(self, other)
@@ -454,19 +552,22 @@ def compose(*parts: Stage | Pipeline) -> Pipeline:
     Pipeline(inc >> inc)
     """
     producers: list[Stage] = []
+    placement: list[Binding | None] = []
     last: Stage | None = None
     for part in parts:
         if isinstance(part, Stage):
             stages: tuple[Stage, ...] = (part,)
+            where: tuple[Binding | None, ...] = (None,)
         elif isinstance(part, Pipeline):
             stages = part.stages
+            where = (*part.placement, None)
         else:
             msg = (
                 f"cannot compose {part!r} (a {type(part).__name__}): operands of >> and compose "
                 "must be @producer/@consumer stages or pipelines"
             )
             raise TypeError(msg)
-        for stage in stages:
+        for stage, binding in zip(stages, where, strict=False):
             if last is not None:
                 msg = (
                     f"nothing can follow the consumer {last!r}, but {stage!r} does: the consumer "
@@ -477,4 +578,5 @@ def compose(*parts: Stage | Pipeline) -> Pipeline:
                 last = stage
             else:
                 producers.append(stage)
-    return Pipeline(producers=tuple(producers), consumer=last)
+                placement.append(binding)
+    return Pipeline(producers=tuple(producers), consumer=last, placement=tuple(placement))

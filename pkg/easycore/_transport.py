@@ -21,8 +21,12 @@ Tensors that need their own semantics (``requires_grad``, subclasses such as
 CUDA tensors go through torch's own CUDA IPC reductions (torch keeps the sender's memory
 alive until the receiver is done with it).
 
-Frame layout on the socket: ``send_bytes(flag + pickle)``; flag ``0`` plain, ``1`` file
-descriptors follow in one ``SCM_RIGHTS`` message of ``_FD_MARKER`` bytes.
+Frame layout on the socket: ``send_bytes(flag + pickle)``; flag ``0`` plain, ``1`` segment
+file descriptors follow in ``SCM_RIGHTS`` messages of ``_FD_MARKER`` bytes (at most
+``_MAX_FDS`` each; the first marker holds the total), ``2`` a
+*control* frame: a plain pickle outside the envelope (no segments, no releases), read and
+acted on by a worker's reader thread, possibly followed by one socket descriptor (a pipe to
+a peer worker of a multi-pool pipeline).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ _FD_MARKER = 8
 _MAX_FDS = 64
 PLAIN = b"\x00"
 WITH_FDS = b"\x01"
+CONTROL = b"\x02"
 
 _local = threading.local()  # the channel decoding on this thread (for the rebuild functions)
 
@@ -338,6 +343,9 @@ class Channel:
         self.released: deque[int] = deque()
         self.shm_bytes = 0  # bytes moved through shared memory by the last encode
         self.shm_in = 0  # bytes copied out of the peer's segments since last reset
+        # Held while a frame (and the descriptors after it) goes out: a worker's sender thread
+        # and its main thread both write small frames to the caller.
+        self.send_lock = threading.Lock()
 
     # -- sending ---------------------------------------------------------------------------
     def _reduce_array(self, obj: Any) -> Any:
@@ -378,23 +386,58 @@ class Channel:
         fds = self.pool.new_fds
         if fds:
             frame = WITH_FDS + frame[1:]
-        self.conn.send_bytes(frame)
-        if fds:
             self.pool.new_fds = []
-            try:
-                socket.send_fds(self.sock, [len(fds).to_bytes(_FD_MARKER, "little")], fds)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+        try:
+            with self.send_lock:
+                self.conn.send_bytes(frame)
+                # SCM_RIGHTS carries a bounded number of descriptors: send them in groups, the
+                # first marker saying how many to expect in all.
+                for i in range(0, len(fds), _MAX_FDS):
+                    marker = len(fds).to_bytes(_FD_MARKER, "little")
+                    socket.send_fds(self.sock, [marker], fds[i : i + _MAX_FDS])
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def send_bare(self, payload: Any) -> None:
+        """Send a message without releases or segments (any thread); :meth:`decode` reads it."""
+        frame = PLAIN + pickle.dumps(([], [], payload), pickle.HIGHEST_PROTOCOL)
+        with self.send_lock:
+            self.conn.send_bytes(frame)
+
+    def send_control(self, payload: Any, fd: int | None = None) -> None:
+        """Send a control frame (plain pickle), with one descriptor after it when given."""
+        frame = CONTROL + pickle.dumps((payload, fd is not None), pickle.HIGHEST_PROTOCOL)
+        with self.send_lock:
+            self.conn.send_bytes(frame)
+            if fd is not None:
+                socket.send_fds(self.sock, [(1).to_bytes(_FD_MARKER, "little")], [fd])
 
     # -- receiving -------------------------------------------------------------------------
     def recv_frame(self) -> tuple[bytes, list[int]]:
         """Read one frame and any file descriptors that follow it (socket work only)."""
         frame = self.conn.recv_bytes()
-        if frame[:1] == WITH_FDS:
-            _, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
+        flag = frame[:1]
+        if flag == WITH_FDS:
+            marker, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
+            expected = int.from_bytes(marker, "little")
+            while len(fds) < expected:
+                _, more, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
+                if not more:
+                    raise EOFError("the peer closed the pipe while sending descriptors")
+                fds.extend(more)
             return frame, fds
+        if flag == CONTROL:
+            _, has_fd = pickle.loads(memoryview(frame)[1:])
+            if has_fd:  # one descriptor follows
+                _, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, 1)
+                return frame, fds
         return frame, []
+
+    @staticmethod
+    def read_control(frame: bytes) -> Any:
+        """The payload of a control frame."""
+        return pickle.loads(memoryview(frame)[1:])[0]
 
     def decode(self, frame: bytes, fds: list[int]) -> Any:
         """Unpickle a frame: map new peer segments, copy arrays out, apply releases."""

@@ -19,6 +19,7 @@ per-item message.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -35,7 +36,7 @@ from typing import Any
 import cloudpickle
 
 from easycore._errors import RemoteTraceback
-from easycore._transport import Channel
+from easycore._transport import CONTROL, Channel
 
 STOP = b"\x00easycore-stop"
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -47,6 +48,10 @@ DONE = "done"
 ENDED = "ended"
 END_ERROR = "end_error"
 UNREADABLE = "unreadable"
+MID = "mid"  # a middle pool finished a chunk; its results wait for the caller's routing
+SENT = "sent"  # a middle pool handed a chunk to the next pool's worker
+BAD_OUTPUT = "bad_output"  # a middle pool's result cannot be pickled
+CLOSED = "closed"  # (local) an upstream peer's pipe reached EOF
 
 
 def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
@@ -78,9 +83,10 @@ def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str) -> Base
     return exc
 
 
-def derive_seed(seed: int, index: int) -> int:
-    """A 63-bit seed for item ``index`` of a run seeded with ``seed``."""
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+def derive_seed(seed: int, index: int, pool: int = 0) -> int:
+    """A 63-bit seed for item ``index`` of a run seeded with ``seed`` (in pool ``pool``)."""
+    key = f"{seed}:{index}" if pool == 0 else f"{seed}:{pool}:{index}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
@@ -117,9 +123,143 @@ def _reader(chan: Channel, tasks: queue.SimpleQueue[Any], stop: threading.Event)
                 stop.set()
                 tasks.put(None)
                 return
-            tasks.put((frame, fds))
+            tasks.put((chan, frame, fds))
     except (EOFError, OSError):
         # The caller died or closed our pipe without STOP: exit now, do not linger as an orphan.
+        os._exit(0)
+
+
+def _pool_reader(
+    chan: Channel,
+    tasks: queue.SimpleQueue[Any],
+    stop: threading.Event,
+    outbox: queue.SimpleQueue[Any] | None,
+) -> None:
+    """The reader of a worker in a multi-pool pipeline: the caller's pipe plus peer pipes.
+
+    Chunks (from the caller, or from an upstream peer) go to the main thread with the channel
+    that decodes them; forward/drop orders and a downstream peer's release notes go to the
+    sender thread (``outbox``). New peer pipes arrive as descriptors after control frames.
+    """
+    import multiprocessing.connection as mpc
+
+    conns: dict[Any, tuple[str, int, Channel]] = {chan.conn: ("caller", -1, chan)}
+
+    def drop(role: str, key: int) -> None:
+        for conn, (r, k, ch) in list(conns.items()):
+            if r == role and k == key:
+                del conns[conn]
+                if role == "up":
+                    tasks.put((CLOSED, ch, None))
+                elif outbox is not None:
+                    outbox.put(("gone", key))
+
+    while True:
+        for conn in mpc.wait(list(conns)):
+            role, key, ch = conns[conn]
+            try:
+                frame, fds = ch.recv_frame()
+            except (EOFError, OSError):
+                if role == "caller":
+                    os._exit(0)
+                drop(role, key)
+                continue
+            if role == "up":
+                tasks.put((ch, frame, fds))
+            elif role == "down":
+                if outbox is not None:
+                    outbox.put(("rel", key, frame, fds))
+            elif frame == STOP:
+                stop.set()
+                tasks.put(None)
+                if outbox is not None:
+                    outbox.put(None)
+                return
+            elif frame[:1] == CONTROL:
+                op = Channel.read_control(frame)
+                peer = Channel(mpc.Connection(fds[0])) if fds else None
+                if op[0] == "peer" and peer is not None:  # an upstream worker will send here
+                    conns[peer.conn] = ("up", op[1], peer)
+                elif op[0] == "fwd" and outbox is not None:
+                    if peer is not None:  # the first chunk to this downstream worker
+                        conns[peer.conn] = ("down", op[2], peer)
+                    outbox.put(("fwd", op[1], op[2], peer))
+                elif op[0] == "drop" and outbox is not None:
+                    outbox.put(op)
+                elif op[0] == "gone":  # a peer died: forget its pipe
+                    drop("up", op[1])
+                    drop("down", op[1])
+            else:
+                tasks.put((ch, frame, fds))
+
+
+def _sender(caller: Channel, outbox: queue.SimpleQueue[Any]) -> None:
+    """Move finished chunks of a middle pool to the worker the caller names.
+
+    Results wait here (``held``) until the caller routes them (it knows every queue's depth,
+    which is how backpressure holds across pools); only this thread encodes on downstream
+    pipes, so their shared-memory segments need no lock.
+    """
+    held: dict[int, Any] = {}
+    down: dict[int, Channel] = {}
+    while True:
+        op = outbox.get()
+        if op is None:
+            return
+        kind = op[0]
+        if kind == "held":
+            held[op[1]] = op[2]
+        elif kind == "drop":
+            held.pop(op[1], None)
+        elif kind == "rel":
+            _, key, frame, fds = op
+            ch = down.get(key)
+            if ch is None:
+                for fd in fds:
+                    os.close(fd)
+            else:
+                ch.decode(frame, fds)
+        elif kind == "gone":
+            ch = down.pop(op[1], None)
+            if ch is not None:
+                ch.close()
+        elif kind == "fwd":
+            _, chunk_id, key, new = op
+            if new is not None:
+                down[key] = new
+            msg = held.pop(chunk_id, None)
+            ch = down.get(key)
+            if msg is None or ch is None:
+                continue  # dropped, or the peer died: the caller re-runs the chunk
+            try:
+                frame = ch.encode(msg)
+            except Exception:
+                _bad_output(caller, chunk_id, msg[3])
+                continue
+            nbytes = len(frame) + ch.shm_bytes
+            try:
+                ch.send_frame(frame)
+            except OSError:
+                continue  # the peer died; its reader-side EOF cleans up
+            _send_bare(caller, (SENT, chunk_id, nbytes))
+
+
+def _bad_output(caller: Channel, chunk_id: int, values: list[Any]) -> None:
+    for k, value in enumerate(values):
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            err = TypeError(f"the result cannot be pickled: {exc}")
+            _send_bare(caller, (BAD_OUTPUT, chunk_id, k, error_entry("<result pickling>", err)))
+            return
+    err = TypeError("the chunk's results cannot be pickled")
+    _send_bare(caller, (BAD_OUTPUT, chunk_id, 0, error_entry("<result pickling>", err)))
+
+
+def _send_bare(chan: Channel, obj: Any) -> None:
+    try:
+        chan.send_bare(obj)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
         os._exit(0)
 
 
@@ -152,26 +292,147 @@ def error_entry(stage: str, exc: BaseException) -> tuple[str, bytes | None, str,
 
 
 def _reply(
-    chan: Channel, chunk_id: int, values: list[Any], errors: list[tuple[int, Any]], elapsed: float
+    chan: Channel,
+    chunk_id: int,
+    values: list[Any],
+    errors: list[tuple[int, Any]],
+    elapsed: float,
+    rerun: Callable[[int], tuple[int, Callable[[], tuple[Any, Any]]]] | None = None,
 ) -> None:
     try:
         frame = chan.encode((DONE, chunk_id, values, errors, elapsed))
     except Exception:
         failed = {k for k, _ in errors}
-        for k, value in enumerate(values):
-            if k in failed:
-                continue
-            try:
-                cloudpickle.dumps(value)  # a probe: must not consume releases
-            except Exception as exc:
-                err = TypeError(f"the result cannot be pickled: {exc}")
-                errors.append((k, error_entry("<result pickling>", err)))
-                values[k] = None
+        for k in range(len(values)):
+            if k not in failed:
+                _make_picklable(values, errors, k, rerun)
         frame = chan.encode((DONE, chunk_id, values, errors, elapsed))
     try:
         chan.send_frame(frame)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         os._exit(0)
+
+
+def _make_picklable(
+    values: list[Any],
+    errors: list[tuple[int, Any]],
+    k: int,
+    rerun: Callable[[int], tuple[int, Callable[[], tuple[Any, Any]]]] | None,
+) -> None:
+    """Probe result ``k``; re-run its item while retries allow, else record the error."""
+    allowed, run = rerun(k) if rerun is not None else (0, None)
+    tries = 0
+    while True:
+        try:
+            cloudpickle.dumps(values[k])  # a probe: must not consume releases
+            return
+        except Exception as exc:
+            if run is None or tries >= allowed:
+                err = TypeError(f"the result cannot be pickled: {exc}")
+                errors.append((k, error_entry("<result pickling>", err)))
+                values[k] = None
+                return
+        tries += 1
+        values[k], failed = run()
+        if failed is not None:
+            errors.append((k, error_entry(failed[0].name, failed[1])))
+            values[k] = None
+            return
+
+
+def _run_one(
+    stages: list[_Stage],
+    item: Any,
+    index: int,
+    task: tuple[int | None, int, bool, int, dict[tuple[int, int], int]],
+    cur: Any,
+    at: int,
+) -> tuple[Any, tuple[_Stage, BaseException] | None]:
+    """Run the fused stages over one item: (value, None) or (None, (stage, exception))."""
+    seed, pool, timed = task[0], task[1], task[2]
+    cur[at] = float(index)
+    if timed:
+        cur[at + 1] = time.monotonic()
+    if seed is not None:
+        seed_everything(derive_seed(seed, index, pool))
+    value = item
+    for st in stages:
+        try:
+            value = st.fn(value, **st.kwargs)
+        except BaseException as exc:
+            return None, (st, exc)
+    return value, None
+
+
+def _rerun(
+    stages: list[_Stage],
+    units: Any,
+    base: int,
+    task: tuple[int | None, int, bool, int, dict[tuple[int, int], int]],
+    cur: Any,
+    at: int,
+    k: int,
+) -> tuple[int, Callable[[], tuple[Any, Any]]]:
+    """(retries left, a function re-running unit ``k``) for a result that did not pickle."""
+    _, pool, _, retries, spent = task
+    index = base + k
+    allowed = retries - spent.get((pool, index), 0) if spent else retries
+    return allowed, functools.partial(_run_one, stages, units[k], index, task, cur, at)
+
+
+def _run_units(
+    stages: list[_Stage],
+    units: Any,
+    base: int,
+    task: tuple[int | None, int, bool, int, dict[tuple[int, int], int]],
+    cur: Any,
+    at: int,
+    stop: threading.Event,
+) -> tuple[list[Any], list[tuple[int, Any]]]:
+    """Run the fused stages over one chunk's units; failed units are retried here."""
+    seed, pool, timed, retries, spent = task
+    values: list[Any] = []
+    errors: list[tuple[int, Any]] = []
+    fast = stages[0].fn if len(stages) == 1 and not stages[0].kwargs else None
+    if fast is not None and seed is None and not timed and not retries:
+        # the hot path: one stage, nothing injected, no per-item seed, clock or retry
+        append = values.append
+        where = float(base)
+        for item in units:
+            cur[at] = where
+            where += 1.0
+            try:
+                append(fast(item))
+            except BaseException as exc:
+                errors.append((len(values), error_entry(stages[0].name, exc)))
+                append(None)
+        return values, errors
+    index = base
+    for item in units:
+        allowed = retries - spent.get((pool, index), 0) if spent else retries
+        attempt = 0
+        while True:
+            value, failed = _run_one(stages, item, index, task, cur, at)
+            if failed is None or attempt >= allowed:
+                break
+            attempt += 1
+        if failed is not None:
+            errors.append((len(values), error_entry(failed[0].name, failed[1])))
+        values.append(value)
+        index += 1
+        if stop.is_set():
+            break
+    return values, errors
+
+
+def _flush_releases(upstream: set[Channel]) -> None:
+    # Tell upstream peers which of their segments we no longer use (they reuse them).
+    for ch in list(upstream):
+        if ch.released:
+            try:
+                ch.send(None)
+            except OSError:
+                upstream.discard(ch)
 
 
 def worker_main(
@@ -183,15 +444,31 @@ def worker_main(
     n_threads: int | None,
     payload: bytes,
     entropy: int,
+    role: tuple[int, bool, int | None, int] | None = None,
 ) -> None:
-    """Entry point of a worker process (the ``target`` given to ``Process``)."""
+    """Entry point of a worker process (the ``target`` given to ``Process``).
+
+    ``role`` is None in a one-pool pipeline; in a multi-pool one it is ``(pool, last,
+    group, unit)``: this pool's number, whether it is the last pool (results go to the
+    caller, else to the next pool's workers), how many incoming results make one of its
+    items (its ``batch_size``) and how many first-pool items one of its items spans.
+    """
     entered = time.monotonic()
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chan = Channel(conn)
     tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
-    threading.Thread(target=_reader, args=(chan, tasks, stop), daemon=True).start()
+    pool, last, group, unit = role or (0, True, None, 1)
+    outbox: queue.SimpleQueue[Any] | None = None
+    if role is None:
+        threading.Thread(target=_reader, args=(chan, tasks, stop), daemon=True).start()
+    else:
+        outbox = None if last else queue.SimpleQueue()
+        reader_args = (chan, tasks, stop, outbox)
+        threading.Thread(target=_pool_reader, args=reader_args, daemon=True).start()
+        if outbox is not None:
+            threading.Thread(target=_sender, args=(chan, outbox), daemon=True).start()
 
     _setup_torch(device, n_threads)
     # Never share a random stream with another worker (torch's default seed is a constant,
@@ -220,59 +497,60 @@ def worker_main(
     # slots[2k] = index of the item in hand, slots[2k+1] = its start time (timeouts) or 1.0
     # while a chunk runs, 0.0 when idle: the caller reads them when we die or run late.
     cur = memoryview(slots).cast("B").cast("d")
-    base = 2 * slot
+    at = 2 * slot
     clock = time.monotonic
-    fast = stages[0].fn if len(stages) == 1 and not stages[0].kwargs else None
+    upstream: set[Channel] = set()
     while True:
-        task = tasks.get()
+        if upstream:
+            try:
+                task = tasks.get(timeout=0.05)
+            except queue.Empty:
+                _flush_releases(upstream)
+                continue
+        else:
+            task = tasks.get()
         if task is None or stop.is_set():
             break
+        src, frame, fds = task
+        if isinstance(src, str):  # CLOSED: an upstream peer is gone
+            upstream.discard(frame)
+            frame.close()
+            continue
         try:
-            chunk_id, seed, start, items, timed = chan.decode(*task)
+            msg = src.decode(frame, fds)
         except BaseException as exc:
             # An item that pickled in the caller but does not unpickle here: say so for the
             # oldest chunk we hold (chunks arrive and are answered in order).
             _send(chan, (UNREADABLE, *error_entry("<item unpickling>", exc)))
             continue
-        values: list[Any] = []
-        errors: list[tuple[int, Any]] = []
+        if msg is None:  # only releases
+            continue
+        if src is not chan:
+            upstream.add(src)
+        chunk_id, seed, start, items, timed, retries, spent = msg
+        if group is not None:
+            items = [items[i : i + group] for i in range(0, len(items), group)]
         t0 = clock()
-        cur[base + 1] = 1.0
-        index = float(start)
-        if fast is not None and seed is None and not timed:
-            # the hot path: one stage, nothing injected, no per-item seed or clock
-            append = values.append
-            for item in items:
-                cur[base] = index
-                index += 1.0
-                try:
-                    append(fast(item))
-                except BaseException as exc:
-                    errors.append((len(values), error_entry(stages[0].name, exc)))
-                    append(None)
-        else:
-            for item in items:
-                cur[base] = index
-                if timed:
-                    cur[base + 1] = clock()
-                if seed is not None:
-                    seed_everything(derive_seed(seed, int(index)))
-                index += 1.0
-                value = item
-                for st in stages:
-                    try:
-                        value = st.fn(value, **st.kwargs)
-                    except BaseException as exc:
-                        errors.append((len(values), error_entry(st.name, exc)))
-                        value = None
-                        break
-                values.append(value)
-                if stop.is_set():
-                    break
-        cur[base + 1] = 0.0
+        cur[at + 1] = 1.0
+        base = start // unit
+        spec = (seed, pool, timed, retries, spent)
+        values, errors = _run_units(stages, items, base, spec, cur, at, stop)
+        cur[at + 1] = 0.0
         if stop.is_set():
             break
-        _reply(chan, chunk_id, values, errors, clock() - t0)
+        elapsed = clock() - t0
+        if last:
+            rerun = functools.partial(_rerun, stages, items, base, spec, cur, at)
+            _reply(chan, chunk_id, values, errors, elapsed, rerun)
+        elif errors:
+            _send(chan, (MID, chunk_id, len(values), errors, elapsed))
+        else:
+            assert outbox is not None
+            outbox.put(("held", chunk_id, (chunk_id, seed, start, values, timed, retries, spent)))
+            _send(chan, (MID, chunk_id, len(values), [], elapsed))
+        del items, values, msg
+        if upstream:
+            _flush_releases(upstream)
 
     # end runs for every stage even when an earlier one fails; the first failure is reported.
     failure: tuple[Any, ...] | None = None
