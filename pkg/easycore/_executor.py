@@ -43,6 +43,7 @@ Why this shape:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import itertools
@@ -51,6 +52,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import multiprocessing.spawn
 import os
+import socket
 import threading
 import time
 import weakref
@@ -525,6 +527,7 @@ class Runner:
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = itertools.count()
         self._last_run: _Run | None = None
+        self._server: _Server | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self.startup_seconds = 0.0
         self.activate()
@@ -682,6 +685,7 @@ class Runner:
             WorkerError: an ``end`` raised (the workers are stopped all the same).
             WorkerDied: a worker died during ``end``.
         """
+        self._stop_server(abort=False)
         if not self._active:
             return
         if self._inline:
@@ -692,6 +696,8 @@ class Runner:
 
     def _abort(self) -> None:
         """Stop everything now after an error or interrupt: `end` gets a short grace."""
+        if self._server is not None and not self._server.is_current():
+            self._stop_server(abort=True)
         if self._inline:
             if self._active:
                 self._active = False
@@ -1040,6 +1046,57 @@ class Runner:
                     )
             yield index, value
 
+    def submit(self, item: Any) -> concurrent.futures.Future[Any]:
+        """Send one item to the workers now; its result arrives in the returned future.
+
+        For callers that feed items one at a time (a server, a training loop prefetching
+        batches). Items run as workers free up, in no set order. An item that raises, or
+        whose worker dies, fails only its own future (``WorkerError``/``WorkerDied``; the
+        worker is respawned); the rest go on. While submitted items are pending the runner is
+        busy (``map``/``imap`` raise ``RuntimeError``); :meth:`close` waits for them.
+
+        Raises:
+            RuntimeError: the runner is closed, or a ``map``/``imap`` is running on it.
+            TypeError: the pipeline has a consumer, or a pool groups items (``batch_size``):
+                one item, one result.
+        """
+        if self.pipeline.consumer is not None:
+            msg = f"submit is for pipelines without a consumer; {self.pipeline!r} has one"
+            raise TypeError(msg)
+        if self._pools[-1].unit > 1:
+            msg = "submit needs one result per item; a pool of this pipeline has a batch_size"
+            raise TypeError(msg)
+        if not self._active:
+            msg = "this runner is closed: call runner.activate() to start its workers again"
+            raise RuntimeError(msg)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self._inline or not self.pipeline.producers:
+            if self._busy:
+                msg = "this runner is already running a map/imap; runs go one at a time"
+                raise RuntimeError(msg)
+            try:
+                future.set_result(self.map([item])[0])
+            except EasycoreError as exc:
+                future.set_exception(exc)
+            return future
+        while True:
+            server = self._server
+            if server is None or not server.alive():
+                if server is not None and not server.is_current():
+                    server.thread.join()  # it found nothing left to do and is ending
+                if self._busy:
+                    msg = "this runner is already running a map/imap; runs go one at a time"
+                    raise RuntimeError(msg)
+                self._server = _Server(self, item, future)
+                return future
+            if server.put(item, future):
+                return future
+
+    def _stop_server(self, abort: bool) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(abort)
+
     # -- the process loop ----------------------------------------------------------------
     def _stream(
         self,
@@ -1050,8 +1107,10 @@ class Runner:
         retries: int,
         batch_size: int | None,
         bars: list[Any] | None,
+        tolerant: bool = False,
     ) -> Iterator[tuple[int, list[Any]]]:
         run = _Run(self, source, ordered, seed, timeout, retries, batch_size, bars)
+        run.tolerant = tolerant
         self._last_run = run
         try:
             yield from run.loop()
@@ -1070,11 +1129,14 @@ class Runner:
             raise
 
     def _wait_and_handle(
-        self, timeout: float | None, on_result: Callable[[_Worker, Any], None] | None
+        self,
+        timeout: float | None,
+        on_result: Callable[[_Worker, Any], None] | None,
+        extra: Sequence[Any] = (),
     ) -> None:
         """Wait for any pipe or sentinel, then handle it. Used at start-up and by `_Run`."""
         live = [w for w in self._workers if w.alive]
-        objs = [w.conn for w in live] + [w.proc.sentinel for w in live]
+        objs = [w.conn for w in live] + [w.proc.sentinel for w in live] + list(extra)
         ready = set(mp.connection.wait(objs, timeout))
         for w in live:
             if w.conn in ready or w.proc.sentinel in ready:
@@ -1173,7 +1235,9 @@ class _Run:
         self.total: int | None = None
         with contextlib.suppress(TypeError):
             self.total = len(source)  # type: ignore[arg-type]
-        self.it = iter(source)
+        self.live_src = source if isinstance(source, _LiveSource) else None
+        self.it = iter(source) if self.live_src is None else iter(())
+        self.tolerant = False  # submit(): a failed item fails its own future, the run goes on
         self.pulled = 0  # items taken from the source so far (the next item's index)
         self.exhausted = False
         self.ordered = ordered
@@ -1199,6 +1263,7 @@ class _Run:
         self.busy_seconds = [0.0] * len(self.pools)
         self.started = time.monotonic()
         self.finished: float | None = None
+        self.failures: dict[int, _Failed] = {}  # tolerant runs: index -> its error
 
     # -- insight ---------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
@@ -1264,11 +1329,16 @@ class _Run:
         if self.align > 1:
             room = max(self.align, room - room % self.align)
         items: Sequence[Any]
-        if self.range is not None:
+        if self.live_src is not None:
+            queued = self.live_src.items
+            items = [queued.popleft() for _ in range(min(room, len(queued)))]
+            if self.live_src.closed and not queued:
+                self.exhausted = True
+        elif self.range is not None:
             items = self.range[self.pulled : self.pulled + room]
         else:
             items = list(itertools.islice(self.it, room))
-        if len(items) < room:
+        if len(items) < room and self.live_src is None:
             self.exhausted = True
         if not items:
             return None
@@ -1411,11 +1481,18 @@ class _Run:
         if self.bars is not None:
             self.bars[p].update(n)
         self._resize(p, len(chunk.items), elapsed, w.last_nbytes if tag == _worker.DONE else 0)
-        if errors:
+        if errors and not self.tolerant:
             k, entry = min(errors, key=lambda e: e[0])
             index = chunk.start // unit + k
             what = f"while running {self._label(p, index)}{_after(self.retries)}"
             _raise_remote(entry, device=w.device, worker=w.index, index=index, what=what)
+        if errors:
+            self._fail_items(w, chunk, errors, tag == _worker.MID)
+            if tag == _worker.MID:
+                return
+            values = list(values)
+            for k, _ in errors:
+                values[k] = self.failures.pop(chunk.start + k)
         if tag == _worker.MID:
             chunk.held = True
             w.holding[chunk_id] = chunk
@@ -1428,6 +1505,35 @@ class _Run:
             self.segments[chunk.start] = (values, len(chunk.items))
         else:
             self.ready.append((chunk.start, values, len(chunk.items)))
+
+    def _fail_items(
+        self, w: _Worker, chunk: _Chunk, errors: list[tuple[int, Any]], middle: bool
+    ) -> None:
+        """Tolerant runs (one item, one unit in every pool): turn errors into failures."""
+        for k, entry in errors:
+            index = chunk.start + k
+            what = f"while running {self._label(w.pool, index)}"
+            try:
+                _raise_remote(entry, device=w.device, worker=w.index, index=index, what=what)
+            except EasycoreError as exc:
+                self.failures[index] = _Failed(exc)
+        if middle:
+            # The other items of the chunk did not move on: re-run them from the start.
+            self.live.pop(chunk.id, None)
+            failed = {k for k, _ in errors}
+            for k, item in enumerate(chunk.items):
+                index = chunk.start + k
+                if k in failed:
+                    self._deliver_failure(index)
+                else:
+                    self.redo.append((index, [item]))
+
+    def _deliver_failure(self, index: int) -> None:
+        value = [self.failures.pop(index)]
+        if self.ordered:
+            self.segments[index] = (value, 1)
+        else:
+            self.ready.append((index, value, 1))
 
     def _forget(self, w: _Worker) -> tuple[list[_Chunk], list[_Chunk]]:
         """Take every chunk a dead worker ran, held or was sending: (ran, all of them)."""
@@ -1473,16 +1579,30 @@ class _Run:
         if not charged:
             w.idle_deaths += 1
             exhausted = w.idle_deaths > self.retries
+        spared: set[int] = set()  # tolerant: first-pool items failed instead of re-run
         if exhausted:
             item = None
             if holder is not None and culprit is not None and w.pool == 0:
                 item = holder.items[culprit - holder.start]
-            self._raise_death(w, code, culprit, item, sum(len(c.items) for c in running))
+            try:
+                self._raise_death(w, code, culprit, item, sum(len(c.items) for c in running))
+            except EasycoreError as exc:
+                if not self.tolerant:
+                    raise
+                failed = [culprit] if culprit is not None else charged
+                for index in failed:
+                    self.failures[index] = _Failed(exc)
+                    self._deliver_failure(index)
+                    spared.add(index)
         # Re-run what it had ahead of new input, the culprit's items alone so it is pinned down.
         requeue: list[tuple[int, Sequence[Any]]] = []
         for chunk in sorted(lost, key=lambda c: c.start):
             start, items = chunk.start, chunk.items
-            if chunk is holder and culprit is not None:
+            if spared:
+                requeue.extend(
+                    (start + k, [item]) for k, item in enumerate(items) if start + k not in spared
+                )
+            elif chunk is holder and culprit is not None:
                 a = (culprit * unit) // self.align * self.align
                 b = a + self.align
                 parts = [
@@ -1525,6 +1645,10 @@ class _Run:
     def busy(self) -> bool:
         return bool(self.live)
 
+    def _settled(self) -> bool:
+        """Nothing in flight, to re-run, or to yield."""
+        return not (self.live or self.redo or self.segments or self.ready)
+
     def loop(self) -> Iterator[tuple[int, list[Any]]]:
         try:
             yield from self._loop()
@@ -1549,15 +1673,24 @@ class _Run:
                     self.taken -= n
                     yield start, values
             self.dispatch()
+            src = self.live_src
+            if src is not None and (src.aborted or (self._settled() and src.idle())):
+                return
             if not self.busy():
                 if self.exhausted and not self.redo and not self.segments and not self.ready:
                     return
-                if all(w.ready for w in self.r._workers):
+                if src is not None and not self.exhausted:
+                    pass  # idle until the next submit
+                elif all(w.ready for w in self.r._workers):
                     # Nothing in flight, every worker idle, yet work remains: waiting would
                     # hang forever, so fail loudly instead (this is a bug in easycore).
                     msg = f"easycore internal error: stalled with {self.taken} item(s) pending"
                     raise EasycoreError(msg)
-            self.r._wait_and_handle(self._wait_time(), self.on_message)
+            if src is None:
+                self.r._wait_and_handle(self._wait_time(), self.on_message)
+            else:
+                self.r._wait_and_handle(self._wait_time(), self.on_message, (src.rx,))
+                src.clear()
             self._check_timeouts()
 
     def _wait_time(self) -> float | None:
@@ -1619,3 +1752,114 @@ class _Run:
             with contextlib.suppress(OSError):
                 w.chan.send_control(("drop", chunk_id))
         self.live.pop(chunk_id, None)
+
+
+class _Failed:
+    """An item's error in a tolerant run (``submit``): delivered in place of its result."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _LiveSource:
+    """Items submitted one at a time: the run takes what is there and never blocks on it."""
+
+    def __init__(self) -> None:
+        self.items: deque[Any] = deque()
+        self.lock = threading.Lock()
+        self.closed = False  # no more items: finish what is queued, then end
+        self.aborted = False  # end now (the runner is being torn down)
+        self.rx, self.tx = socket.socketpair()  # a byte on tx wakes the run loop
+        self.rx.setblocking(False)
+        self.tx.setblocking(False)
+
+    def __iter__(self) -> Iterator[Any]:  # taken from by `_Run._take`, never iterated
+        return iter(())
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self.tx.send(b"\0")
+
+    def clear(self) -> None:
+        with contextlib.suppress(OSError):
+            while self.rx.recv(4096):
+                pass
+
+    def idle(self) -> bool:
+        """Nothing queued: close (a later submit starts a new run), so map() may run."""
+        with self.lock:
+            if not self.items:
+                self.closed = True
+            return self.closed and not self.items
+
+    def close(self) -> None:
+        self.rx.close()
+        self.tx.close()
+
+
+class _Server:
+    """The thread behind :meth:`Runner.submit`: one tolerant, unordered run fed live."""
+
+    def __init__(self, runner: Runner, item: Any, future: concurrent.futures.Future[Any]) -> None:
+        self.r = runner
+        self.src = _LiveSource()
+        self.lock = self.src.lock
+        self.futures: dict[int, concurrent.futures.Future[Any]] = {0: future}
+        self.count = 1
+        self.src.items.append(item)  # before the thread starts: it ends when nothing is queued
+        runner._busy = True  # before the thread runs: a map() now must see the runner busy
+        self.thread = threading.Thread(target=self._serve, name="easycore-submit", daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self.src.closed
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def put(self, item: Any, future: concurrent.futures.Future[Any]) -> bool:
+        """Queue an item; False when this run has ended (start another)."""
+        with self.lock:
+            if self.src.closed:
+                return False
+            self.futures[self.count] = future
+            self.count += 1
+            self.src.items.append(item)
+        self.src.wake()
+        return True
+
+    def _serve(self) -> None:
+        error: BaseException = RuntimeError("the runner closed before this item ran")
+        try:
+            stream = self.r._stream(self.src, False, None, None, 0, None, None, tolerant=True)
+            for start, values in self.r._guard(stream):
+                for k, value in enumerate(values):
+                    with self.lock:
+                        future = self.futures.pop(start + k, None)
+                    if future is None:
+                        continue
+                    if isinstance(value, _Failed):
+                        future.set_exception(value.exc)
+                    else:
+                        future.set_result(value)
+        except BaseException as exc:
+            error = exc
+        finally:
+            with self.lock:
+                self.src.closed = True
+                pending = list(self.futures.values())
+                self.futures.clear()
+            for future in pending:
+                if not future.done():
+                    future.set_exception(error)
+            self.src.close()
+
+    def stop(self, abort: bool) -> None:
+        with self.lock:
+            self.src.closed = True
+            self.src.aborted = abort
+        self.src.wake()
+        if not self.is_current():
+            self.thread.join()
