@@ -1314,7 +1314,9 @@ class _Run:
         self._resize_to_sizers()
 
     def _resize_to_sizers(self) -> None:
-        size = min(s.size for s in self.sizers if s.per_item is not None)
+        if any(s.per_item is None for s in self.sizers):
+            return  # a pool not yet measured may be the slow one: no big chunks before then
+        size = min(s.size for s in self.sizers)
         self.chunk_size = max(self.align, size - size % self.align)
 
     def _take(self) -> tuple[int, Sequence[Any]] | None:

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     import os, sys, time
     from easycore import producer
 
-    pids = sys.argv[1]
+    pids, mode = sys.argv[1], sys.argv[2]
 
     def init(worker):
         with open(pids, "a") as f:
@@ -37,9 +37,17 @@ SCRIPT = textwrap.dedent(
         time.sleep(0.05 if x % 2 else 100)
         return x
 
-    print(slow.map(range(1000), devices=2))
+    @producer(init=init, end=end)
+    def first(x):
+        return x
+
+    if mode == "pools":  # 1 + 2 workers: items go worker to worker
+        print((first.on(1) >> slow.on(2)).map(range(1000)))
+    else:
+        print(slow.map(range(1000), devices=2))
     """
 )
+MODES = {"one": 2, "pools": 3}  # mode -> workers it starts
 
 
 def wait_for(cond, seconds: float) -> bool:
@@ -51,18 +59,18 @@ def wait_for(cond, seconds: float) -> bool:
     return cond()
 
 
-def start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+def start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
     pids = tmp_path / "pids"
     env = {**os.environ, "PYTHONPATH": PKG + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(pids)],
+        [sys.executable, "-c", SCRIPT, str(pids), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,  # our own process group, like a terminal's foreground job
     )
-    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 60), (
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == MODES[mode], 60), (
         "workers never started"
     )
     time.sleep(0.3)  # let them get into their long items
@@ -79,10 +87,11 @@ def all_gone(pids: list[int]) -> bool:
     )
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 class TestCtrlC:
-    def test_keyboard_interrupt_stops_everything(self, tmp_path):
+    def test_keyboard_interrupt_stops_everything(self, tmp_path, mode):
         """Ctrl-C (SIGINT to the group): KeyboardInterrupt in the caller, workers gone in 5 s."""
-        proc, pids = start(tmp_path)
+        proc, pids = start(tmp_path, mode)
         workers = worker_pids(pids)
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -96,10 +105,11 @@ class TestCtrlC:
         assert "Traceback" in err and "WorkerError" not in err
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 class TestKilledCaller:
-    def test_workers_exit_when_caller_is_killed(self, tmp_path):
+    def test_workers_exit_when_caller_is_killed(self, tmp_path, mode):
         """SIGKILL of the caller: its workers notice and exit on their own (no orphans)."""
-        proc, pids = start(tmp_path)
+        proc, pids = start(tmp_path, mode)
         workers = worker_pids(pids)
         proc.kill()
         proc.communicate(timeout=10)

@@ -8,7 +8,7 @@ import attrs
 import cloudpickle
 import pytest
 
-from easycore import Pipeline, Stage, compose, consumer, producer
+from easycore import Pipeline, Stage, WorkerError, compose, consumer, producer
 
 
 @producer
@@ -196,3 +196,69 @@ class TestInlineRun:
         """imap is for pipelines without a consumer."""
         with pytest.raises(TypeError, match="imap"):
             (square >> summer).imap([1])
+
+
+class TestOn:
+    def test_on_makes_a_pool(self):
+        p = square.on(4)
+        assert isinstance(p, Pipeline)
+        assert len(p.pools) == 1
+        stages, binding = p.pools[0]
+        assert stages == (square,)
+        assert binding.devices == 4 and binding.batch_size is None
+
+    def test_pools_cut_at_each_on_and_unbound_runs_fuse(self):
+        p = square.on(2) >> inc >> inc >> square.on(["cpu"], batch_size=3) >> summer
+        assert [tuple(s.name for s in stages) for stages, _ in p.pools] == [
+            ("square",),
+            ("inc", "inc"),
+            ("square",),
+        ]
+        assert [b if b is None else (b.devices, b.batch_size) for _, b in p.pools] == [
+            (2, None),
+            None,
+            (("cpu",), 3),
+        ]
+        assert p.consumer is summer
+
+    def test_a_fused_run_binds_as_one_pool(self):
+        p = (square >> inc).on(2) >> inc.on(1)
+        assert [len(stages) for stages, _ in p.pools] == [2, 1]
+        assert repr(p) == "Pipeline((square >> inc).on(2) >> inc.on(1))"
+
+    def test_two_equal_on_calls_are_two_pools(self):
+        assert len((square.on(2) >> inc.on(2)).pools) == 2
+
+    def test_on_leaves_operands_unchanged(self):
+        base = square >> inc
+        bound = base.on(3)
+        assert base.placement == (None, None)
+        assert bound is not base and bound.producers == base.producers
+
+    def test_refusals(self):
+        with pytest.raises(TypeError, match="consumer"):
+            summer.on(2)
+        with pytest.raises(TypeError, match="consumer"):
+            (square >> summer).on(2)
+        with pytest.raises(TypeError, match="already bound"):
+            square.on(2).on(3)
+        with pytest.raises(ValueError, match="inline"):
+            square.on("inline")
+        with pytest.raises(ValueError, match="batch_size"):
+            square.on(2, batch_size=0)
+
+    def test_bad_devices_fail_before_any_process(self):
+        with pytest.raises(ValueError, match="tpu"):
+            (square.on("tpu") >> inc.on(1)).map([1])
+
+    def test_bound_pipeline_pickles(self):
+        p = square.on(2, batch_size=4) >> inc.on(1) >> summer
+        q = cloudpickle.loads(cloudpickle.dumps(p))
+        assert [(b.devices, b.batch_size) for _, b in q.pools] == [(2, 4), (1, None)]
+
+    def test_inline_run_of_pools(self):
+        p = inc.on(2) >> square.on(1, batch_size=2)
+        with pytest.raises(WorkerError, match="list"):
+            p.map([1, 2, 3], devices="inline")  # square gets lists: list * list fails
+        out = (inc.on(2) >> inc.on(1)).map([1, 2, 3], devices="inline")
+        assert out == [3, 4, 5]
