@@ -44,7 +44,11 @@ LIB_MODULES: dict[str, tuple[str, ...]] = {
 #: Modules the caller of a workload uses anyway (it receives tensors or arrays), imported
 #: before pools are created: fork-based pools then inherit them instead of importing them
 #: again in every worker, as in a program that already works with torch or numpy.
-WORKLOAD_MODULES: dict[str, tuple[str, ...]] = {"W3": ("torch",), "W3b": ("numpy",)}
+WORKLOAD_MODULES: dict[str, tuple[str, ...]] = {
+    "W3": ("torch",),
+    "W3b": ("numpy",),
+    "W5": ("torch", "numpy"),
+}
 
 #: Libraries that pass work through the pool itself (not easycore, not in-process).
 PEERS = ("pool", "futures", "joblib", "mpire")
@@ -66,6 +70,8 @@ def work_function(workload: str, lib: str) -> Callable[[int], Any]:
         return wl.make_array
     if workload == "W4":
         return wl.identity
+    if workload == "W5":
+        return wl.w5_fused_1thread if lib in PEERS else wl.w5_fused
     msg = f"unknown workload {workload!r}"
     raise ValueError(msg)
 
@@ -237,8 +243,13 @@ class Easycore:
     ) -> None:
         from easycore import consumer, producer
 
-        del opts
         pipeline: Any = producer(fn)
+        self.flatten = False
+        if "pools" in opts:  # W5 with a pool per stage: "pools=2+1" workers for decode + model
+            first, second = (int(k) for k in opts["pools"].split("+"))
+            model = producer(init=wl.w5_load)(_w5_model_batch)
+            pipeline = producer(wl.w5_decode).on(first) >> model.on(second, batch_size=wl.W5_BATCH)
+            self.flatten = True
         if total:
             pipeline = pipeline >> consumer(init=0)(_add)
         self.pipeline, self.workers = pipeline, workers
@@ -246,12 +257,19 @@ class Easycore:
 
     def run(self, items: Sequence[int]) -> Any:
         if self.runner is not None:
-            return self.runner.map(items)
-        return self.pipeline.map(items, devices=self.workers)
+            out = self.runner.map(items)
+        else:
+            out = self.pipeline.map(items, devices=self.workers)
+        return [y for batch in out for y in batch] if self.flatten else out
 
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
+
+
+def _w5_model_batch(vs: Sequence[Any], *, state: Any) -> list[float]:
+    """W5's model stage in its own pool: one call per batch, the model is the worker's state."""
+    return wl.w5_predict_batch(vs, state)
 
 
 def _add(total: int, x: int) -> int:
@@ -281,6 +299,7 @@ def measure(
         bench_workloads.WrongResult: the library returned a wrong result.
     """
     opts = parse_variant(variant)
+    workers = int(opts.pop("procs", workers))
     for module in LIB_MODULES[lib] + WORKLOAD_MODULES.get(workload, ()):
         importlib.import_module(module)
     if lib == "reference":

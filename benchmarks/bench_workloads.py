@@ -14,6 +14,12 @@ Workloads (sizes are the defaults; ``--quick`` shrinks them):
 * **W3** ``make_tensor(i)`` returns a 4 MiB float32 ``torch.full((1 << 20,), i)``; 200 items.
 * **W3b** the same as numpy arrays (``np.full``).
 * **W4** ``identity(x)`` on one item: the cost of creating, using and shutting down a pool.
+* **W5** two unbalanced stages over 3,000 items: ``w5_decode`` (about 0.6 ms of pure Python
+  making a 1024-float feature vector) then a "model" (a 1024 x 4096 float32 matrix, 16 MiB,
+  loaded once per process) scoring it. Fused, every process runs both per item (a model
+  call per item, one model copy per process); with pools, decode runs on 2 workers and the
+  model on 1 worker fed batches of 64 (``w5_predict_batch``): the same functions' work, each
+  stage at its own granularity, on the same 3 processes.
 """
 
 from __future__ import annotations
@@ -92,6 +98,69 @@ def make_array(i: int) -> Any:
 def identity(x: int) -> int:
     """W4: no work at all."""
     return x
+
+
+#: W5 sizes: features per item, model outputs, items per model batch.
+W5_DIM, W5_OUT, W5_BATCH = 1024, 4096, 64
+_W5_MODEL: Any = None
+
+
+def w5_decode(x: int) -> Any:
+    """W5 stage 1: about 0.6 ms of pure Python turning ``x`` into a float32 feature vector."""
+    import numpy as np
+
+    v = [((x * 31 + i * 17) % 1000) / 1000.0 for i in range(W5_DIM)]
+    for _ in range(6):
+        v = [a * 0.5 + 0.25 for a in v]
+    return np.asarray(v, dtype=np.float32)
+
+
+def w5_load() -> Any:
+    """W5 model: a fixed 16 MiB weight matrix (the same in every process)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(W5_DIM, W5_OUT, generator=g) / W5_DIM**0.5
+
+
+def _w5_model() -> Any:
+    global _W5_MODEL
+    if _W5_MODEL is None:
+        _W5_MODEL = w5_load()
+    return _W5_MODEL
+
+
+def w5_predict(v: Any, model: Any = None) -> float:
+    """W5 stage 2 per item: the model's score of one feature vector."""
+    import torch
+
+    model = _w5_model() if model is None else model
+    return float((torch.from_numpy(v) @ model).sum())
+
+
+def w5_predict_batch(vs: Sequence[Any], model: Any = None) -> list[float]:
+    """W5 stage 2 per batch: the same scores for a list of feature vectors, in one call."""
+    import numpy as np
+    import torch
+
+    model = _w5_model() if model is None else model
+    return (torch.from_numpy(np.stack(vs)) @ model).sum(dim=1).tolist()
+
+
+def w5_fused(x: int) -> float:
+    """W5 fused: both stages for one item (the model loaded once per process)."""
+    return w5_predict(w5_decode(x))
+
+
+def w5_fused_1thread(x: int) -> float:
+    """W5 fused for peers: after ``torch.set_num_threads(1)`` (3 processes on few cores)."""
+    global _ONE_THREAD
+    import torch
+
+    if not _ONE_THREAD:
+        torch.set_num_threads(1)
+        _ONE_THREAD = True
+    return w5_fused(x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +250,16 @@ def check_w4(result: Any, n: int) -> None:
         _fail(f"W4: got {result!r}, expected {expected!r}")
 
 
+def check_w5(result: Any, n: int) -> None:
+    """``n`` scores in input order; a sample recomputed here (float tolerance: batching)."""
+    if not isinstance(result, list) or len(result) != n:
+        _fail(f"W5: expected a list of {n} scores, got {type(result).__name__}")
+    for i in sorted({0, 1, n // 3, n // 2, n - 1}):
+        want = w5_fused(i)
+        if abs(result[i] - want) > 1e-3 * max(1.0, abs(want)):
+            _fail(f"W5: score {i} is {result[i]!r}, expected {want!r}")
+
+
 #: How many items each workload runs (default, --quick).
 SIZES: dict[str, tuple[int, int]] = {
     "W1": (200_000, 20_000),
@@ -188,6 +267,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "W3": (200, 20),
     "W3b": (200, 20),
     "W4": (1, 1),
+    "W5": (3_000, 300),
 }
 
 #: Correctness check per workload: ``check(result, n_items)``.
@@ -197,6 +277,7 @@ CHECKS: dict[str, Callable[[Any, int], None]] = {
     "W3": check_w3,
     "W3b": check_w3b,
     "W4": check_w4,
+    "W5": check_w5,
 }
 
 

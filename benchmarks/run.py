@@ -17,8 +17,10 @@ every array's contents), so a broken fast path cannot look good.
 Workloads (see ``bench_workloads.py``): W1 200,000 ints ``x*x`` summed; W2 400 items of 5 ms
 pure Python; W3 200 float32 tensors of 4 MiB returned by the workers; W3b the same as numpy
 arrays; W4 create 2 workers, run 1 item, shut down, cold (first time in a fresh process) and
-warm (second time). Peers run with their defaults and with the tuning a careful user would
-apply (chunk sizes, one torch thread per worker); easycore runs untuned. ``bench_libs.py``
+warm (second time); W5 two unbalanced stages (Python decode, then a model) fused on 3
+processes against a pool per stage on the same 3 processes. Peers run with their defaults
+and with the tuning a careful user would apply (chunk sizes, one torch thread per worker);
+easycore runs untuned. ``bench_libs.py``
 says exactly what each library runs and what is timed.
 """
 
@@ -107,6 +109,7 @@ GROUPS: dict[str, Group] = {
         Group("W3b", "W3b", "x 4 MiB float32 numpy arrays returned", "GB/s"),
         Group("W4 cold", "W4", "create 2 workers, 1 item, shut down: fresh process", "s", False),
         Group("W4 warm", "W4", "create 2 workers, 1 item, shut down: second time", "s", False),
+        Group("W5", "W5", "items: 0.6 ms decode, then a 16 MiB model; 3 processes", "items/s"),
     ]
 }
 
@@ -209,6 +212,27 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
                 f"easycore .map([0], devices={workers})",
             ),
         ]
+    # W5: the same work fused (every process decodes and runs the model per item) against a
+    # pool per stage (decode on `workers`, the model on 1 worker, batches of 64).
+    procs = workers + 1
+    cases += [
+        Case("W5", "sequential", "default", "baseline", "in-process loop (decode, model per item)"),
+        Case(
+            "W5",
+            "pool",
+            f"procs={procs}",
+            "peer",
+            f"multiprocessing.Pool({procs}) fused, 1 torch thread/worker",
+        ),
+        Case("W5", "easycore", f"procs={procs}", "peer", f"easycore fused .map(devices={procs})"),
+        Case(
+            "W5",
+            "easycore",
+            f"pools={workers}+1",
+            "easycore",
+            f"easycore decode.on({workers}) >> model.on(1, batch_size=64)",
+        ),
+    ]
     return cases
 
 
@@ -438,6 +462,8 @@ def targets(rows: list[Row]) -> list[Target]:
             ref = role(g, "reference")
             extra = ec.median - ref.median if ec and ref else None
             out.append(Target(g, "easycore time - `import torch` time (s)", extra, 0.5, False))
+        elif g == "W5":
+            out.append(Target(g, "pools / best fused run, items/s", rat, 1.0, True))
     return out
 
 
@@ -556,7 +582,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="fresh processes per row (5)")
     p.add_argument("--workers", type=int, default=2, help="processes per pool (2)")
     p.add_argument("--quick", action="store_true", help="1 repeat, small sizes: a smoke test")
-    p.add_argument("--only", help="comma-separated workloads: W1,W2,W3,W3b,W4 ('W4 warm')")
+    p.add_argument("--only", help="comma-separated workloads: W1,W2,W3,W3b,W4,W5 ('W4 warm')")
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(
         "--mode",

@@ -19,6 +19,7 @@ CASES = [
     ("sum_of_power.py", [], "24502500"),
     ("cpu_speedup.py", ["20"], "speed-up"),
     ("demo.py", [], "inline run agrees: OK"),
+    ("decode_then_predict.py", ["300"], "inline run agrees: OK"),
 ]
 
 

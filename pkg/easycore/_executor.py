@@ -1,6 +1,7 @@
 """The process executor behind ``Pipeline.map``/``imap``/``open``: one worker per device.
 
-Data flow (one caller thread, no helper threads in the caller)::
+Data flow (the caller's own thread runs the loop; ``Runner.submit`` runs the same loop in one
+background thread)::
 
     caller process                                       worker process k (one per device)
     ------------------------------------------------     ---------------------------------------
@@ -15,15 +16,38 @@ Data flow (one caller thread, no helper threads in the caller)::
           big tensors/arrays in both directions: shared-memory segments, only their ids in the
           pickle (see _transport); slots: one shared array of 2 doubles per worker
     multiprocessing.connection.wait([pipe 1..n, process sentinel 1..n], timeout)
-       pipe ready      -> read replies (results, per-item errors, READY, ENDED)
+       pipe ready      -> read replies (results, errors left after the worker's own retries,
+                          READY, ENDED)
        sentinel ready  -> the process is gone: drain its pipe first (results already sent are
                           kept, never re-run), then re-queue what it still held (retries) or
                           raise WorkerDied naming the item from slots[k]
        timeout         -> an item passed `timeout` (start time in slots[k]): kill that worker,
                           then as above, raising ItemTimeout when retries are spent
 
+With several pools (``a.on(2) >> b.on(1) >> consumer``), data goes worker to worker and the
+caller only routes::
+
+    caller ──chunk──> pool 0 worker i ──(results held)          pool 1 worker j ──reply──> caller
+      ^                   │ MID: "chunk c done"                    ^    │
+      │<──────────────────┘                                        │    │
+      │ "fwd c to j" (+ its end of a new socket pair, SCM_RIGHTS)  │    │
+      └──────────────────> pool 0 worker i: sender thread ─────────┘    │ release notes for
+                              └─ SENT c ─> caller                      │ i's segments go
+                                                                        └─ back over the pair
+
+    * a finished chunk waits in its worker until a worker of the next pool has fewer than
+      DEPTH chunks: backpressure holds over the chain; the window bounds what is in flight;
+    * the caller knows where each chunk is (running, held, moving from i to j); when a worker
+      dies, every chunk it ran, held or was sending is re-run from its first-pool items (the
+      caller keeps them) under a new id, and replies for the old id are dropped;
+    * chunks hold whole last-pool batches, so every pool's batches, item indices and seeds
+      are the same whatever the routing; exceptions are retried inside the worker.
+
 Why this shape:
 
+* Routing from the caller rather than from worker to worker: one process sees every queue's
+  depth and every death, so exactly-once delivery and backpressure need no distributed
+  protocol, while the bytes (the expensive part) never pass through it.
 * Per-worker pipes (as torch's DataLoader keeps per-worker index queues) tell us exactly which
   items each worker holds, so a dead worker's items can be re-run and nothing is lost or
   doubled: a chunk's results arrive in one message, and a chunk is forgotten only when its

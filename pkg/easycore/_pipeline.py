@@ -349,7 +349,8 @@ class Pipeline:
         for stages, binding in self.pools:
             text = " >> ".join(s.name for s in stages)
             if binding is not None:
-                args = repr(binding.devices)
+                devices = binding.devices
+                args = repr(list(devices) if isinstance(devices, tuple) else devices)
                 if binding.batch_size is not None:
                     args += f", batch_size={binding.batch_size}"
                 text = f"({text}).on({args})" if len(stages) > 1 else f"{text}.on({args})"
