@@ -685,18 +685,22 @@ class Runner:
     def _pair(self, src: _Worker, dst: _Worker) -> tuple[int, int | None]:
         """The pipe from ``src`` to ``dst`` (next pool): its key, and ``src``'s end if new.
 
+        Raises:
+            OSError: ``dst`` is dying (nothing is registered then).
+
         A new pipe is a socket pair made here: ``dst`` gets its end now, ``src`` with the
         forward order; we keep neither end, so a worker's death is an EOF to its peers.
         """
         key = self._pairs.get((src.slot, dst.slot))
         if key is not None:
             return key, None
-        import socket
-
         key = next(self._pair_keys)
         a, b = socket.socketpair()
         try:
             dst.chan.send_control(("peer", key), b.fileno())
+        except BaseException:
+            a.close()
+            raise
         finally:
             b.close()
         self._pairs[(src.slot, dst.slot)] = key
@@ -1424,9 +1428,13 @@ class _Run:
                 if not room:
                     break
                 dst = min(room, key=lambda t: len(t.outstanding))
-                chunk = held.pop(0)
+                chunk = held[0]
                 src = workers[chunk.slot]
-                key, fd = self.r._pair(src, dst)
+                try:
+                    key, fd = self.r._pair(src, dst)
+                except OSError:
+                    break  # dst is dying: its sentinel will tell us, the chunk stays held
+                held.pop(0)
                 try:
                     src.chan.send_control(("fwd", chunk.id, key), fd)
                 except OSError:

@@ -1,4 +1,5 @@
-"""Soak: many items with ~1% random faults (raise, os._exit, SIGKILL) over 2 workers, retries=3.
+"""Soak: many items with ~1% random faults (raise, os._exit, SIGKILL), retries=3, on one pool
+of 2 workers and on three pools (faults in every pool).
 
 Short in CI; `EASYCORE_SOAK=20000 just soak` for a long run. Prints its figures.
 """
@@ -18,19 +19,14 @@ from easycore import consumer, producer
 ITEMS = int(os.environ.get("EASYCORE_SOAK", "2000"))
 
 
-@pytest.mark.timeout(600)
-def test_soak_random_faults(tmp_path: Path, capsys):
-    """With ~1% of items failing once, retries=3 gives exactly the fault-free result."""
-    rng = random.Random(1234)
-    faults = {
-        i: rng.choice(["raise", "exit", "sigkill"]) for i in range(ITEMS) if rng.random() < 0.01
-    }
+def faulty(tmp_path: Path, faults: dict[int, str], tag: str, fn):
+    """`fn`, with the fault planned for an item injected the first time that item comes."""
 
-    def work(x, *, worker):
+    def work(x):
         how = faults.get(x)
         if how is not None:
             try:
-                fd = os.open(tmp_path / str(x), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(tmp_path / f"{tag}-{x}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
                 how = None
             else:
@@ -41,18 +37,66 @@ def test_soak_random_faults(tmp_path: Path, capsys):
             os._exit(7)
         if how == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
-        return x * x
+        return fn(x)
 
+    work.__name__ = f"work_{tag}"
+    return producer(work)
+
+
+def plan(seed: int) -> dict[int, str]:
+    rng = random.Random(seed)
+    return {
+        i: rng.choice(["raise", "exit", "sigkill"]) for i in range(ITEMS) if rng.random() < 0.01
+    }
+
+
+def report(capsys, what: str, faults: dict[str, dict[int, str]], tmp_path: Path, wall: float):
+    """Print what was injected (read back from the marker files) and how long it took."""
+    done = [p.name.split("-") for p in tmp_path.iterdir()]
+    kinds = {k: 0 for k in ("raise", "exit", "sigkill")}
+    for tag, x in done:
+        kinds[faults[tag][int(x)]] += 1
+    with capsys.disabled():
+        print(
+            f"\nsoak ({what}): {ITEMS} items, {len(done)} faults injected {kinds}, "
+            f"{len(done)} retries used, {wall:.2f} s wall"
+        )
+
+
+@pytest.mark.timeout(600)
+def test_soak_random_faults(tmp_path: Path, capsys):
+    """With ~1% of items failing once, retries=3 gives exactly the fault-free result."""
+    faults = plan(1234)
     collect = consumer(init=list)(lambda acc, y: acc.append(y))
     t0 = time.perf_counter()
-    out = (producer(work) >> collect).map(range(ITEMS), devices=2, retries=3)
+    work = faulty(tmp_path, faults, "a", lambda x: x * x)
+    out = (work >> collect).map(range(ITEMS), devices=2, retries=3)
     wall = time.perf_counter() - t0
     assert out == [x * x for x in range(ITEMS)]
     injected = len(list(tmp_path.iterdir()))
     assert injected == len(faults)
-    kinds = {k: sum(1 for v in faults.values() if v == k) for k in ("raise", "exit", "sigkill")}
-    with capsys.disabled():
-        print(
-            f"\nsoak: {ITEMS} items, {injected} faults injected {kinds}, "
-            f"{injected} retries used, {wall:.2f} s wall"
-        )
+    report(capsys, "1 pool x 2 workers", {"a": faults}, tmp_path, wall)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ordered", [True, False])
+def test_soak_random_faults_in_every_pool(tmp_path: Path, capsys, ordered):
+    """Three pools, ~1% faults in each: still exactly the fault-free result."""
+    faults = [plan(1), plan(2), plan(3)]
+    a = faulty(tmp_path, faults[0], "a", lambda x: x + 1)
+    b = faulty(tmp_path, faults[1], "b", lambda x: x)
+    c = faulty(tmp_path, faults[2], "c", lambda x: 2 * x)
+    collect = consumer(init=list)(lambda acc, y: acc.append(y))
+    t0 = time.perf_counter()
+    pipeline = a.on(1) >> b.on(2) >> c.on(1) >> collect
+    out = pipeline.map(range(ITEMS), retries=3, ordered=ordered)
+    wall = time.perf_counter() - t0
+    expected = [2 * (x + 1) for x in range(ITEMS)]
+    assert (out if ordered else sorted(out)) == expected
+    injected = len(list(tmp_path.iterdir()))
+    # b and c see x + 1: a fault planned for ITEMS never comes, one for 0 neither
+    expected = sum(1 for x in faults[0]) + sum(1 for f in faults[1:] for x in f if 1 <= x <= ITEMS)
+    assert injected == expected
+    tags = dict(zip("abc", faults, strict=True))
+    what = f"3 pools: 1 + 2 + 1 workers, ordered={ordered}"
+    report(capsys, what, tags, tmp_path, wall)
