@@ -407,7 +407,9 @@ class Pipeline:
 
         Args:
             devices: an int (CPU workers), a list of device strings or ``torch.device``s,
-                ``"cuda"``, ``"auto"`` or ``"inline"`` (no processes).
+                ``"cuda"``, ``"auto"`` or ``"inline"`` (no processes); for producers bound
+                with :meth:`on` their own devices apply instead (``"inline"`` still runs
+                everything in the calling process).
             cfg: a mapping or ``CfgNode``; workers receive it frozen.
             start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
 
@@ -438,6 +440,9 @@ class Pipeline:
         distributed: bool = False,
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
+
+        ``devices`` applies to producers not bound with :meth:`on` (those run on their own
+        pool's devices); ``batch_size`` batches the input of the first pool.
 
         With ``distributed=True``, in a job launched by ``torchrun`` or Slurm (every rank
         calls ``map`` with the same ``data``): item (or batch) ``i`` runs on rank

@@ -128,6 +128,12 @@ class TestResults:
         @producer
         def check(pair):
             a, t = pair
+            # in shared memory: a view of the sender's segment (a ctypes mapping), not an
+            # array unpickled from the byte stream (a memoryview or bytes underneath)
+            owner = a
+            while isinstance(owner, np.ndarray):
+                owner = owner.base
+            assert type(owner).__name__.startswith("c_char_Array"), type(owner)
             return float(a.mean()) + float(t.mean())
 
         out = (make.on(2) >> check.on(1)).map(range(60))
