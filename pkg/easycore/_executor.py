@@ -550,6 +550,7 @@ class Runner:
         self._ctx: Any = None
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = itertools.count()
+        self._chunk_ids = itertools.count()
         self._last_run: _Run | None = None
         self._server: _Server | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -1139,7 +1140,7 @@ class Runner:
     ) -> Iterator[tuple[int, list[Any]]]:
         run = _Run(self, source, ordered, seed, timeout, retries, batch_size, bars)
         run.tolerant = tolerant
-        self._last_run = run
+        self._last_run = run  # for stats(); it lets go of the data when the run ends
         try:
             yield from run.loop()
         except GeneratorExit:
@@ -1155,6 +1156,8 @@ class Runner:
         except BaseException:
             self._abort()
             raise
+        finally:
+            run.let_go()
 
     def _wait_and_handle(
         self,
@@ -1284,7 +1287,8 @@ class _Run:
         # one sizer per pool: chunks are as big as the slowest pool allows
         self.sizers = [_ChunkSizer() for _ in self.pools]
         self.chunk_size = self.align
-        self.chunk_ids = itertools.count()
+        # ids never repeat on a runner: a late reply from an earlier run cannot match a chunk
+        self.chunk_ids = runner._chunk_ids
         self.live: dict[int, _Chunk] = {}
         self.waiting: list[list[_Chunk]] = [[] for _ in self.pools]  # held, by pool
         self.done = [0] * len(self.pools)
@@ -1678,6 +1682,19 @@ class _Run:
     # -- the loop --------------------------------------------------------------------------
     def busy(self) -> bool:
         return bool(self.live)
+
+    def let_go(self) -> None:
+        """Drop the input and results once the run is over (stats() keeps the counters)."""
+        self.it = iter(())
+        self.range = None
+        self.live_src = None
+        self.live.clear()
+        self.redo.clear()
+        self.segments.clear()
+        self.ready.clear()
+        self.failures.clear()
+        for held in self.waiting:
+            held.clear()
 
     def _settled(self) -> bool:
         """Nothing in flight, to re-run, or to yield."""

@@ -139,7 +139,8 @@ def _pool_reader(
 
     Chunks (from the caller, or from an upstream peer) go to the main thread with the channel
     that decodes them; forward/drop orders and a downstream peer's release notes go to the
-    sender thread (``outbox``). New peer pipes arrive as descriptors after control frames.
+    sender thread (``outbox``). New peer pipes arrive as descriptors after control frames; a
+    peer's death is an EOF on its pipe (nobody else holds its end).
     """
     import multiprocessing.connection as mpc
 
@@ -186,9 +187,6 @@ def _pool_reader(
                     outbox.put(("fwd", op[1], op[2], peer))
                 elif op[0] == "drop" and outbox is not None:
                     outbox.put(op)
-                elif op[0] == "gone":  # a peer died: forget its pipe
-                    drop("up", op[1])
-                    drop("down", op[1])
             else:
                 tasks.put((ch, frame, fds))
 
