@@ -473,6 +473,13 @@ class Pipeline:
         if distributed:
             from easycore.distributed import _distributed_map
 
+            if any(b is not None for b in self.placement):
+                msg = (
+                    "distributed=True runs each rank's share on one pool; a pipeline with "
+                    ".on pools is not supported there yet (drop .on, or run it per rank)"
+                )
+                raise ValueError(msg)
+
             return _distributed_map(
                 self,
                 data,

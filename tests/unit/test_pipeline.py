@@ -262,3 +262,7 @@ class TestOn:
             p.map([1, 2, 3], devices="inline")  # square gets lists: list * list fails
         out = (inc.on(2) >> inc.on(1)).map([1, 2, 3], devices="inline")
         assert out == [3, 4, 5]
+
+    def test_distributed_with_pools_is_refused(self):
+        with pytest.raises(ValueError, match="distributed"):
+            (inc.on(1) >> inc.on(1)).map([1], distributed=True)
