@@ -355,7 +355,9 @@ def finish_group(group: Group, rows: list[Row]) -> None:
 def fmt(group: Group, v: float) -> str:
     """A figure in the group's unit, compactly."""
     if group.unit == "items/s":
-        return f"{v / 1e6:.2f} M" if v >= 1e5 else f"{v / 1e3:.1f} k"
+        if v >= 1e5:
+            return f"{v / 1e6:.2f} M"
+        return f"{v / 1e3:.1f} k" if v >= 1e4 else f"{v:,.0f}"
     if group.unit == "GB/s":
         return f"{v:.3f}" if v < 1 else f"{v:.2f}"
     if group.unit == "x seq":
