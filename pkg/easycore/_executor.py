@@ -404,7 +404,6 @@ class _Worker:
     holding: dict[int, _Chunk] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the item we killed it for
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
-    idle_deaths: int = 0
 
     @property
     def conn(self) -> Any:
@@ -553,6 +552,8 @@ class Runner:
         self._chunk_ids = itertools.count()
         self._last_run: _Run | None = None
         self._server: _Server | None = None
+        self._submit_lock = threading.Lock()  # guards _server and _refusing
+        self._refusing = False  # refuse submits: closing, or a map waits for the submit run
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self.startup_seconds = 0.0
         self.activate()
@@ -607,6 +608,7 @@ class Runner:
         """
         if self._active:
             return
+        self._refusing = False
         t0 = time.perf_counter()
         producers = self.pipeline.producers
         if self._inline:
@@ -725,8 +727,7 @@ class Runner:
 
     def _abort(self) -> None:
         """Stop everything now after an error or interrupt: `end` gets a short grace."""
-        if self._server is not None and not self._server.is_current():
-            self._stop_server(abort=True)
+        self._stop_server(abort=True)
         if self._inline:
             if self._active:
                 self._active = False
@@ -949,6 +950,9 @@ class Runner:
         if not self._active:
             msg = "this runner is closed: call runner.activate() to start its workers again"
             raise RuntimeError(msg)
+        server = self._server
+        if self._busy and server is not None and not server.is_current():
+            self._stop_server(abort=False, refuse=False)  # let submitted items finish first
         if self._busy:
             msg = "this runner is already running a map/imap; runs on one runner go one at a time"
             raise RuntimeError(msg)
@@ -1081,50 +1085,63 @@ class Runner:
         For callers that feed items one at a time (a server, a training loop prefetching
         batches). Items run as workers free up, in no set order. An item that raises, or
         whose worker dies, fails only its own future (``WorkerError``/``WorkerDied``; the
-        worker is respawned); the rest go on. While submitted items are pending the runner is
-        busy (``map``/``imap`` raise ``RuntimeError``); :meth:`close` waits for them.
+        worker is respawned); the rest go on. ``map``/``imap`` and :meth:`close` first wait
+        for the submitted items to finish. Safe to call from several threads, and from a
+        future's callback.
 
         Raises:
-            RuntimeError: the runner is closed, or a ``map``/``imap`` is running on it.
+            RuntimeError: the runner is closed or closing, or a ``map``/``imap`` is running.
             TypeError: the pipeline has a consumer, or a pool groups items (``batch_size``):
                 one item, one result.
         """
         if self.pipeline.consumer is not None:
             msg = f"submit is for pipelines without a consumer; {self.pipeline!r} has one"
             raise TypeError(msg)
-        if self._pools[-1].unit > 1:
+        first = self.pipeline.pools[0][1] if self.pipeline.pools else None
+        if self._pools[-1].unit > 1 or (first is not None and first.batch_size is not None):
             msg = "submit needs one result per item; a pool of this pipeline has a batch_size"
             raise TypeError(msg)
-        if not self._active:
-            msg = "this runner is closed: call runner.activate() to start its workers again"
-            raise RuntimeError(msg)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self._inline or not self.pipeline.producers:
-            if self._busy:
-                msg = "this runner is already running a map/imap; runs go one at a time"
-                raise RuntimeError(msg)
             try:
                 future.set_result(self.map([item])[0])
             except EasycoreError as exc:
                 future.set_exception(exc)
             return future
-        while True:
+        with self._submit_lock:
+            if not self._active or self._refusing:
+                msg = (
+                    "this runner is closed: call runner.activate() to start its workers again"
+                    if not self._active
+                    else "this runner is closing, or a map/imap waits for submitted items"
+                )
+                raise RuntimeError(msg)
             server = self._server
-            if server is None or not server.alive():
-                if server is not None and not server.is_current():
-                    server.thread.join()  # it found nothing left to do and is ending
-                if self._busy:
-                    msg = "this runner is already running a map/imap; runs go one at a time"
-                    raise RuntimeError(msg)
-                self._server = _Server(self, item, future)
+            if server is not None and server.put(item, future):
                 return future
-            if server.put(item, future):
-                return future
+            if server is not None and not server.is_current():
+                server.thread.join()  # it found nothing left to do and is ending
+            if self._busy:
+                msg = "this runner is already running a map/imap; runs go one at a time"
+                raise RuntimeError(msg)
+            self._server = _Server(self, item, future)
+            return future
 
-    def _stop_server(self, abort: bool) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop(abort)
+    def _stop_server(self, abort: bool, refuse: bool = True) -> None:
+        """End the submit run: wait for its items (or drop them, ``abort``).
+
+        New submits are refused meanwhile (``refuse=False`` allows them again after).
+        """
+        with self._submit_lock:
+            self._refusing = True
+            server, self._server = self._server, None
+        try:
+            if server is not None:
+                server.stop(abort)  # joins, unless called from the server thread itself
+        finally:
+            if not refuse:
+                with self._submit_lock:
+                    self._refusing = False
 
     # -- the process loop ----------------------------------------------------------------
     def _stream(
@@ -1296,6 +1313,7 @@ class _Run:
         self.started = time.monotonic()
         self.finished: float | None = None
         self.failures: dict[int, _Failed] = {}  # tolerant runs: index -> its error
+        self.idle_deaths: dict[int, int] = {}  # slot -> deaths that charged no item
 
     # -- insight ---------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
@@ -1304,9 +1322,10 @@ class _Run:
         for pool in self.pools:
             p = pool.index
             per = pool.unit
-            workers = [w for w in self.r._workers if w.pool == p]
-            queued = sum(len(c.items) for w in workers for c in w.outstanding.values())
-            waiting = sum(len(c.items) for c in self.waiting[p])
+            workers = [w for w in list(self.r._workers) if w.pool == p]
+            # snapshots: another thread (a submit run) may be changing these
+            queued = sum(len(c.items) for w in workers for c in list(w.outstanding.values()))
+            waiting = sum(len(c.items) for c in list(self.waiting[p]))
             busy = self.busy_seconds[p] / (wall * len(pool.devices))
             out.append(
                 StageStats(
@@ -1384,6 +1403,7 @@ class _Run:
     def dispatch(self) -> None:
         if self.multi:
             self._route()
+            self._give_back()
         timed = self.timeout is not None
         for w in self.r._workers:
             if w.pool:
@@ -1406,6 +1426,18 @@ class _Run:
                     w.chan.send_frame(frame)
                 except OSError:
                     break  # the worker is dying; its sentinel will tell us and we re-queue
+
+    def _give_back(self) -> None:
+        """Tell last-pool workers which of their segments we are done with.
+
+        Workers of the first pool learn it from the next chunk we send them; the others get
+        no chunks from us, so a bare note carries the list (else they would map new shared
+        memory for every result).
+        """
+        for w in self.r._workers[self.pools[-1].first_slot :]:
+            if w.alive and w.chan.released:
+                with contextlib.suppress(OSError):
+                    w.chan.send(None)
 
     def _spent(self, chunk: _Chunk) -> dict[tuple[int, int], int]:
         """Runs already charged to items of this chunk (by deaths), for the worker's retries."""
@@ -1481,6 +1513,9 @@ class _Run:
                     chunk.src = -1
             return
         if tag == _worker.UNREADABLE:
+            if not w.outstanding:
+                msg = f"a chunk could not be unpickled in worker {w.index} on {w.device}"
+                raise SerializationError(msg)
             chunk = w.outstanding[min(w.outstanding)]
             unit = self.pools[w.pool].unit
             first, last = chunk.start // unit, (chunk.start + len(chunk.items) - 1) // unit
@@ -1496,6 +1531,12 @@ class _Run:
             _, chunk_id, k, entry = msg
             chunk = self.live.get(chunk_id)
             if chunk is None:
+                return
+            if self.tolerant:  # fail that item; the chunk's others run again
+                self.r._workers[chunk.slot].outstanding.pop(chunk_id, None)
+                w.holding.pop(chunk_id, None)
+                chunk.src = -1
+                self._fail_items(w, chunk, [(k, entry)], middle=True)
                 return
             index = chunk.start // self.pools[w.pool].unit + k
             what = f"while sending {self._label(w.pool, index)} to the next stage"
@@ -1604,26 +1645,32 @@ class _Run:
         )
         if holder is None:
             culprit = None
-        charged = (
-            [culprit]
-            if culprit is not None
-            else sorted({(c.start + k) // unit for c in running for k in range(len(c.items))})
-        )
+        busy_in_slot = slots[2 * w.slot + 1] > 0
+        if culprit is not None:
+            charged = [culprit]
+        elif busy_in_slot and w.timed_out is None:
+            # It was running something we no longer track (a chunk re-run elsewhere after
+            # its sender died): nothing of ours is to blame.
+            charged = []
+        else:
+            # Died between items (or while sending results on): everything it had is suspect,
+            # held results included, so a death that repeats runs out of retries.
+            charged = sorted({(c.start + k) // unit for c in lost for k in range(len(c.items))})
         exhausted = False
         for index in charged:
             key = (w.pool, index)
             self.attempts[key] = self.attempts.get(key, 0) + 1
             exhausted = exhausted or self.attempts[key] > self.retries
         if not charged:
-            w.idle_deaths += 1
-            exhausted = w.idle_deaths > self.retries
+            self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
+            exhausted = self.idle_deaths[w.slot] > self.retries
         spared: set[int] = set()  # tolerant: first-pool items failed instead of re-run
         if exhausted:
             item = None
             if holder is not None and culprit is not None and w.pool == 0:
                 item = holder.items[culprit - holder.start]
             try:
-                self._raise_death(w, code, culprit, item, sum(len(c.items) for c in running))
+                self._raise_death(w, code, culprit, item, sum(len(c.items) for c in lost))
             except EasycoreError as exc:
                 if not self.tolerant:
                     raise
@@ -1695,6 +1742,9 @@ class _Run:
         self.failures.clear()
         for held in self.waiting:
             held.clear()
+        for w in self.r._workers:  # nothing of this run is tracked past its end
+            w.outstanding.clear()
+            w.holding.clear()
 
     def _settled(self) -> bool:
         """Nothing in flight, to re-run, or to yield."""
@@ -1723,6 +1773,9 @@ class _Run:
                     start, values, n = self.ready.popleft()
                     self.taken -= n
                     yield start, values
+            if not self.r._active:
+                msg = "the runner was closed while this run had items pending"
+                raise RuntimeError(msg)
             self.dispatch()
             src = self.live_src
             if src is not None and (src.aborted or (self._settled() and src.idle())):
@@ -1752,7 +1805,7 @@ class _Run:
         nearest = self.timeout
         for w in self.r._workers:
             start = slots[2 * w.slot + 1]
-            if w.alive and w.outstanding and start > 1.0:
+            if w.alive and start > 1.0:  # timed items, also of chunks no longer tracked
                 nearest = min(nearest, start + self.timeout - now)
         # A worker may start an item without telling us; look again at least every 0.25 s.
         return max(0.0, min(nearest, 0.25))
@@ -1763,7 +1816,7 @@ class _Run:
         slots = self.r._slots
         now = time.monotonic()
         for w in self.r._workers:
-            if not (w.alive and w.outstanding) or w.timed_out is not None:
+            if not w.alive or w.timed_out is not None:
                 continue
             index, start = slots[2 * w.slot], slots[2 * w.slot + 1]
             if start > 1.0 and now - start > self.timeout and slots[2 * w.slot] == index:
@@ -1795,14 +1848,22 @@ class _Run:
         if tag == _worker.SENT:
             w.holding.pop(msg[1], None)
             return
-        chunk_id = min(w.outstanding) if tag == _worker.UNREADABLE else msg[1]
-        chunk = w.outstanding.pop(chunk_id, None)
-        if chunk is not None and chunk.src >= 0:
-            self.r._workers[chunk.src].holding.pop(chunk_id, None)
+        if tag == _worker.UNREADABLE:
+            if not w.outstanding:
+                return
+            chunk_id = min(w.outstanding)
+        else:
+            chunk_id = msg[1]
+        workers = self.r._workers
+        chunk = self.live.pop(chunk_id, None) or w.outstanding.get(chunk_id)
+        w.outstanding.pop(chunk_id, None)
+        if chunk is not None:
+            workers[chunk.slot].outstanding.pop(chunk_id, None)  # BAD_OUTPUT: w is the sender
+            if chunk.src >= 0:
+                workers[chunk.src].holding.pop(chunk_id, None)
         if tag == _worker.MID:
             with contextlib.suppress(OSError):
                 w.chan.send_control(("drop", chunk_id))
-        self.live.pop(chunk_id, None)
 
 
 class _Failed:

@@ -420,6 +420,8 @@ class Channel:
         flag = frame[:1]
         if flag == WITH_FDS:
             marker, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
+            if not marker:
+                raise EOFError("the peer closed the pipe while sending descriptors")
             expected = int.from_bytes(marker, "little")
             while len(fds) < expected:
                 _, more, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)

@@ -261,6 +261,20 @@ def _send_bare(chan: Channel, obj: Any) -> None:
         os._exit(0)
 
 
+def _or_die(target: Callable[..., None], *args: Any) -> None:
+    """Run a helper thread's loop; if it breaks, end the process (a death the caller handles).
+
+    A dead reader or sender thread in a live process would leave the caller waiting for
+    chunks nobody sends; a dead process is seen at once, and its chunks re-run.
+    """
+    try:
+        target(*args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(70)
+
+
 def _send(chan: Channel, obj: Any) -> None:
     try:
         chan.send(obj)
@@ -463,10 +477,10 @@ def worker_main(
         threading.Thread(target=_reader, args=(chan, tasks, stop), daemon=True).start()
     else:
         outbox = None if last else queue.SimpleQueue()
-        reader_args = (chan, tasks, stop, outbox)
-        threading.Thread(target=_pool_reader, args=reader_args, daemon=True).start()
+        reader_args = (_pool_reader, chan, tasks, stop, outbox)
+        threading.Thread(target=_or_die, args=reader_args, daemon=True).start()
         if outbox is not None:
-            threading.Thread(target=_sender, args=(chan, outbox), daemon=True).start()
+            threading.Thread(target=_or_die, args=(_sender, chan, outbox), daemon=True).start()
 
     _setup_torch(device, n_threads)
     # Never share a random stream with another worker (torch's default seed is a constant,

@@ -372,6 +372,39 @@ class TestFaults:
         with pytest.raises(KeyboardInterrupt):
             (inc.on(2) >> double.on(1) >> stop_at_50).map(range(10_000))
 
+    def test_death_while_sending_results_on_runs_out_of_retries(self):
+        """A result that kills its worker as it is sent to the next pool: WorkerDied after
+        the retries, not an endless loop of re-runs."""
+
+        class Bomb:
+            def __reduce__(self):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        @producer
+        def make(x):
+            return Bomb()
+
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match=r"of stage 'make'.*after 1 retry"):
+            (make.on(1) >> inc.on(1)).map([0], retries=1)
+        assert time.monotonic() - t0 < 30
+
+    def test_last_pool_segments_are_reused(self):
+        """Results of the last pool dropped by the caller give their shared memory back."""
+        import gc
+
+        @producer
+        def big(x):
+            return np.full((256, 256), x, dtype=np.float32)  # 256 KiB: shared memory
+
+        with (inc.on(1) >> big.on(1)).open() as runner:
+            for _ in range(2):
+                for y in runner.imap(range(150)):
+                    del y
+                gc.collect()
+            mapped = len(runner._workers[-1].chan.peer)
+        assert mapped < 60, f"{mapped} segments for 300 results: released ones are not reused"
+
     def test_fork_is_refused(self):
         with pytest.raises(ValueError, match="forkserver"):
             (inc.on(1) >> double.on(1)).map([1], start_method="fork")
@@ -479,7 +512,7 @@ class TestSubmit:
         runner = slow.open(devices=2)
         futures = [runner.submit(x) for x in range(10)]
         assert [f.result(timeout=30) for f in futures] == list(range(10))
-        assert runner.map(range(3)) == [0, 1, 2]  # the submit run ended when idle
+        assert runner.map(range(3)) == [0, 1, 2]  # map waits for the submit run to end
         late = [runner.submit(x) for x in range(10)]
         runner.close()  # waits for what was submitted
         assert [f.result(timeout=0) for f in late] == list(range(10))
@@ -487,13 +520,70 @@ class TestSubmit:
     def test_refused_cases(self):
         with (inc >> collect).open(devices=1) as runner, pytest.raises(TypeError, match="consumer"):
             runner.submit(1)
-        pipeline = inc.on(1) >> total.on(1, batch_size=2)
-        with pipeline.open() as runner, pytest.raises(TypeError, match="batch_size"):
-            runner.submit(1)
+        for pipeline in (inc.on(1) >> total.on(1, batch_size=2), total.on(1, batch_size=2)):
+            with pipeline.open() as runner, pytest.raises(TypeError, match="batch_size"):
+                runner.submit(1)
         runner = inc.open(devices=1)
         runner.close()
         with pytest.raises(RuntimeError, match="activate"):
             runner.submit(1)
+
+    def test_submit_from_many_threads(self):
+        import threading
+
+        with (inc.on(2) >> double.on(1)).open() as runner:
+            results: dict[int, object] = {}
+
+            def feed(base):
+                futures = {x: runner.submit(x) for x in range(base, base + 50)}
+                for x, f in futures.items():
+                    results[x] = f.result(timeout=60)
+
+            threads = [threading.Thread(target=feed, args=(k * 1000,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(90)
+        assert results == {x: 2 * (x + 1) for k in range(4) for x in range(k * 1000, k * 1000 + 50)}
+
+    def test_unpicklable_middle_result_fails_only_its_future(self):
+        import threading
+
+        @producer
+        def make(x):
+            return threading.Lock() if x == 3 else x
+
+        with (make.on(1) >> inc.on(1)).open() as runner:
+            futures = [runner.submit(x) for x in range(8)]
+            exc = futures[3].exception(timeout=30)
+            assert isinstance(exc, SerializationError)
+            assert [f.result(timeout=30) for k, f in enumerate(futures) if k != 3] == [
+                x + 1 for x in range(8) if x != 3
+            ]
+            assert runner.is_active
+
+    def test_map_right_after_submit_waits_for_it(self):
+        with inc.open(devices=2) as runner:
+            for k in range(20):
+                f = runner.submit(k)
+                assert f.result(timeout=30) == k + 1
+                assert runner.map([k]) == [k + 1]
+
+    def test_close_from_a_callback_fails_the_pending_futures(self):
+        @producer
+        def slow(x):
+            time.sleep(0.05)
+            return x
+
+        runner = slow.open(devices=1)
+        first = runner.submit(0)
+        first.add_done_callback(lambda _: runner.close())
+        rest = [runner.submit(x) for x in range(1, 20)]
+        assert first.result(timeout=30) == 0
+        for f in rest:
+            f.exception(timeout=30)  # resolved one way or the other: no hang
+        assert not runner.is_active
+        runner.close()
 
     def test_inline_submit(self):
         with inc.open(devices="inline") as runner:
