@@ -106,6 +106,14 @@ class TestTensors:
             assert all(float(t[7]) == i for i, t in enumerate(out))
         assert count() <= before
 
+    def test_one_message_with_more_new_segments_than_one_descriptor_batch(self):
+        """A result holding 150 big tensors: 150 new segments in one message (descriptors
+        travel in groups of at most 64), every value right."""
+        make = producer(lambda i: [torch.full((40_000,), float(i * 1000 + k)) for k in range(150)])
+        out = make.map(range(3), devices=1)
+        for i, tensors in enumerate(out):
+            assert [float(t[5]) for t in tensors] == [float(i * 1000 + k) for k in range(150)]
+
     def test_kept_results_hold_no_descriptors(self):
         """Results kept by the caller share memory with no file descriptor each."""
 
