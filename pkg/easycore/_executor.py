@@ -81,7 +81,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -109,6 +109,9 @@ TAIL_CHUNK_SECONDS = 0.001  # ...and, as a sized input runs out, shrink them no 
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 INLINE = "inline"
+# Shared doubles per worker: index of the item in hand, its start time (or 1.0 / 0.0 idle),
+# id of the chunk whose results it is sending (-1.0 when none).
+_SLOT = 3
 _PIPE_TAGS = frozenset((_worker.MID, _worker.SENT, _worker.BAD_OUTPUT))
 
 
@@ -386,6 +389,7 @@ class _Chunk:
     slot: int = -1  # the worker of that pool that runs it, holds its results, or receives it
     held: bool = False  # done in `pool`, its results waiting (in `slot`) for the next pool
     src: int = -1  # >= 0 while moving: the worker sending it to `slot` (not yet confirmed)
+    run: Any = None  # the _Run it belongs to
 
 
 @attrs.define(eq=False)
@@ -543,7 +547,7 @@ class Runner:
             raise ValueError(msg)
         self._workers: list[_Worker] = []
         self._active = False
-        self._busy = False
+        self._busy: object | None = None  # the run holding the runner, if any
         self._states: list[Any] = []
         self._slots: Any = None
         self._ctx: Any = None
@@ -552,8 +556,12 @@ class Runner:
         self._chunk_ids = itertools.count()
         self._last_run: _Run | None = None
         self._server: _Server | None = None
-        self._submit_lock = threading.Lock()  # guards _server and _refusing
+        # Guards _busy (the run holding the runner: a map/imap stream or the submit run),
+        # _server and _refusing. Re-entrant: the submit run's source shares it.
+        self._submit_lock = threading.RLock()
         self._refusing = False  # refuse submits: closing, or a map waits for the submit run
+        self._last_server: _Server | None = None  # the last submit run (it may be ending)
+        self._generation = 0  # +1 per activate(): a run of an earlier activation must stop
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self.startup_seconds = 0.0
         self.activate()
@@ -608,6 +616,11 @@ class Runner:
         """
         if self._active:
             return
+        self._generation += 1  # a leftover run of the previous activation sees it and ends
+        leftover = self._last_server
+        if leftover is not None and not leftover.is_current():
+            self._stop_server(abort=True)
+            leftover.finished.wait(ABORT_GRACE + 3.0)
         self._refusing = False
         t0 = time.perf_counter()
         producers = self.pipeline.producers
@@ -623,7 +636,7 @@ class Runner:
                     raise SerializationError(msg) from exc
             self._ctx = _context(self._start_method)
             n = len(self.devices)
-            self._slots = self._ctx.RawArray("d", 2 * n)
+            self._slots = self._ctx.RawArray("d", _SLOT * n)
             self._active = True
             try:
                 self._workers = []
@@ -680,7 +693,8 @@ class Runner:
         with _hidden_main():
             proc.start()
         child.close()
-        self._slots[2 * slot + 1] = 0.0
+        self._slots[_SLOT * slot + 1] = 0.0
+        self._slots[_SLOT * slot + 2] = -1.0
         return _Worker(
             slot=slot, index=index, pool=pool.index, device=device, proc=proc, chan=Channel(parent)
         )
@@ -716,7 +730,11 @@ class Runner:
             WorkerError: an ``end`` raised (the workers are stopped all the same).
             WorkerDied: a worker died during ``end``.
         """
-        self._stop_server(abort=False)
+        try:
+            self._stop_server(abort=False)  # submitted items finish first
+        except BaseException:
+            self._abort()
+            raise
         if not self._active:
             return
         if self._inline:
@@ -727,7 +745,7 @@ class Runner:
 
     def _abort(self) -> None:
         """Stop everything now after an error or interrupt: `end` gets a short grace."""
-        self._stop_server(abort=True)
+        self._stop_server(abort=True, timeout=ABORT_GRACE + 3.0)
         if self._inline:
             if self._active:
                 self._active = False
@@ -945,17 +963,51 @@ class Runner:
         seed: int | None,
         timeout: float | None,
         retries: int,
-    ) -> Generator[tuple[int, list[Any]], None, None]:
-        """Yield segments ``(index of first item, results)`` in the requested order."""
-        if not self._active:
-            msg = "this runner is closed: call runner.activate() to start its workers again"
-            raise RuntimeError(msg)
-        server = self._server
-        if self._busy and server is not None and not server.is_current():
+    ) -> _Claimed:
+        """Yield segments ``(index of first item, results)`` in the requested order.
+
+        The runner is taken for this run now (a second run raises ``RuntimeError``) and
+        given back when the stream ends, is closed, or is dropped.
+        """
+        token = self._claim()
+        try:
+            stream = self._open_stream(data, ordered, batch_size, progress, seed, timeout, retries)
+        except BaseException:
+            self._release(token)
+            raise
+        return _Claimed(self, token, stream)
+
+    def _claim(self) -> object:
+        """Take the runner for one map/imap (a submit run is waited for); return the token."""
+        while True:
+            with self._submit_lock:
+                if not self._active:
+                    msg = "this runner is closed: call runner.activate() to start its workers again"
+                    raise RuntimeError(msg)
+                if self._busy is None:
+                    token = self._busy = object()
+                    return token
+                server = self._server
+            if server is None or server.is_current():
+                msg = "this runner is already running a map/imap; runs go one at a time"
+                raise RuntimeError(msg)
             self._stop_server(abort=False, refuse=False)  # let submitted items finish first
-        if self._busy:
-            msg = "this runner is already running a map/imap; runs on one runner go one at a time"
-            raise RuntimeError(msg)
+
+    def _release(self, token: object) -> None:
+        with self._submit_lock:
+            if self._busy is token:
+                self._busy = None
+
+    def _open_stream(
+        self,
+        data: Iterable[Any],
+        ordered: bool,
+        batch_size: int | None,
+        progress: bool,
+        seed: int | None,
+        timeout: float | None,
+        retries: int,
+    ) -> Iterator[tuple[int, list[Any]]]:
         source: Iterable[Any] = _batched(data, batch_size) if batch_size else data
         total = None
         with contextlib.suppress(TypeError):
@@ -967,10 +1019,10 @@ class Runner:
         else:
             stream = self._stream(source, ordered, seed, timeout, retries, batch_size, bars)
         if bars is None:
-            return self._guard(stream)
+            return stream
         if len(bars) == 1:
-            return self._guard(self._with_progress(stream, bars))
-        return self._guard(self._closing(stream, bars))
+            return self._with_progress(stream, bars)
+        return self._closing(stream, bars)
 
     def _first_batch(self, batch_size: int | None) -> int | None:
         """``map``'s batch_size, or the first pool's ``.on(batch_size=...)``."""
@@ -997,15 +1049,6 @@ class Runner:
             bars.append(tqdm(total=n, unit="item", dynamic_ncols=True, position=k, desc=desc))
         return bars
 
-    def _guard(
-        self, stream: Iterator[tuple[int, list[Any]]]
-    ) -> Generator[tuple[int, list[Any]], None, None]:
-        self._busy = True
-        try:
-            yield from stream
-        finally:
-            self._busy = False
-
     @staticmethod
     def _with_progress(
         stream: Iterator[tuple[int, list[Any]]], bars: list[Any]
@@ -1028,7 +1071,12 @@ class Runner:
                 bar.close()
 
     def _stream_inline(
-        self, source: Iterable[Any], seed: int | None, retries: int, batch_size: int | None
+        self,
+        source: Iterable[Any],
+        seed: int | None,
+        retries: int,
+        batch_size: int | None,
+        abort: bool = True,
     ) -> Iterator[tuple[int, list[Any]]]:
         context = {"device": "cpu", "cfg": self.cfg, "worker": 0}
         states = iter(self._states or [None] * len(self.pipeline.producers))
@@ -1043,7 +1091,7 @@ class Runner:
             if pool.batch:
                 stream = enumerate(_batched((v for _, v in stream), pool.batch))
             label = batch_size if pool.index == 0 else pool.batch
-            stream = self._inline_pool(stream, stages, pool.index, seed, retries, label)
+            stream = self._inline_pool(stream, stages, pool.index, seed, retries, label, abort)
         for index, value in stream:
             yield index, [value]
 
@@ -1055,6 +1103,7 @@ class Runner:
         seed: int | None,
         retries: int,
         batch_size: int | None,
+        abort: bool = True,
     ) -> Iterator[tuple[int, Any]]:
         for index, item in stream:
             attempt = 0
@@ -1072,7 +1121,8 @@ class Runner:
                     break
                 attempt += 1
                 if attempt > retries:
-                    self._abort()
+                    if abort:  # (a submitted item's error fails only its future)
+                        self._abort()
                     stage, exc = failed
                     self._wrap_local(
                         exc, stage.name, index, f"while running {_item_label(index, batch_size)}"
@@ -1102,11 +1152,9 @@ class Runner:
             msg = "submit needs one result per item; a pool of this pipeline has a batch_size"
             raise TypeError(msg)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
         if self._inline or not self.pipeline.producers:
-            try:
-                future.set_result(self.map([item])[0])
-            except EasycoreError as exc:
-                future.set_exception(exc)
+            self._submit_inline(item, future)
             return future
         with self._submit_lock:
             if not self._active or self._refusing:
@@ -1119,28 +1167,45 @@ class Runner:
             server = self._server
             if server is not None and server.put(item, future):
                 return future
-            if server is not None and not server.is_current():
-                server.thread.join()  # it found nothing left to do and is ending
-            if self._busy:
+            if self._busy is not None:
                 msg = "this runner is already running a map/imap; runs go one at a time"
                 raise RuntimeError(msg)
-            self._server = _Server(self, item, future)
+            self._server = _Server(self, item, future)  # takes the runner (_busy)
+            self._last_server = self._server
             return future
 
-    def _stop_server(self, abort: bool, refuse: bool = True) -> None:
+    def _submit_inline(self, item: Any, future: concurrent.futures.Future[Any]) -> None:
+        token = self._claim()
+        try:
+            stream = self._stream_inline([item], None, 0, None, abort=False)
+            future.set_result(next(stream)[1][0])
+        except EasycoreError as exc:
+            future.set_exception(exc)
+        finally:
+            self._release(token)
+
+    def _stop_server(self, abort: bool, refuse: bool = True, timeout: float | None = None) -> None:
         """End the submit run: wait for its items (or drop them, ``abort``).
 
-        New submits are refused meanwhile (``refuse=False`` allows them again after).
+        New submits are refused meanwhile (``refuse=False`` allows them again after). The
+        run stays registered until its thread has ended, so an interrupted wait can be
+        followed by an abort that still finds it.
         """
         with self._submit_lock:
             self._refusing = True
-            server, self._server = self._server, None
+            server = self._server
         try:
             if server is not None:
-                server.stop(abort)  # joins, unless called from the server thread itself
+                server.stop(abort, timeout)  # joins, unless called from the server thread
         finally:
-            if not refuse:
-                with self._submit_lock:
+            with self._submit_lock:
+                if (
+                    server is not None
+                    and self._server is server
+                    and (server.is_current() or server.finished.is_set())
+                ):
+                    self._server = None
+                if not refuse:
                     self._refusing = False
 
     # -- the process loop ----------------------------------------------------------------
@@ -1314,6 +1379,7 @@ class _Run:
         self.finished: float | None = None
         self.failures: dict[int, _Failed] = {}  # tolerant runs: index -> its error
         self.idle_deaths: dict[int, int] = {}  # slot -> deaths that charged no item
+        self.generation = runner._generation
 
     # -- insight ---------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
@@ -1413,13 +1479,16 @@ class _Run:
                 if taken is None:
                     return
                 start, items = taken
-                chunk = _Chunk(next(self.chunk_ids), start, items, slot=w.slot)
+                chunk = _Chunk(next(self.chunk_ids), start, items, slot=w.slot, run=self)
                 try:
                     frame = w.chan.encode(
                         (chunk.id, self.seed, start, items, timed, self.retries, self._spent(chunk))
                     )
                 except Exception as exc:
-                    self._unpicklable(w, start, items, exc)
+                    if not self.tolerant:
+                        self._unpicklable(w, start, items, exc)
+                    self._fail_unpicklable(start, items)
+                    continue
                 w.outstanding[chunk.id] = chunk
                 self.live[chunk.id] = chunk
                 try:
@@ -1483,6 +1552,20 @@ class _Run:
                 chunk.pool, chunk.src, chunk.slot, chunk.held = p + 1, src.slot, dst.slot, False
                 dst.outstanding[chunk.id] = chunk
 
+    def _fail_unpicklable(self, start: int, items: Sequence[Any]) -> None:
+        """Tolerant runs: the items that do not pickle fail; the others go again one by one."""
+        for k, item in enumerate(items):
+            try:
+                cloudpickle.dumps(item)
+            except Exception as inner:
+                msg = f"item {start + k} cannot be pickled to reach a worker: {inner}"
+                error = SerializationError(msg, "<item pickling>", None, None, start + k)
+                error.__cause__ = inner
+                self.failures[start + k] = _Failed(error)
+                self._deliver_failure(start + k)
+            else:
+                self.redo.append((start + k, [item]))
+
     def _unpicklable(
         self, w: _Worker, start: int, items: Sequence[Any], exc: Exception
     ) -> NoReturn:
@@ -1526,7 +1609,19 @@ class _Run:
             try:
                 _raise_remote(msg[1:], device=w.device, worker=w.index, index=first, what=what)
             except WorkerError as exc:
-                raise SerializationError(str(exc), *exc.args[1:]) from exc.__cause__
+                error = SerializationError(str(exc), *exc.args[1:])
+                error.__cause__ = exc.__cause__
+                if not self.tolerant:
+                    raise error from exc.__cause__
+                # tolerant: the chunk's items fail (which one is unknown), the run goes on
+                del w.outstanding[chunk.id]
+                self.live.pop(chunk.id, None)
+                if chunk.src >= 0:
+                    self.r._workers[chunk.src].holding.pop(chunk.id, None)
+                for k in range(len(chunk.items)):
+                    self.failures[chunk.start + k] = _Failed(error)
+                    self._deliver_failure(chunk.start + k)
+                return
         if tag == _worker.BAD_OUTPUT:
             _, chunk_id, k, entry = msg
             chunk = self.live.get(chunk_id)
@@ -1636,26 +1731,38 @@ class _Run:
         code = w.proc.exitcode
         slots = self.r._slots
         unit = self.pools[w.pool].unit
+        base = _SLOT * w.slot
+        sending = int(slots[base + 2])  # the chunk whose results it was sending, or -1
         culprit: int | None = w.timed_out  # an index in w's pool
-        if culprit is None and slots[2 * w.slot + 1] > 0:
-            culprit = int(slots[2 * w.slot])
+        if culprit is None and slots[base + 1] > 0:
+            culprit = int(slots[base])
         holder = next(
             (c for c in running if c.start <= (culprit or 0) * unit < c.start + len(c.items)),
             None,
         )
         if holder is None:
             culprit = None
-        busy_in_slot = slots[2 * w.slot + 1] > 0
-        if culprit is not None:
-            charged = [culprit]
-        elif busy_in_slot and w.timed_out is None:
+        # Results being pickled or sent when it died are suspects too (a result whose
+        # pickling kills the process); with an item running as well, both are charged.
+        suspect = next((c for c in lost if c.id == sending), None)
+        charged = [culprit] if culprit is not None else []
+        if suspect is not None:
+            units = {(suspect.start + k) // unit for k in range(len(suspect.items))}
+            charged = sorted(units.union(charged))
+        if charged:
+            pass
+        elif slots[base + 1] > 0 or w.timed_out is not None:
             # It was running something we no longer track (a chunk re-run elsewhere after
             # its sender died): nothing of ours is to blame.
             charged = []
         else:
-            # Died between items (or while sending results on): everything it had is suspect,
-            # held results included, so a death that repeats runs out of retries.
-            charged = sorted({(c.start + k) // unit for c in lost for k in range(len(c.items))})
+            # Died between items: what it was about to reply for (its oldest chunk) is suspect.
+            oldest = min(running, key=lambda c: c.id, default=None)
+            charged = (
+                sorted({(oldest.start + k) // unit for k in range(len(oldest.items))})
+                if oldest is not None
+                else []
+            )
         exhausted = False
         for index in charged:
             key = (w.pool, index)
@@ -1670,7 +1777,8 @@ class _Run:
             if holder is not None and culprit is not None and w.pool == 0:
                 item = holder.items[culprit - holder.start]
             try:
-                self._raise_death(w, code, culprit, item, sum(len(c.items) for c in lost))
+                held = sum(len(c.items) for c in lost)
+                self._raise_death(w, code, culprit, item, held, suspect)
             except EasycoreError as exc:
                 if not self.tolerant:
                     raise
@@ -1702,18 +1810,32 @@ class _Run:
         self.r._respawn(w.slot)
 
     def _raise_death(
-        self, w: _Worker, code: int | None, culprit: int | None, item: Any, held: int
+        self,
+        w: _Worker,
+        code: int | None,
+        culprit: int | None,
+        item: Any,
+        held: int,
+        sending: _Chunk | None = None,
     ) -> NoReturn:
         how = describe_exitcode(code)
         tries = _after(self.retries)
         who = f"worker {w.index}"
         if self.multi:
             who += f" of stage {self.pools[w.pool].name!r}"
+        also = ""
+        if sending is not None:
+            unit = self.pools[w.pool].unit
+            first = sending.start // unit
+            last = (sending.start + len(sending.items) - 1) // unit
+            also = f"the results of {self._label(w.pool, first)} .. {_item_label(last, None)}"
         if culprit is not None:
             label = _item_label(
                 culprit, self.batch_size if w.pool == 0 else self.pools[w.pool].batch
             )
             shown = f" (item: {_short_repr(item)})" if w.pool == 0 else ""
+            if also:
+                shown += f" while sending {also}"
             if w.timed_out is not None:
                 msg = (
                     f"{label} ran past timeout={self.timeout}s on {w.device} ({who}); "
@@ -1722,6 +1844,10 @@ class _Run:
                 raise ItemTimeout(msg, "<timeout>", w.device, w.index, culprit)
             msg = f"{who} on {w.device} died ({how}) while running {label}{tries}{shown}"
             raise WorkerDied(msg, w.device, w.index, code, culprit)
+        if sending is not None:
+            msg = f"{who} on {w.device} died ({how}) while sending {also}{tries}"
+            index = sending.start // self.pools[w.pool].unit
+            raise WorkerDied(msg, w.device, w.index, code, index)
         holding = f" holding {held} item(s)" if held else ""
         msg = f"{who} on {w.device} died ({how}){holding}{tries}"
         raise WorkerDied(msg, w.device, w.index, code)
@@ -1742,9 +1868,11 @@ class _Run:
         self.failures.clear()
         for held in self.waiting:
             held.clear()
-        for w in self.r._workers:  # nothing of this run is tracked past its end
-            w.outstanding.clear()
-            w.holding.clear()
+        for w in list(self.r._workers):  # nothing of this run is tracked past its end
+            for book in (w.outstanding, w.holding):
+                for chunk_id, chunk in list(book.items()):
+                    if chunk.run is self:
+                        del book[chunk_id]
 
     def _settled(self) -> bool:
         """Nothing in flight, to re-run, or to yield."""
@@ -1773,7 +1901,7 @@ class _Run:
                     start, values, n = self.ready.popleft()
                     self.taken -= n
                     yield start, values
-            if not self.r._active:
+            if not self.r._active or self.r._generation != self.generation:
                 msg = "the runner was closed while this run had items pending"
                 raise RuntimeError(msg)
             self.dispatch()
@@ -1804,7 +1932,7 @@ class _Run:
         slots = self.r._slots
         nearest = self.timeout
         for w in self.r._workers:
-            start = slots[2 * w.slot + 1]
+            start = slots[_SLOT * w.slot + 1]
             if w.alive and start > 1.0:  # timed items, also of chunks no longer tracked
                 nearest = min(nearest, start + self.timeout - now)
         # A worker may start an item without telling us; look again at least every 0.25 s.
@@ -1818,8 +1946,8 @@ class _Run:
         for w in self.r._workers:
             if not w.alive or w.timed_out is not None:
                 continue
-            index, start = slots[2 * w.slot], slots[2 * w.slot + 1]
-            if start > 1.0 and now - start > self.timeout and slots[2 * w.slot] == index:
+            index, start = slots[_SLOT * w.slot], slots[_SLOT * w.slot + 1]
+            if start > 1.0 and now - start > self.timeout and slots[_SLOT * w.slot] == index:
                 w.timed_out = int(index)
                 w.proc.kill()
 
@@ -1866,6 +1994,44 @@ class _Run:
                 w.chan.send_control(("drop", chunk_id))
 
 
+class _Claimed:
+    """A run's stream that holds the runner from its creation until it ends, is closed, or
+    is dropped (a generator closed before its first ``next`` never runs its ``finally``)."""
+
+    def __init__(self, runner: Runner, token: object, stream: Iterator[Any]) -> None:
+        self._runner: Runner | None = runner
+        self._token = token
+        self._stream = stream
+
+    def __iter__(self) -> _Claimed:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._stream)
+        except BaseException:
+            self._release()
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._stream, "close", None)
+            if close is not None:
+                close()  # an early stop drains what is in flight
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner._release(self._token)
+
+    def __del__(self) -> None:
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                self.close()
+
+
 class _Failed:
     """An item's error in a tolerant run (``submit``): delivered in place of its result."""
 
@@ -1878,9 +2044,10 @@ class _Failed:
 class _LiveSource:
     """Items submitted one at a time: the run takes what is there and never blocks on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: _Server) -> None:
+        self.server = server
         self.items: deque[Any] = deque()
-        self.lock = threading.Lock()
+        self.lock = server.r._submit_lock
         self.closed = False  # no more items: finish what is queued, then end
         self.aborted = False  # end now (the runner is being torn down)
         self.rx, self.tx = socket.socketpair()  # a byte on tx wakes the run loop
@@ -1900,11 +2067,22 @@ class _LiveSource:
                 pass
 
     def idle(self) -> bool:
-        """Nothing queued: close (a later submit starts a new run), so map() may run."""
+        """Nothing queued: end the run (a later submit starts a new one) and free the runner."""
         with self.lock:
-            if not self.items:
-                self.closed = True
-            return self.closed and not self.items
+            if self.items:
+                return False
+            self.end()
+            return True
+
+    def end(self) -> None:
+        """Close, unregister the server and free the runner, at once (under the lock)."""
+        with self.lock:
+            self.closed = True
+            runner = self.server.r
+            if runner._server is self.server:
+                runner._server = None
+            if runner._busy is self.server:
+                runner._busy = None
 
     def close(self) -> None:
         self.rx.close()
@@ -1915,18 +2093,20 @@ class _Server:
     """The thread behind :meth:`Runner.submit`: one tolerant, unordered run fed live."""
 
     def __init__(self, runner: Runner, item: Any, future: concurrent.futures.Future[Any]) -> None:
+        # Made under the runner's lock, with the runner free: it takes it (runner._busy).
         self.r = runner
-        self.src = _LiveSource()
-        self.lock = self.src.lock
+        self.src = _LiveSource(self)
+        self.lock = runner._submit_lock
         self.futures: dict[int, concurrent.futures.Future[Any]] = {0: future}
         self.count = 1
         self.src.items.append(item)  # before the thread starts: it ends when nothing is queued
-        runner._busy = True  # before the thread runs: a map() now must see the runner busy
+        runner._busy = self
+        self.finished = threading.Event()  # set as the thread's very last step
         self.thread = threading.Thread(target=self._serve, name="easycore-submit", daemon=True)
         self.thread.start()
 
     def alive(self) -> bool:
-        return self.thread.is_alive() and not self.src.closed
+        return not self.finished.is_set() and not self.src.closed
 
     def is_current(self) -> bool:
         return threading.current_thread() is self.thread
@@ -1946,11 +2126,11 @@ class _Server:
         error: BaseException = RuntimeError("the runner closed before this item ran")
         try:
             stream = self.r._stream(self.src, False, None, None, 0, None, None, tolerant=True)
-            for start, values in self.r._guard(stream):
+            for start, values in stream:
                 for k, value in enumerate(values):
                     with self.lock:
                         future = self.futures.pop(start + k, None)
-                    if future is None:
+                    if future is None or future.done():
                         continue
                     if isinstance(value, _Failed):
                         future.set_exception(value.exc)
@@ -1959,19 +2139,22 @@ class _Server:
         except BaseException as exc:
             error = exc
         finally:
+            self.src.end()
             with self.lock:
-                self.src.closed = True
                 pending = list(self.futures.values())
                 self.futures.clear()
-            for future in pending:
+            for future in pending:  # their callbacks may submit again: the runner is free
                 if not future.done():
                     future.set_exception(error)
             self.src.close()
+            self.finished.set()
 
-    def stop(self, abort: bool) -> None:
+    def stop(self, abort: bool, timeout: float | None = None) -> None:
         with self.lock:
             self.src.closed = True
-            self.src.aborted = abort
+            self.src.aborted = self.src.aborted or abort
         self.src.wake()
         if not self.is_current():
-            self.thread.join()
+            # Not Thread.join: a Ctrl-C that interrupts it can leave the thread marked as
+            # stopped while it still runs (CPython 3.11), and we would stop waiting for it.
+            self.finished.wait(timeout)

@@ -191,7 +191,7 @@ def _pool_reader(
                 tasks.put((ch, frame, fds))
 
 
-def _sender(caller: Channel, outbox: queue.SimpleQueue[Any]) -> None:
+def _sender(caller: Channel, outbox: queue.SimpleQueue[Any], cur: Any, at: int) -> None:
     """Move finished chunks of a middle pool to the worker the caller names.
 
     Results wait here (``held``) until the caller routes them (it knows every queue's depth,
@@ -229,9 +229,11 @@ def _sender(caller: Channel, outbox: queue.SimpleQueue[Any]) -> None:
             ch = down.get(key)
             if msg is None or ch is None:
                 continue  # dropped, or the peer died: the caller re-runs the chunk
+            cur[at + 2] = float(chunk_id)  # if we die now, this chunk is to blame
             try:
                 frame = ch.encode(msg)
             except Exception:
+                cur[at + 2] = -1.0
                 _bad_output(caller, chunk_id, msg[3])
                 continue
             nbytes = len(frame) + ch.shm_bytes
@@ -239,6 +241,8 @@ def _sender(caller: Channel, outbox: queue.SimpleQueue[Any]) -> None:
                 ch.send_frame(frame)
             except OSError:
                 continue  # the peer died; its reader-side EOF cleans up
+            finally:
+                cur[at + 2] = -1.0
             _send_bare(caller, (SENT, chunk_id, nbytes))
 
 
@@ -472,6 +476,11 @@ def worker_main(
     tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
     pool, last, group, unit = role or (0, True, None, 1)
+    # slots[3k] = index of the item in hand, slots[3k+1] = its start time (timeouts) or 1.0
+    # while a chunk runs, 0.0 when idle, slots[3k+2] = id of the chunk whose results are being
+    # pickled or sent, else -1: the caller reads them when we die or run late.
+    cur = memoryview(slots).cast("B").cast("d")
+    at = 3 * slot
     outbox: queue.SimpleQueue[Any] | None = None
     if role is None:
         threading.Thread(target=_reader, args=(chan, tasks, stop), daemon=True).start()
@@ -480,7 +489,8 @@ def worker_main(
         reader_args = (_pool_reader, chan, tasks, stop, outbox)
         threading.Thread(target=_or_die, args=reader_args, daemon=True).start()
         if outbox is not None:
-            threading.Thread(target=_or_die, args=(_sender, chan, outbox), daemon=True).start()
+            sender_args = (_sender, chan, outbox, cur, at)
+            threading.Thread(target=_or_die, args=sender_args, daemon=True).start()
 
     _setup_torch(device, n_threads)
     # Never share a random stream with another worker (torch's default seed is a constant,
@@ -506,10 +516,6 @@ def worker_main(
         return
     _send(chan, (READY, os.getpid(), entered, time.monotonic()))
 
-    # slots[2k] = index of the item in hand, slots[2k+1] = its start time (timeouts) or 1.0
-    # while a chunk runs, 0.0 when idle: the caller reads them when we die or run late.
-    cur = memoryview(slots).cast("B").cast("d")
-    at = 2 * slot
     clock = time.monotonic
     upstream: set[Channel] = set()
     while True:
@@ -553,7 +559,9 @@ def worker_main(
         elapsed = clock() - t0
         if last:
             rerun = functools.partial(_rerun, stages, items, base, spec, cur, at)
+            cur[at + 2] = float(chunk_id)  # if pickling a result kills us, this chunk did
             _reply(chan, chunk_id, values, errors, elapsed, rerun)
+            cur[at + 2] = -1.0
         elif errors:
             _send(chan, (MID, chunk_id, len(values), errors, elapsed))
         else:
