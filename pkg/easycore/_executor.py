@@ -1614,10 +1614,7 @@ class _Run:
                 if not self.tolerant:
                     raise error from exc.__cause__
                 # tolerant: the chunk's items fail (which one is unknown), the run goes on
-                del w.outstanding[chunk.id]
-                self.live.pop(chunk.id, None)
-                if chunk.src >= 0:
-                    self.r._workers[chunk.src].holding.pop(chunk.id, None)
+                self._untrack(chunk)
                 for k in range(len(chunk.items)):
                     self.failures[chunk.start + k] = _Failed(error)
                     self._deliver_failure(chunk.start + k)
@@ -1628,9 +1625,7 @@ class _Run:
             if chunk is None:
                 return
             if self.tolerant:  # fail that item; the chunk's others run again
-                self.r._workers[chunk.slot].outstanding.pop(chunk_id, None)
-                w.holding.pop(chunk_id, None)
-                chunk.src = -1
+                self._untrack(chunk)
                 self._fail_items(w, chunk, [(k, entry)], middle=True)
                 return
             index = chunk.start // self.pools[w.pool].unit + k
@@ -1709,21 +1704,25 @@ class _Run:
         else:
             self.ready.append((index, value, 1))
 
+    def _untrack(self, chunk: _Chunk) -> None:
+        """Forget a chunk everywhere we track it: live, its queue, its holder."""
+        workers = self.r._workers
+        self.live.pop(chunk.id, None)
+        if chunk.held:  # done in its pool, waiting in worker `slot` for room in the next
+            if chunk in self.waiting[chunk.pool]:
+                self.waiting[chunk.pool].remove(chunk)
+            workers[chunk.slot].holding.pop(chunk.id, None)
+            return
+        workers[chunk.slot].outstanding.pop(chunk.id, None)  # queued at, or moving to, `slot`
+        if chunk.src >= 0:  # moving: its sender holds it until SENT
+            workers[chunk.src].holding.pop(chunk.id, None)
+
     def _forget(self, w: _Worker) -> tuple[list[_Chunk], list[_Chunk]]:
         """Take every chunk a dead worker ran, held or was sending: (ran, all of them)."""
-        workers = self.r._workers
         running = sorted(w.outstanding.values(), key=lambda c: c.start)
         lost = running + list(w.holding.values())
-        w.outstanding.clear()
-        w.holding.clear()
         for chunk in lost:
-            self.live.pop(chunk.id, None)
-            if chunk.held:
-                self.waiting[chunk.pool].remove(chunk)
-            elif chunk.src >= 0 and chunk.src != w.slot:
-                workers[chunk.src].holding.pop(chunk.id, None)  # it was on its way to w
-            elif chunk.src == w.slot:
-                workers[chunk.slot].outstanding.pop(chunk.id, None)  # w was sending it
+            self._untrack(chunk)
         return running, lost
 
     def _on_death(self, w: _Worker) -> None:
@@ -1956,13 +1955,10 @@ class _Run:
         self.exhausted = True
         self.redo.clear()
         for held in self.waiting:
-            for chunk in held:
-                self.live.pop(chunk.id, None)
-                w = self.r._workers[chunk.slot]
-                w.holding.pop(chunk.id, None)
+            for chunk in list(held):
+                self._untrack(chunk)
                 with contextlib.suppress(OSError):
-                    w.chan.send_control(("drop", chunk.id))
-            held.clear()
+                    self.r._workers[chunk.slot].chan.send_control(("drop", chunk.id))
         while self.busy():
             self.r._wait_and_handle(self._wait_time(), self._discard)
             self._check_timeouts()
@@ -1982,13 +1978,9 @@ class _Run:
             chunk_id = min(w.outstanding)
         else:
             chunk_id = msg[1]
-        workers = self.r._workers
-        chunk = self.live.pop(chunk_id, None) or w.outstanding.get(chunk_id)
-        w.outstanding.pop(chunk_id, None)
-        if chunk is not None:
-            workers[chunk.slot].outstanding.pop(chunk_id, None)  # BAD_OUTPUT: w is the sender
-            if chunk.src >= 0:
-                workers[chunk.src].holding.pop(chunk_id, None)
+        chunk = self.live.get(chunk_id) or w.outstanding.get(chunk_id)
+        if chunk is not None:  # (for BAD_OUTPUT, w is its sender, not where it is queued)
+            self._untrack(chunk)
         if tag == _worker.MID:
             with contextlib.suppress(OSError):
                 w.chan.send_control(("drop", chunk_id))

@@ -356,11 +356,16 @@ def _make_picklable(
             return
 
 
+# How a chunk is run: (seed or None, pool number, timed?, retries, runs already charged by
+# deaths as {(pool, index): n}).
+_Task = tuple[int | None, int, bool, int, dict[tuple[int, int], int]]
+
+
 def _run_one(
     stages: list[_Stage],
     item: Any,
     index: int,
-    task: tuple[int | None, int, bool, int, dict[tuple[int, int], int]],
+    task: _Task,
     cur: Any,
     at: int,
 ) -> tuple[Any, tuple[_Stage, BaseException] | None]:
@@ -384,7 +389,7 @@ def _rerun(
     stages: list[_Stage],
     units: Any,
     base: int,
-    task: tuple[int | None, int, bool, int, dict[tuple[int, int], int]],
+    task: _Task,
     cur: Any,
     at: int,
     k: int,
@@ -400,7 +405,7 @@ def _run_units(
     stages: list[_Stage],
     units: Any,
     base: int,
-    task: tuple[int | None, int, bool, int, dict[tuple[int, int], int]],
+    task: _Task,
     cur: Any,
     at: int,
     stop: threading.Event,

@@ -22,6 +22,7 @@ from easycore import (
     consumer,
     producer,
 )
+from helpers import first_time
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,16 +55,6 @@ class Unloadable:
 
     def __reduce__(self):
         return (_refuse_to_load, ())
-
-
-def first_time(marker: Path) -> bool:
-    """True the first time it is called for `marker` (across processes)."""
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
 
 
 def pipeline_failing_in(stage: str, how: str, marker: Path | None):

@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from easycore import (
     consumer,
     producer,
 )
+from helpers import first_time
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,16 +46,6 @@ def total(batch):
 @consumer(init=list)
 def collect(acc, y):
     acc.append(y)
-
-
-def first_time(marker: Path) -> bool:
-    """True the first time it is called for `marker` (across processes)."""
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
 
 
 class TestResults:
