@@ -1420,11 +1420,7 @@ class _Run:
         return max((DEPTH + 1) * n * self.chunk_size, 2 * DEPTH * n * self.align)
 
     def _floor(self) -> int:
-        return (
-            min(s.floor() for s in self.sizers if s.per_item is not None)
-            if any(s.per_item is not None for s in self.sizers)
-            else 1
-        )
+        return min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
 
     def _resize(self, pool: int, n: int, elapsed: float, nbytes: int) -> None:
         self.sizers[pool].update(n, elapsed, nbytes)
