@@ -70,6 +70,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import functools
 import itertools
 import math
 import multiprocessing as mp
@@ -896,30 +897,33 @@ class Runner:
         kw = {n: context[n] for n in cons.fn_names}
         acc = self._consumer_init(cons)
         fn = cons.fn
-        index, k = -1, 0
+        if kw:
+            fn = functools.partial(fn, **kw)
+        failure: tuple[Exception, int] | None = None
         try:
-            for index, values in stream:  # noqa: B007 - index names a failing item
-                if kw:
-                    for k, y in enumerate(values):  # noqa: B007 - k names a failing item
-                        new = fn(acc, y, **kw)
-                        if new is not None:
-                            acc = new
-                else:
-                    for k, y in enumerate(values):  # noqa: B007
+            for index, values in stream:
+                folded = iter(values)
+                try:
+                    for y in folded:
                         new = fn(acc, y)
                         if new is not None:
                             acc = new
-        except EasycoreError:
-            raise
-        except Exception as exc:
-            self._abort()
-            stream.close()
-            label = _item_label(index + k, batch_size)
-            self._wrap_local(exc, cons.name, index + k, f"while folding {label}", None)
+                except Exception as exc:
+                    # `folded` stopped just after the failing result: what is left names it
+                    failure = (exc, index + len(values) - 1 - sum(1 for _ in folded))
+                    break
+        except Exception:
+            raise  # the run's own error (the runner is closed) or the input's, as raised
         except BaseException:
             self._abort()
             stream.close()
             raise
+        if failure is not None:
+            self._abort()
+            stream.close()
+            exc, at = failure
+            label = _item_label(at, batch_size)
+            self._wrap_local(exc, cons.name, at, f"while folding {label}", None)
         if cons.end is None:
             return acc
         try:

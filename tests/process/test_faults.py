@@ -304,6 +304,38 @@ class TestRunnerAfterErrors:
         with runner:
             assert runner.map([0, 2]) == [0, 2]
 
+    @pytest.mark.parametrize("with_consumer", [False, True])
+    def test_input_that_raises(self, with_consumer):
+        """The input iterable's own exception reaches the caller as raised (it is not blamed
+        on a stage); the runner is closed and activate() restarts it."""
+
+        def data():
+            yield from range(5)
+            raise LookupError("the input broke")
+
+        pipeline = producer(lambda x: x * x)
+        if with_consumer:
+            pipeline = pipeline >> consumer(init=0)(lambda acc, y: acc + y)
+        runner = pipeline.open(devices=2)
+        with pytest.raises(LookupError, match="the input broke"):
+            runner.map(data())
+        assert not runner.is_active
+        runner.activate()
+        with runner:
+            assert runner.map(range(4)) == (14 if with_consumer else [0, 1, 4, 9])
+
+    def test_consumer_failure_names_the_item_in_a_big_chunk(self):
+        """Results arrive in chunks of thousands; the failing one is still named exactly."""
+
+        def fold(acc, y):
+            if y == 123_457:
+                raise ValueError("no")
+            return acc + y
+
+        with pytest.raises(WorkerError, match="while folding item 123457 ") as info:
+            (producer(lambda x: x) >> consumer(init=0)(fold)).map(range(200_000), devices=2)
+        assert info.value.index == 123_457
+
     def test_no_fd_leak(self):
         """Failing runs leave no file descriptor behind."""
 
