@@ -234,7 +234,8 @@ class Easycore:
     """easycore exactly as the README shows it, with no tuning.
 
     ``call``: ``(producer(fn) >> summer).map(items, devices=workers)`` for W1 (a consumer
-    sums), ``producer(fn).map(items, devices=workers)`` otherwise. ``warm``: the same
+    sums; variant ``fold=sum``: ``sum(producer(fn).map(...))``),
+    ``producer(fn).map(items, devices=workers)`` otherwise. ``warm``: the same
     pipeline's ``open(devices=workers)`` runner, then ``runner.map(items)``.
     """
 
@@ -250,7 +251,10 @@ class Easycore:
             model = producer(init=wl.w5_load)(_w5_model_batch)
             pipeline = producer(wl.w5_decode).on(first) >> model.on(second, batch_size=wl.W5_BATCH)
             self.flatten = True
-        if total:
+        # W1 sums: with a consumer (the README's way), or "fold=sum": sum() over map's list,
+        # the same code shape as the peers' rows
+        self.sum = total and opts.get("fold") == "sum"
+        if total and not self.sum:
             pipeline = pipeline >> consumer(init=0)(_add)
         self.pipeline, self.workers = pipeline, workers
         self.runner = pipeline.open(devices=workers) if keep else None
@@ -260,6 +264,8 @@ class Easycore:
             out = self.runner.map(items)
         else:
             out = self.pipeline.map(items, devices=self.workers)
+        if self.sum:
+            return sum(out)
         return [y for batch in out for y in batch] if self.flatten else out
 
     def close(self) -> None:
