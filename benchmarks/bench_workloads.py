@@ -169,12 +169,22 @@ def w5_fused_1thread(x: int) -> float:
 def calibrate_w2(target: float = W2_SECONDS, trials: int = 7) -> int:
     """Return the iteration count for which :func:`busy_5ms` takes about ``target`` seconds.
 
+    The core first spins for ~0.2 s (a cold core runs slower and would make the items
+    short), then the count is refined at full size until two estimates agree within 2%.
     Uses the fastest of several trials, so background load during calibration does not
     shrink the work; the harness reports the item duration actually reached.
     """
-    probe = 20_000
-    best = min(_timed(lambda: _spin(1, probe)) for _ in range(trials))
-    return max(1_000, round(probe * target / best))
+    iters = 20_000
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:
+        _spin(1, iters)
+    for _ in range(5):
+        best = min(_timed(lambda: _spin(1, iters)) for _ in range(trials))
+        estimate = max(1_000, round(iters * target / best))
+        if abs(estimate - iters) <= 0.02 * iters:
+            return estimate
+        iters = estimate
+    return iters
 
 
 def w2_item_seconds(iters: int, trials: int = 7) -> float:
