@@ -77,6 +77,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import multiprocessing.spawn
 import os
+import select
 import socket
 import threading
 import time
@@ -409,10 +410,18 @@ class _Worker:
     holding: dict[int, _Chunk] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the item we killed it for
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
+    _exit_poll: Any = None
 
     @property
     def conn(self) -> Any:
         return self.chan.conn
+
+    def exited(self) -> bool:
+        """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
+        if self._exit_poll is None:
+            self._exit_poll = select.poll()
+            self._exit_poll.register(self.proc.sentinel, select.POLLIN)
+        return bool(self._exit_poll.poll(0))
 
 
 class _ChunkSizer:
@@ -502,6 +511,40 @@ def _kill_all(procs: list[Any]) -> None:
             p.join(1.0)
 
 
+class _Waiter:
+    """``multiprocessing.connection.wait`` for file descriptors, without a selector per call.
+
+    The run loop waits once per message; building and filling a selector each time cost
+    more than handling a small message. One ``poll`` object is kept while the set of
+    descriptors stays the same.
+    """
+
+    def __init__(self) -> None:
+        self._fds: tuple[int, ...] = ()
+        self._poll: Any = None
+        self._lock = threading.Lock()  # a poll object cannot be used by two threads at once
+
+    def wait(self, fds: Sequence[int], timeout: float | None) -> set[int]:
+        """The descriptors of ``fds`` that are readable (or closed), waiting up to ``timeout`` s."""
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        key = tuple(fds)
+        if not self._lock.acquire(blocking=False):
+            return {fd for fd, _ in _poller(key).poll(ms)}
+        try:
+            if key != self._fds or self._poll is None:
+                self._poll, self._fds = _poller(key), key
+            return {fd for fd, _ in self._poll.poll(ms)}
+        finally:
+            self._lock.release()
+
+
+def _poller(fds: Sequence[int]) -> Any:
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return poller
+
+
 # ---------------------------------------------------------------------------------------------
 # the runner
 # ---------------------------------------------------------------------------------------------
@@ -547,6 +590,7 @@ class Runner:
             )
             raise ValueError(msg)
         self._workers: list[_Worker] = []
+        self._waiter = _Waiter()
         self._active = False
         self._busy: object | None = None  # the run holding the runner, if any
         self._states: list[Any] = []
@@ -1253,10 +1297,12 @@ class Runner:
     ) -> None:
         """Wait for any pipe or sentinel, then handle it. Used at start-up and by `_Run`."""
         live = [w for w in self._workers if w.alive]
-        objs = [w.conn for w in live] + [w.proc.sentinel for w in live] + list(extra)
-        ready = set(mp.connection.wait(objs, timeout))
-        for w in live:
-            if w.conn in ready or w.proc.sentinel in ready:
+        fds = [w.conn.fileno() for w in live] + [w.proc.sentinel for w in live]
+        fds += [x if isinstance(x, int) else x.fileno() for x in extra]
+        ready = self._waiter.wait(fds, timeout)
+        n = len(live)
+        for k, w in enumerate(live):
+            if fds[k] in ready or fds[n + k] in ready:
                 self._handle(w, on_result)
 
     def _handle(self, w: _Worker, on_result: Callable[[_Worker, Any], None] | None) -> None:
@@ -1284,7 +1330,7 @@ class Runner:
                     on_result(w, msg)
         except (EOFError, OSError):
             broken = True
-        if broken or not w.proc.is_alive():
+        if broken or w.exited():
             w.proc.join(1.0)
             if w.proc.is_alive():  # pipe broke but the process lingers: finish it
                 w.proc.kill()

@@ -36,6 +36,7 @@ import io
 import mmap
 import os
 import pickle
+import select
 import socket
 import sys
 import threading
@@ -346,6 +347,9 @@ class Channel:
         # Held while a frame (and the descriptors after it) goes out: a worker's sender thread
         # and its main thread both write small frames to the caller.
         self.send_lock = threading.Lock()
+        # conn.poll() builds a selector per call (~30 us); the caller polls after every message
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
 
     # -- sending ---------------------------------------------------------------------------
     def _reduce_array(self, obj: Any) -> Any:
@@ -471,7 +475,10 @@ class Channel:
         return self.peer[seg_id]
 
     def poll(self) -> bool:
-        return bool(self.conn.poll())
+        """Whether a frame (or the end of the pipe) is waiting to be read."""
+        if self.conn.closed:
+            raise OSError("handle is closed")
+        return bool(self._poller.poll(0))
 
     def fileno(self) -> int:
         return int(self.conn.fileno())
