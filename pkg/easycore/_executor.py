@@ -965,9 +965,9 @@ class Runner:
         if failure is not None:
             self._abort()
             stream.close()
-            exc, at = failure
+            error, at = failure
             label = _item_label(at, batch_size)
-            self._wrap_local(exc, cons.name, at, f"while folding {label}", None)
+            self._wrap_local(error, cons.name, at, f"while folding {label}", None)
         if cons.end is None:
             return acc
         try:
