@@ -23,6 +23,7 @@ concurrent.futures, mpire's ``chunk_size``), ``batch_size`` (joblib), ``context`
 
 from __future__ import annotations
 
+import gc
 import importlib
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -327,6 +328,7 @@ def measure(
         phase = opts.get("phase", "cold")
         if phase == "warm":
             cycle(items)
+        _settle()
         t0 = time.perf_counter()
         result = cycle(items)
         seconds = time.perf_counter() - t0
@@ -334,6 +336,7 @@ def measure(
         warmup = wl.items_for(workload, min(n, max(2 * workers, n // 100)))
         if mode == "call":
             cycle(warmup)
+            _settle()
             t0 = time.perf_counter()
             result = cycle(items)
             seconds = time.perf_counter() - t0
@@ -341,6 +344,7 @@ def measure(
             session = make(fn, total, workers, opts, True)
             try:
                 session.run(warmup)
+                _settle()
                 t0 = time.perf_counter()
                 result = session.run(items)
                 seconds = time.perf_counter() - t0
@@ -354,6 +358,17 @@ def measure(
             raise ValueError(msg)
     wl.CHECKS[workload](result, n)
     return {"seconds": seconds, "n": n, "extra": extra}
+
+
+def _settle() -> None:
+    """Collect garbage before a clock starts, for every library alike.
+
+    After ``import torch`` a process holds ~165,000 objects, and CPython owes it a full
+    collection (~0.1 s on this machine) that falls on whichever container allocation comes
+    next: without this, a sample pays it or not by chance. Collections caused by the timed
+    work itself still count.
+    """
+    gc.collect()
 
 
 def _reference(workload: str, opts: dict[str, str], n: int) -> dict[str, Any]:
@@ -390,6 +405,7 @@ def _copy_reference(workload: str, n: int) -> dict[str, Any]:
             import torch
 
             torch.set_num_threads(threads)
+        _settle()
         t0 = time.perf_counter()
         copies = [copy(a) for a in arrays]
         timings[f"torch threads={threads}" if threads else "numpy"] = time.perf_counter() - t0

@@ -179,7 +179,7 @@ def calibrate_w2(target: float = W2_SECONDS, trials: int = 7) -> int:
     while time.perf_counter() < deadline:
         _spin(1, iters)
     for _ in range(5):
-        best = min(_timed(lambda: _spin(1, iters)) for _ in range(trials))
+        best = min(_timed(lambda n=iters: _spin(1, n)) for _ in range(trials))
         estimate = max(1_000, round(iters * target / best))
         if abs(estimate - iters) <= 0.02 * iters:
             return estimate
