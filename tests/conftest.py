@@ -14,6 +14,8 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
+import easycore._executor
+
 sys.path.insert(0, str(Path(__file__).parent))  # `from strategies import ...`
 
 settings.register_profile(
@@ -43,11 +45,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _service_pids() -> set[int]:
-    """multiprocessing's own long-lived helpers: the forkserver and the resource tracker."""
+    """Long-lived helpers: the forkservers (multiprocessing's, easycore's light one) and the
+    resource tracker."""
     pids = set()
     fs = getattr(multiprocessing.forkserver, "_forkserver", None)
     if fs is not None and getattr(fs, "_forkserver_pid", None):
         pids.add(fs._forkserver_pid)
+    light = easycore._executor._LIGHT_SERVER  # easycore's forkserver without torch
+    if light is not None and getattr(light, "_forkserver_pid", None):
+        pids.add(light._forkserver_pid)
     rt = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
     if rt is not None and getattr(rt, "_pid", None):
         pids.add(rt._pid)

@@ -58,6 +58,9 @@ Why this shape:
 * Workers start from a forkserver that has already imported torch and easycore (Linux
   default): the first pool pays the import once, later pools and respawns fork in
   milliseconds, and no worker is forked from a caller that may hold threads or CUDA state.
+  A caller that never imported torch gets a second, light forkserver (easycore and numpy
+  only): its workers fork and exit several times faster and import torch only if the work
+  does (see ``_light_wanted``; ``_worker._setup_torch`` gives it threads and seed then).
 * Chunks grow adaptively (target ~50 ms of work or ~1 MiB per message) so tiny items do not
   drown in per-message overhead; the window scales with the chunk size and bounds memory:
   at most ``n_workers * (DEPTH + 1) * chunk`` items are in flight, and with ``ordered=True`` the
@@ -75,10 +78,12 @@ import itertools
 import math
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.forkserver
 import multiprocessing.spawn
 import os
 import select
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -300,6 +305,34 @@ def _frozen_cfg(cfg: Mapping[str, Any] | None) -> CfgNode:
 # ---------------------------------------------------------------------------------------------
 _START_LOCK = threading.Lock()
 _PRELOAD_SET = False
+_LIGHT_SERVER: Any = None  # the forkserver without torch (see _light_wanted)
+_TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fork with it
+
+
+def _light_wanted(method: str, devices: Sequence[str]) -> bool:
+    """Whether workers should fork from the light forkserver (no torch loaded) this time.
+
+    Forking a process that has torch loaded costs ~4 ms of kernel time per worker here
+    (~150 MB of private memory to copy-on-write) plus as much again to start Python in it,
+    and tearing it down ~3 ms: for a caller that never imported torch (pure Python work),
+    a forkserver without torch starts and stops pools several times faster. Such workers
+    import torch only if their work does (then with the thread budget and seed they would
+    have had), and say so, so that every later pool of this process forks with torch.
+    """
+    if method != "forkserver" or _TORCH_SEEN or "torch" in sys.modules:
+        return False
+    if any(d.startswith("cuda") for d in devices):
+        return False
+    return hasattr(multiprocessing.forkserver, "connect_to_new_process")
+
+
+def _light_server() -> Any:
+    global _LIGHT_SERVER
+    if _LIGHT_SERVER is None:
+        server = multiprocessing.forkserver.ForkServer()
+        server.set_forkserver_preload(["easycore._preload_light"])
+        _LIGHT_SERVER = server
+    return _LIGHT_SERVER
 
 
 def _context(start_method: str | None) -> Any:
@@ -329,11 +362,14 @@ def _context(start_method: str | None) -> Any:
 
 
 @contextlib.contextmanager
-def _hidden_main() -> Iterator[None]:
+def _hidden_main(light: bool = False) -> Iterator[None]:
     # multiprocessing re-imports the caller's __main__ in spawned/forkserver children, which
     # re-runs an unguarded script's top level (and fails in notebooks). Everything a worker
     # needs travels by cloudpickle, so we leave __main__ out of the children's preparation.
+    # `light`: the forkserver process started here comes from the light forkserver instead.
     original = multiprocessing.spawn.get_preparation_data
+    forkserver: Any = multiprocessing.forkserver  # its module-level connect is swapped
+    connect = forkserver.connect_to_new_process if light else None
 
     def without_main(name: str) -> dict[str, Any]:
         data = original(name)
@@ -343,10 +379,20 @@ def _hidden_main() -> Iterator[None]:
 
     with _START_LOCK:
         multiprocessing.spawn.get_preparation_data = without_main
+        if light:
+            forkserver.connect_to_new_process = _light_server().connect_to_new_process
         try:
             yield
         finally:
             multiprocessing.spawn.get_preparation_data = original
+            if light:
+                forkserver.connect_to_new_process = connect
+
+
+def _note_torch(loaded: bool) -> None:
+    global _TORCH_SEEN
+    if loaded:
+        _TORCH_SEEN = True
 
 
 def _culprit_of(producers: tuple[Stage, ...], cfg: CfgNode) -> str:
@@ -596,6 +642,7 @@ class Runner:
         self._states: list[Any] = []
         self._slots: Any = None
         self._ctx: Any = None
+        self._light = False  # workers fork from the light forkserver (see _light_wanted)
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = itertools.count()
         self._chunk_ids = itertools.count()
@@ -680,6 +727,7 @@ class Runner:
                     msg = f"{culprit}; workers receive their functions pickled"
                     raise SerializationError(msg) from exc
             self._ctx = _context(self._start_method)
+            self._light = _light_wanted(self._ctx.get_start_method(), self.devices)
             n = len(self.devices)
             self._slots = self._ctx.RawArray("d", _SLOT * n)
             self._active = True
@@ -735,7 +783,7 @@ class Runner:
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
-        with _hidden_main():
+        with _hidden_main(self._light):
             proc.start()
         child.close()
         self._slots[_SLOT * slot + 1] = 0.0
@@ -852,7 +900,9 @@ class Runner:
                 msg = w.chan.recv()
                 if msg[0] == _worker.READY:
                     w.ready = True
+                    _note_torch(msg[4])
                 elif msg[0] == _worker.ENDED:
+                    _note_torch(msg[1])
                     return True, None
                 if msg[0] in (_worker.END_ERROR, _worker.INIT_ERROR):
                     try:
@@ -1140,8 +1190,13 @@ class Runner:
                 stream = enumerate(_batched((v for _, v in stream), pool.batch))
             label = batch_size if pool.index == 0 else pool.batch
             stream = self._inline_pool(stream, stages, pool.index, seed, retries, label, abort)
-        for index, value in stream:
-            yield index, [value]
+        # as in a worker: torch or numpy first imported by an item is seeded for that item
+        hooks = _worker.seed_on_import() if seed is not None else []
+        try:
+            for index, value in stream:
+                yield index, [value]
+        finally:
+            _worker.drop_hooks(hooks)
 
     def _inline_pool(
         self,
@@ -1316,6 +1371,7 @@ class Runner:
                 tag = msg[0]
                 if tag == _worker.READY:
                     w.ready = True
+                    _note_torch(msg[4])
                 elif tag == _worker.INIT_ERROR:
                     _raise_remote(
                         msg[1:], device=w.device, worker=w.slot, index=None, what="while starting"

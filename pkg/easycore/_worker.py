@@ -19,8 +19,11 @@ per-item message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib.abc
+import importlib.util
 import os
 import pickle
 import queue
@@ -90,8 +93,17 @@ def derive_seed(seed: int, index: int, pool: int = 0) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+_LAST_SEED: int | None = None  # the last value given to seed_everything in this process
+
+
 def seed_everything(value: int) -> None:
-    """Seed ``random``, numpy (when imported) and torch's CPU and CUDA generators."""
+    """Seed ``random``, numpy (when imported) and torch's CPU and CUDA generators.
+
+    numpy or torch imported later by the work itself are seeded with the same value on
+    import (see :func:`_setup_torch`).
+    """
+    global _LAST_SEED
+    _LAST_SEED = value
     random.seed(value)
     np = sys.modules.get("numpy")
     if np is not None:
@@ -106,13 +118,102 @@ def seed_everything(value: int) -> None:
 
 
 def _setup_torch(device: str, n_threads: int | None) -> None:
-    import torch
+    """Bind the device and give torch its share of threads, now or when the work imports it.
 
+    A worker from the torch forkserver (or on a GPU) has torch loaded already. One from the
+    light forkserver (a caller that never imported torch) does not, and pays for the import
+    only if its work needs torch: then, right after the import, torch gets the thread budget
+    and the worker's current seed, exactly as if it had been loaded from the start.
+    """
+    if device.startswith("cuda") or "torch" in sys.modules:
+        import torch
+
+        _torch_loaded(n_threads, torch)
+        if device.startswith("cuda"):
+            # Bind before anything can touch CUDA, so the context lands on our device.
+            torch.cuda.set_device(torch.device(device))
+        return
+    seed_on_import(n_threads)
+
+
+def seed_on_import(n_threads: int | None = None) -> list[Any]:
+    """Make a later import of torch or numpy seed it (and set torch's threads) at once.
+
+    Returns the import hooks put in place (each removes itself once its module loads), for
+    :func:`drop_hooks`.
+    """
+    hooks: list[Any] = []
+    if "torch" not in sys.modules:
+        hooks.append(_AfterImport("torch", functools.partial(_torch_loaded, n_threads)))
+    if "numpy" not in sys.modules:
+        hooks.append(_AfterImport("numpy", _numpy_loaded))
+    for hook in hooks:
+        sys.meta_path.insert(0, hook)
+    return hooks
+
+
+def drop_hooks(hooks: list[Any]) -> None:
+    """Remove import hooks of :func:`seed_on_import` that have not fired."""
+    for hook in hooks:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(hook)
+
+
+def _torch_loaded(n_threads: int | None, torch: Any) -> None:
     if n_threads is not None:
         torch.set_num_threads(n_threads)
-    if device.startswith("cuda"):
-        # Bind before anything can touch CUDA, so the context lands on our device.
-        torch.cuda.set_device(torch.device(device))
+    if _LAST_SEED is not None:
+        torch.default_generator.manual_seed(_LAST_SEED)
+
+
+def _numpy_loaded(np: Any) -> None:
+    if _LAST_SEED is not None:
+        np.random.seed(_LAST_SEED % (2**32))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once, right after the module ``name`` is first imported."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name = name
+        self.then = then
+        self.looking = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.looking:
+            return None
+        self.looking = True  # the search below asks every finder again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.looking = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenLoader(spec.loader, self)
+        return spec
+
+    def done(self, module: Any) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        self.then(module)
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """A module's own loader, then :meth:`_AfterImport.done` once the module has run."""
+
+    def __init__(self, inner: Any, hook: _AfterImport) -> None:
+        self.inner = inner
+        self.hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        self.hook.done(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, is_package...
+        return getattr(self.inner, name)
 
 
 def _reader(chan: Channel, tasks: queue.SimpleQueue[Any], stop: threading.Event) -> None:
@@ -519,7 +620,7 @@ def worker_main(
     except BaseException as exc:
         _send(chan, (INIT_ERROR, *error_entry(name, exc)))
         return
-    _send(chan, (READY, os.getpid(), entered, time.monotonic()))
+    _send(chan, (READY, os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
     clock = time.monotonic
     upstream: set[Channel] = set()
@@ -588,7 +689,7 @@ def worker_main(
         except BaseException as exc:
             if failure is None:
                 failure = error_entry(f"{st.name} (end)", exc)
-    _send(chan, (END_ERROR, *failure) if failure is not None else (ENDED,))
+    _send(chan, (END_ERROR, *failure) if failure is not None else (ENDED, "torch" in sys.modules))
     # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,0 +1,20 @@
+"""Imported once by the light forkserver: the one for callers that never imported torch.
+
+Workers forked from it carry no torch (see ``_executor._light_wanted``): they start and exit
+several times faster, and import torch only if their work does. numpy is loaded when
+installed (small, and most array work needs it). Nothing here may start a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+with contextlib.suppress(ImportError):
+    import numpy  # noqa: F401
+
+import easycore._worker
+
+easycore._worker.seed_everything(0)  # first calls import and set up the generators
+
+gc.freeze()  # see _preload: a collection in a forked worker must not touch every page
