@@ -18,7 +18,8 @@ W4 (``phase=cold`` / ``phase=warm``)
 
 Variants are ``default`` or comma-separated ``key=value`` options: ``chunksize`` (Pool,
 concurrent.futures, mpire's ``chunk_size``), ``batch_size`` (joblib), ``context``
-(multiprocessing start method), ``phase`` (W4).
+(multiprocessing start method), ``phase`` (W4), ``caller=torch`` (import torch before any
+clock, as a torch program has: easycore's workers then fork from its torch forkserver).
 """
 
 from __future__ import annotations
@@ -307,7 +308,8 @@ def measure(
     """
     opts = parse_variant(variant)
     workers = int(opts.pop("procs", workers))
-    for module in LIB_MODULES[lib] + WORKLOAD_MODULES.get(workload, ()):
+    caller = ("torch",) if opts.pop("caller", "") == "torch" else ()  # W4: a torch program
+    for module in LIB_MODULES[lib] + WORKLOAD_MODULES.get(workload, ()) + caller:
         importlib.import_module(module)
     if lib == "reference":
         return _reference(workload, opts, n)
