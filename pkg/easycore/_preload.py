@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import gc
 
+# What unpickling a worker's Process object needs (its slots are a RawArray on an mp heap
+# arena): imported once here rather than in every worker.
+import multiprocessing.heap
+import multiprocessing.sharedctypes  # noqa: F401
+
 import torch  # noqa: F401 - the point of the forkserver
 
 import easycore._worker

@@ -13,6 +13,11 @@ import gc
 with contextlib.suppress(ImportError):
     import numpy  # noqa: F401
 
+# What unpickling a worker's Process object needs (its slots are a RawArray on an mp heap
+# arena): imported once here rather than in every worker.
+import multiprocessing.heap
+import multiprocessing.sharedctypes  # noqa: F401
+
 import easycore._worker
 
 easycore._worker.seed_everything(0)  # first calls import and set up the generators
