@@ -367,17 +367,19 @@ def _hidden_main(light: bool = False) -> Iterator[None]:
     # re-runs an unguarded script's top level (and fails in notebooks). Everything a worker
     # needs travels by cloudpickle, so we leave __main__ out of the children's preparation.
     # `light`: the forkserver process started here comes from the light forkserver instead.
-    original = multiprocessing.spawn.get_preparation_data
+    # The originals are read under the lock: read before it, they could be another start's
+    # replacements, and "restoring" them would leave those in place for good.
     forkserver: Any = multiprocessing.forkserver  # its module-level connect is swapped
-    connect = forkserver.connect_to_new_process if light else None
-
-    def without_main(name: str) -> dict[str, Any]:
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
     with _START_LOCK:
+        original = multiprocessing.spawn.get_preparation_data
+        connect = getattr(forkserver, "connect_to_new_process", None)
+
+        def without_main(name: str) -> dict[str, Any]:
+            data = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
         multiprocessing.spawn.get_preparation_data = without_main
         if light:
             forkserver.connect_to_new_process = _light_server().connect_to_new_process
@@ -1190,13 +1192,17 @@ class Runner:
                 stream = enumerate(_batched((v for _, v in stream), pool.batch))
             label = batch_size if pool.index == 0 else pool.batch
             stream = self._inline_pool(stream, stages, pool.index, seed, retries, label, abort)
-        # as in a worker: torch or numpy first imported by an item is seeded for that item
-        hooks = _worker.seed_on_import() if seed is not None else []
         try:
             for index, value in stream:
                 yield index, [value]
-        finally:
-            _worker.drop_hooks(hooks)
+        except GeneratorExit:
+            raise  # the caller stopped early: not an error
+        except BaseException:
+            # the input's own error or an interrupt: closed, as a process runner would be
+            # (a stage's error has closed it already)
+            if abort:
+                self._abort()
+            raise
 
     def _inline_pool(
         self,
@@ -1211,15 +1217,23 @@ class Runner:
         for index, item in stream:
             attempt = 0
             while True:
+                hooks: list[Any] = []
                 if seed is not None:
                     _worker.seed_everything(_worker.derive_seed(seed, index, pool))
+                    if "torch" not in sys.modules or "numpy" not in sys.modules:
+                        # as in a worker: torch or numpy first imported by this item's work
+                        # is seeded for it (only while the stages run)
+                        hooks = _worker.seed_on_import()
                 value, failed = item, None
-                for stage, kw in stages:
-                    try:
-                        value = stage.fn(value, **kw)
-                    except Exception as error:
-                        failed = (stage, error)
-                        break
+                try:
+                    for stage, kw in stages:
+                        try:
+                            value = stage.fn(value, **kw)
+                        except Exception as error:
+                            failed = (stage, error)
+                            break
+                finally:
+                    _worker.drop_hooks(hooks)
                 if failed is None:
                     break
                 attempt += 1

@@ -304,8 +304,9 @@ class TestRunnerAfterErrors:
         with runner:
             assert runner.map([0, 2]) == [0, 2]
 
+    @pytest.mark.parametrize("devices", [2, "inline"])
     @pytest.mark.parametrize("with_consumer", [False, True])
-    def test_input_that_raises(self, with_consumer):
+    def test_input_that_raises(self, with_consumer, devices):
         """The input iterable's own exception reaches the caller as raised (it is not blamed
         on a stage); the runner is closed and activate() restarts it."""
 
@@ -316,7 +317,7 @@ class TestRunnerAfterErrors:
         pipeline = producer(lambda x: x * x)
         if with_consumer:
             pipeline = pipeline >> consumer(init=0)(lambda acc, y: acc + y)
-        runner = pipeline.open(devices=2)
+        runner = pipeline.open(devices=devices)
         with pytest.raises(LookupError, match="the input broke"):
             runner.map(data())
         assert not runner.is_active

@@ -169,3 +169,47 @@ def test_killed_caller_leaves_no_light_forkserver():
     for p in alive:
         os.kill(p, signal.SIGKILL)
     assert alive == [], "outlived the caller"
+
+
+CONCURRENT = textwrap.dedent(
+    """
+    import json, sys, threading
+    import multiprocessing.forkserver as fs, multiprocessing.spawn as sp
+    from easycore import producer
+
+    connect, prepare = fs.connect_to_new_process, sp.get_preparation_data
+
+    def probe(x):
+        import sys
+        return "torch" in sys.modules
+
+    def loop():
+        for _ in range(4):
+            producer(probe).map(range(4), devices=2)
+
+    threads = [threading.Thread(target=loop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out = {"restored": fs.connect_to_new_process == connect
+           and sp.get_preparation_data == prepare}
+    it = producer(lambda x: x).open(devices="inline").imap(range(5), seed=1)
+    next(it)  # a seeded inline run, left half-consumed
+    out["hooks_left"] = [type(f).__name__ for f in sys.meta_path
+                         if type(f).__name__ == "_AfterImport"]
+    import torch
+    out["after_torch"] = producer(probe).map(range(4), devices=2)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_concurrent_starts_leave_multiprocessing_as_it_was():
+    """Pools started from several threads at once: multiprocessing's own functions are put
+    back (else every later process, ours with torch or the user's, would come from the light
+    forkserver); a half-consumed seeded inline run leaves no import hook behind."""
+    out = run_script(CONCURRENT)
+    assert out["restored"]
+    assert out["hooks_left"] == []
+    assert out["after_torch"] == [True] * 4
