@@ -213,6 +213,8 @@ class _ThenLoader(importlib.abc.Loader):
         self.hook.done(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, is_package...
+        if name in ("inner", "hook"):  # not set yet (a copy): no endless recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
