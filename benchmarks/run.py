@@ -453,15 +453,16 @@ def targets(rows: list[Row]) -> list[Target]:
     out: list[Target] = []
     for g, rs in by_group.items():
         group = GROUPS[g]
+        best = best_peer(group, rs)
         ec = role(g, "easycore")
-        rat = ratio(group, ec, best_peer(group, rs)) if ec else None
+        rat = ratio(group, ec, best) if ec else None
+        # workloads with several easycore rows get one line per row, named by its variant
+        ecs = [r for r in rs if r.case.role == "easycore" and r.ok]
         if g == "W1":
-            best = best_peer(group, rs)
-            for r in rs:
-                if r.case.role == "easycore" and r.ok:
-                    how = "sum()" if "fold=sum" in r.case.variant else "consumer"
-                    what = f"easycore ({how}) / best peer, items/s"
-                    out.append(Target(g, what, ratio(group, r, best), 1.0, True))
+            for r in ecs:
+                how = "sum()" if "fold=sum" in r.case.variant else "consumer"
+                what = f"easycore ({how}) / best peer, items/s"
+                out.append(Target(g, what, ratio(group, r, best), 1.0, True))
         elif g == "W2":
             out.append(
                 Target(g, "easycore speed-up over sequential", ec.median if ec else None, 1.9, True)
@@ -472,18 +473,15 @@ def targets(rows: list[Row]) -> list[Target]:
             frac = ec.median / ref.median if ec and ref else None
             out.append(Target(g, "easycore / in-process copy, GB/s", frac, 0.30, True))
         elif g == "W4 warm":
-            best = best_peer(group, rs)
-            for r in rs:
-                if r.case.role == "easycore" and r.ok:
-                    r_rat = ratio(group, r, best)
-                    how = "torch caller" if "caller=torch" in r.case.variant else "no torch"
-                    what = f"easycore ({how}) time / fastest fork peer"
-                    out.append(Target(g, what, 1 / r_rat if r_rat else None, 2.0, False))
+            for r in ecs:
+                r_rat = ratio(group, r, best)
+                how = "torch caller" if "caller=torch" in r.case.variant else "no torch"
+                what = f"easycore ({how}) time / fastest fork peer"
+                out.append(Target(g, what, 1 / r_rat if r_rat else None, 2.0, False))
         elif g == "W4 cold":
             # the bound is about paying `import torch` once: the run whose caller has torch
             ref = role(g, "reference")
-            torch_rows = [r for r in rs if "caller=torch" in r.case.variant and r.ok]
-            row = torch_rows[0] if torch_rows else ec
+            row = next((r for r in ecs if "caller=torch" in r.case.variant), ec)
             extra = row.median - ref.median if row and ref else None
             what = "easycore (torch caller) - `import torch` (s)"
             out.append(Target(g, what, extra, 0.5, False))
