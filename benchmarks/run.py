@@ -27,6 +27,8 @@ says exactly what each library runs and what is timed.
 from __future__ import annotations
 
 import argparse
+import compileall
+import importlib.util
 import json
 import os
 import platform
@@ -67,7 +69,9 @@ class Case:
     """One row: a library with a variant, measured ``repeats`` times in fresh processes.
 
     ``role`` is ``easycore``, ``peer`` (competes for "best peer"), ``baseline`` (the
-    in-process loop) or ``reference`` (a physical reference: in-process copy, import torch).
+    in-process loop), ``reference`` (a physical reference: in-process copy, import torch) or
+    ``context`` (a peer under an easycore row's conditions, e.g. a caller that imported
+    torch: shown beside that row, not a competitor).
     """
 
     group: str
@@ -212,7 +216,15 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
                 "easycore",
                 f"easycore .map([0], devices={workers})",
             ),
-            # the same after the caller imported torch: workers from the torch forkserver
+            # the same after the caller imported torch: easycore's workers come from the
+            # torch forkserver, Pool forks a caller that holds torch
+            Case(
+                g,
+                "pool",
+                f"context=fork,phase={phase},caller=torch",
+                "context",
+                "multiprocessing.Pool, fork context, caller imported torch",
+            ),
             Case(
                 g,
                 "easycore",
@@ -478,6 +490,12 @@ def targets(rows: list[Row]) -> list[Target]:
                 how = "torch caller" if "caller=torch" in r.case.variant else "no torch"
                 what = f"easycore ({how}) time / fastest fork peer"
                 out.append(Target(g, what, 1 / r_rat if r_rat else None, 2.0, False))
+            # and a torch program against the same program on Pool (which forks torch too)
+            same = role(g, "context")
+            torch_ec = next((r for r in ecs if "caller=torch" in r.case.variant), None)
+            if same and torch_ec:
+                what = "easycore / Pool fork, both callers with torch"
+                out.append(Target(g, what, torch_ec.median / same.median, 2.0, False))
         elif g == "W4 cold":
             # the bound is about paying `import torch` once: the run whose caller has torch
             ref = role(g, "reference")
@@ -510,6 +528,24 @@ def print_targets(ts: list[Target], quick: bool) -> None:
             f"  {t.group:<8} {t.what:<50} {val:>8} {op} {bound:<6} "
             f"{'PASS' if t.passed else 'MISS'}{why}"
         )
+
+
+def write_bytecode() -> list[str]:
+    """Write the bytecode caches of easycore and ``benchmarks/``; return the folders.
+
+    A user's Python writes ``__pycache__`` on the first import, and pip compiles every
+    package it installs (the peers here), but an editable checkout under
+    ``PYTHONDONTWRITEBYTECODE=1`` (as on some CI machines) has none: every fresh process,
+    and every spawned or forkserver worker that imports the work functions' module, would
+    compile the sources again (~3 ms per worker for ``bench_workloads`` alone, measured),
+    a cost no installed library pays. Imports read caches whatever that variable says.
+    """
+    spec = importlib.util.find_spec("easycore")
+    found = (spec.submodule_search_locations or []) if spec is not None else []
+    folders = [HERE, *(Path(p) for p in found)]
+    for folder in folders:
+        compileall.compile_dir(folder, quiet=1)
+    return [str(f) for f in folders]
 
 
 def machine(w2_iters: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -635,6 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child(lib, workload, variant, n, args.workers, args.mode)
 
     cases = select(build_cases(args.quick, args.workers, args.mode), args.only)
+    write_bytecode()
     w2_iters = args.w2_iters or wl.calibrate_w2()
     info = machine(w2_iters, args)
     print_machine(info)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import gc
 
 # What unpickling a worker's Process object needs (its slots are a RawArray on an mp heap
-# arena): imported once here rather than in every worker.
+# arena, its popen the forkserver's): imported once here rather than in every worker.
 import multiprocessing.heap
+import multiprocessing.popen_fork
+import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
 import torch  # noqa: F401 - the point of the forkserver
