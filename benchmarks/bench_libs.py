@@ -24,6 +24,7 @@ clock, as a torch program has: easycore's workers then fork from its torch forks
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import time
@@ -96,8 +97,11 @@ def _int_or_none(opts: dict[str, str], key: str) -> int | None:
     return int(opts[key]) if key in opts else None
 
 
-def _collect(total: bool, results: Iterable[Any]) -> Any:
-    """What the caller keeps: the sum (W1) or every result, in a list."""
+def _collect(total: bool, results: Iterable[Any], stream: bool = False) -> Any:
+    """What the caller keeps: the sum (W1), every result in a list, or (``stream``) the
+    fold of every result as it arrives (W3/W3b streamed: each one dropped after its fold)."""
+    if stream:
+        return functools.reduce(wl.fold_array, results, 0.0)
     return sum(results) if total else list(results)
 
 
@@ -120,11 +124,11 @@ class Sequential:
     def __init__(
         self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
     ) -> None:
-        del workers, opts, keep
-        self.fn, self.total = fn, total
+        del workers, keep
+        self.fn, self.total, self.stream = fn, total, "stream" in opts
 
     def run(self, items: Sequence[int]) -> Any:
-        return _collect(self.total, map(self.fn, items))
+        return _collect(self.total, map(self.fn, items), self.stream)
 
     def close(self) -> None:
         pass
@@ -140,11 +144,13 @@ class MpPool:
 
         del keep
         ctx = mp.get_context(opts["context"]) if "context" in opts else mp.get_context()
-        self.fn, self.total = fn, total
+        self.fn, self.total, self.stream = fn, total, "stream" in opts
         self.chunksize = _int_or_none(opts, "chunksize")
         self.pool = ctx.Pool(workers)
 
     def run(self, items: Sequence[int]) -> Any:
+        if self.stream:  # imap: results as they come (its default chunksize is 1)
+            return _collect(False, self.pool.imap(self.fn, items, self.chunksize or 1), True)
         return _collect(self.total, self.pool.map(self.fn, items, chunksize=self.chunksize))
 
     def close(self) -> None:
@@ -163,12 +169,13 @@ class Futures:
 
         del keep
         ctx = mp.get_context(opts["context"]) if "context" in opts else None
-        self.fn, self.total = fn, total
+        self.fn, self.total, self.stream = fn, total, "stream" in opts
         self.chunksize = _int_or_none(opts, "chunksize") or 1
         self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
 
     def run(self, items: Sequence[int]) -> Any:
-        return _collect(self.total, self.ex.map(self.fn, items, chunksize=self.chunksize))
+        out = self.ex.map(self.fn, items, chunksize=self.chunksize)  # yields in order
+        return _collect(self.total, out, self.stream)
 
     def close(self) -> None:
         self.ex.shutdown(wait=True)
@@ -188,14 +195,16 @@ class Joblib:
 
         del keep
         batch: int | str = _int_or_none(opts, "batch_size") or "auto"
-        self.fn, self.total = fn, total
-        self.parallel = Parallel(n_jobs=workers, batch_size=batch)
+        self.fn, self.total, self.stream = fn, total, "stream" in opts
+        # streamed: joblib's generator output, results as they complete, in order
+        how = {"return_as": "generator"} if self.stream else {}
+        self.parallel = Parallel(n_jobs=workers, batch_size=batch, **how)
 
     def run(self, items: Sequence[int]) -> Any:
         from joblib import delayed
 
         call = delayed(self.fn)
-        return _collect(self.total, self.parallel(call(x) for x in items))
+        return _collect(self.total, self.parallel(call(x) for x in items), self.stream)
 
     def close(self) -> None:
         pass
@@ -218,11 +227,13 @@ class Mpire:
         kwargs: dict[str, Any] = {"n_jobs": workers, "keep_alive": keep}
         if "context" in opts:
             kwargs["start_method"] = opts["context"]
-        self.fn, self.total = fn, total
+        self.fn, self.total, self.stream = fn, total, "stream" in opts
         self.chunk_size = _int_or_none(opts, "chunksize")
         self.pool = WorkerPool(**kwargs)
 
     def run(self, items: Sequence[int]) -> Any:
+        if self.stream:  # imap: ordered, results as they come
+            return _collect(False, self.pool.imap(self.fn, items, chunk_size=self.chunk_size), True)
         out = self.pool.map(
             self.fn, items, chunk_size=self.chunk_size, concatenate_numpy_output=False
         )
@@ -237,8 +248,9 @@ class Easycore:
 
     ``call``: ``(producer(fn) >> summer).map(items, devices=workers)`` for W1 (a consumer
     sums; variant ``fold=sum``: ``sum(producer(fn).map(...))``),
-    ``producer(fn).map(items, devices=workers)`` otherwise. ``warm``: the same
-    pipeline's ``open(devices=workers)`` runner, then ``runner.map(items)``.
+    ``producer(fn).map(items, devices=workers)`` otherwise; W3/W3b streamed (variant
+    ``stream=1``): ``(producer(fn) >> consumer(init=0.0)(fold_array)).map(...)``. ``warm``:
+    the same pipeline's ``open(devices=workers)`` runner, then ``runner.map(items)``.
     """
 
     def __init__(
@@ -258,6 +270,8 @@ class Easycore:
         self.sum = total and opts.get("fold") == "sum"
         if total and not self.sum:
             pipeline = pipeline >> consumer(init=0)(_add)
+        if "stream" in opts:  # W3/W3b streamed: the README's way, a consumer folds each result
+            pipeline = pipeline >> consumer(init=0.0)(wl.fold_array)
         self.pipeline, self.workers = pipeline, workers
         self.runner = pipeline.open(devices=workers) if keep else None
 
@@ -363,7 +377,8 @@ def measure(
             raise ValueError(msg)
     if workload == "W2":
         extra["seq_item_seconds"] = (before + _item_seconds(wl.busy_5ms)) / 2
-    wl.CHECKS[workload](result, n)
+    check = wl.check_folded if "stream" in opts else wl.CHECKS[workload]
+    check(result, n)
     return {"seconds": seconds, "n": n, "extra": extra}
 
 

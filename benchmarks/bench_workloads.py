@@ -13,6 +13,9 @@ Workloads (sizes are the defaults; ``--quick`` shrinks them):
   the same work.
 * **W3** ``make_tensor(i)`` returns a 4 MiB float32 ``torch.full((1 << 20,), i)``; 200 items.
 * **W3b** the same as numpy arrays (``np.full``).
+* **W3 / W3b streamed** (variant ``stream=1``): the same results consumed as they arrive and
+  then dropped, as an inference loop writing out or aggregating its outputs does: the
+  caller folds each one with :func:`fold_array` instead of keeping it.
 * **W4** ``identity(x)`` on one item: the cost of creating, using and shutting down a pool.
 * **W5** two unbalanced stages over 3,000 items: ``w5_decode`` (about 0.6 ms of pure Python
   making a 1024-float feature vector) then a "model" (a 1024 x 4096 float32 matrix, 16 MiB,
@@ -253,6 +256,27 @@ def _check_arrays(
             _fail(f"item {i}: dtype {a.dtype} shape {tuple(a.shape)}")
         if not all_equal(a, i):
             _fail(f"item {i}: contents differ from {i}")
+
+
+def fold_array(total: float, a: Any) -> float:
+    """W3/W3b streamed: what the caller does with each result before dropping it.
+
+    Checks its length, dtype and that it is uniform (first, middle and last elements), and
+    adds its first and last elements to the running total: every library's caller reads
+    the same three elements of every result.
+    """
+    if tuple(a.shape) != (W3_ELEMENTS,) or str(a.dtype).removeprefix("torch.") != "float32":
+        _fail(f"streamed result: dtype {a.dtype} shape {tuple(a.shape)}")
+    first, mid, last = float(a[0]), float(a[W3_ELEMENTS // 2]), float(a[-1])
+    if not first == mid == last:
+        _fail(f"streamed result: elements {first}, {mid}, {last} differ")
+    return total + first + last
+
+
+def check_folded(result: Any, n: int) -> None:
+    """W3/W3b streamed: the total of :func:`fold_array` over results ``0 .. n-1``."""
+    if result != float(n * (n - 1)):
+        _fail(f"streamed: folded total {result!r}, expected {float(n * (n - 1))!r}")
 
 
 def check_w4(result: Any, n: int) -> None:

@@ -111,6 +111,8 @@ GROUPS: dict[str, Group] = {
         Group("W2", "W2", "items x 5 ms pure Python", "x seq"),
         Group("W3", "W3", "x 4 MiB float32 torch tensors returned", "GB/s"),
         Group("W3b", "W3b", "x 4 MiB float32 numpy arrays returned", "GB/s"),
+        Group("W3 stream", "W3", "x 4 MiB torch tensors returned, folded and dropped", "GB/s"),
+        Group("W3b stream", "W3b", "x 4 MiB numpy arrays returned, folded and dropped", "GB/s"),
         Group("W4 cold", "W4", "create 2 workers, 1 item, shut down: fresh process", "s", False),
         Group("W4 warm", "W4", "create 2 workers, 1 item, shut down: second time", "s", False),
         Group("W5", "W5", "items: 0.6 ms decode, then a 16 MiB model; 3 processes", "items/s"),
@@ -179,6 +181,19 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             Case(w, "joblib", "default", "peer", f"joblib.Parallel (loky){kind}"),
             Case(w, "mpire", "default", "peer", f"mpire.WorkerPool, default chunk_size{kind}"),
             Case(w, "easycore", "default", "easycore", ec),
+        ]
+    # the same results consumed as they arrive (each folded by the caller, then dropped)
+    for w, kind in (("W3", ", 1 torch thread/worker"), ("W3b", "")):
+        g = f"{w} stream"
+        clone = "t.clone(), faster of default / 1 thread" if w == "W3" else "np.copy(a)"
+        cases += [
+            Case(g, "reference", "what=copy", "reference", f"in-process copy ({clone})"),
+            Case(g, "sequential", "stream=1", "baseline", "in-process loop (create, fold)"),
+            Case(g, "pool", "stream=1", "peer", f"multiprocessing.Pool imap, chunksize=1{kind}"),
+            Case(g, "futures", "stream=1", "peer", f"concurrent.futures map, chunksize=1{kind}"),
+            Case(g, "joblib", "stream=1", "peer", f"joblib.Parallel generator (loky){kind}"),
+            Case(g, "mpire", "stream=1", "peer", f"mpire.WorkerPool imap{kind}"),
+            Case(g, "easycore", "stream=1", "easycore", f"{ec} >> consumer folding them"),
         ]
 
     for phase in ("cold", "warm"):
@@ -486,7 +501,7 @@ def targets(rows: list[Row]) -> list[Target]:
             out.append(
                 Target(g, "easycore speed-up over sequential", ec.median if ec else None, 1.9, True)
             )
-        elif g in ("W3", "W3b"):
+        elif g in ("W3", "W3b", "W3 stream", "W3b stream"):
             ref = role(g, "reference")
             out.append(Target(g, "easycore / best peer, GB/s", rat, 10.0, True))
             frac = ec.median / ref.median if ec and ref else None
@@ -532,7 +547,7 @@ def print_targets(ts: list[Target], quick: bool) -> None:
         t.shown = f"{val} {op} {bound}"
         why = "" if t.value is not None else "  (easycore or its reference failed)"
         print(
-            f"  {t.group:<8} {t.what:<50} {val:>8} {op} {bound:<6} "
+            f"  {t.group:<10} {t.what:<50} {val:>8} {op} {bound:<6} "
             f"{'PASS' if t.passed else 'MISS'}{why}"
         )
 
