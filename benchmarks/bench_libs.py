@@ -340,7 +340,6 @@ def measure(
             session.close()
 
     extra: dict[str, Any] = {}
-    before = 0.0  # W2: the in-process pace just before the sample
     if workload == "W4":
         phase = opts.get("phase", "cold")
         if phase == "warm":
@@ -353,7 +352,6 @@ def measure(
         warmup = wl.items_for(workload, min(n, max(2 * workers, n // 100)))
         if mode == "call":
             cycle(warmup)
-            before = _item_seconds(wl.busy_5ms) if workload == "W2" else 0.0
             _settle()
             t0 = time.perf_counter()
             result = cycle(items)
@@ -362,7 +360,6 @@ def measure(
             session = make(fn, total, workers, opts, True)
             try:
                 session.run(warmup)
-                before = _item_seconds(wl.busy_5ms) if workload == "W2" else 0.0
                 _settle()
                 t0 = time.perf_counter()
                 result = session.run(items)
@@ -375,25 +372,9 @@ def measure(
         else:
             msg = f"unknown mode {mode!r}"
             raise ValueError(msg)
-    if workload == "W2":
-        extra["seq_item_seconds"] = (before + _item_seconds(wl.busy_5ms)) / 2
     check = wl.check_folded if "stream" in opts else wl.CHECKS[workload]
     check(result, n)
     return {"seconds": seconds, "n": n, "extra": extra}
-
-
-def _item_seconds(fn: Callable[[int], Any], k: int = wl.W2_SEQ_ITEMS) -> float:
-    """Mean seconds of one ``fn`` call over ``k`` calls in this process (W2's in-process pace).
-
-    Measured just before and just after each W2 sample, in the same process, so the sample's
-    speed-up is over the pace of this machine at that moment: on a shared VM a core's speed
-    drifts by tens of percent between processes, which a baseline taken in other processes
-    turns into speed-ups anywhere from 1.5x to above the 2.0x that two workers allow.
-    """
-    t0 = time.perf_counter()
-    for i in range(k):
-        fn(i)
-    return (time.perf_counter() - t0) / k
 
 
 def _settle() -> None:

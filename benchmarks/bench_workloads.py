@@ -42,8 +42,6 @@ W2_ENV = "EASYCORE_BENCH_W2_ITERS"
 W2_DEFAULT_ITERS = 60_000
 #: Target duration of one W2 item.
 W2_SECONDS = 0.005
-#: Items timed in-process just before and just after every W2 sample (its 1.00x pace).
-W2_SEQ_ITEMS = 20
 
 _W2_ITERS = int(os.environ.get(W2_ENV, W2_DEFAULT_ITERS))
 

@@ -369,24 +369,17 @@ def measure_all(cases: list[Case], args: argparse.Namespace, env: dict[str, str]
 
 
 def finish_group(group: Group, rows: list[Row]) -> None:
-    """Turn seconds into the group's figures (W2: speed-up over sequential).
-
-    W2's speed-up is over the in-process pace measured in the same process just before and
-    after the sample (``seq_item_seconds``: see ``bench_libs._item_seconds``); samples
-    without it fall back to the median of the in-process loop's own samples.
-    """
+    """Turn seconds into the group's figures (W2: speed-up over the sequential median)."""
     if group.unit == "x seq":
         base = [r for r in rows if r.case.role == "baseline" and r.ok]
-        seq = statistics.median(base[0].seconds) if base else None
-        for r in rows:
-            paces = [float(e.get("seq_item_seconds") or 0.0) for e in r.extra]
-            if r.seconds and all(paces):
-                r.values = [r.n * p / s for p, s in zip(paces, r.seconds, strict=True)]
-            elif seq is not None:
-                r.values = [seq / s for s in r.seconds]
-            elif r.seconds:
+        if not base:
+            for r in rows:
                 r.errors.append("no sequential baseline")
                 r.seconds.clear()
+            return
+        seq = statistics.median(base[0].seconds)
+        for r in rows:
+            r.values = [seq / s for s in r.seconds]
         return
     for r in rows:
         r.values = [figure(group, r.n, s) for s in r.seconds]
