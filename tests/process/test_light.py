@@ -134,11 +134,12 @@ class TestLightForkserver:
 
 KILLED = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     from easycore import producer
     import easycore._executor as ex
 
     def slow(x):
+        os.write(1, b"busy\\n")  # one write: the two workers' lines never interleave
         time.sleep(100)
 
     runner = producer(slow).open(devices=2)
@@ -157,6 +158,8 @@ def test_killed_caller_leaves_no_light_forkserver():
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 3  # printed once every worker is ready
+    # both workers inside `slow` (they share the caller's stdout): busy, not idle, when killed
+    assert [proc.stdout.readline(), proc.stdout.readline()] == ["busy\n", "busy\n"]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     proc.stdout.close()
