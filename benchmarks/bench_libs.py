@@ -19,7 +19,10 @@ W4 (``phase=cold`` / ``phase=warm``)
 Variants are ``default`` or comma-separated ``key=value`` options: ``chunksize`` (Pool,
 concurrent.futures, mpire's ``chunk_size``), ``batch_size`` (joblib), ``context``
 (multiprocessing start method), ``phase`` (W4), ``caller=torch`` (import torch before any
-clock, as a torch program has: easycore's workers then fork from its torch forkserver).
+clock, as a torch program has: easycore's workers then fork from its torch forkserver),
+``stream=1`` (W3/W3b: each library's streaming call, every result folded by the caller as it
+arrives and dropped: ``Pool.imap``, ``Executor.map``, joblib's generator output, mpire's
+``imap``, an easycore consumer; ``run`` returns the fold).
 """
 
 from __future__ import annotations
@@ -97,11 +100,12 @@ def _int_or_none(opts: dict[str, str], key: str) -> int | None:
     return int(opts[key]) if key in opts else None
 
 
-def _collect(total: bool, results: Iterable[Any], stream: bool = False) -> Any:
-    """What the caller keeps: the sum (W1), every result in a list, or (``stream``) the
-    fold of every result as it arrives (W3/W3b streamed: each one dropped after its fold)."""
+def _collect(total: bool, results: Iterable[Any], stream: str = "") -> Any:
+    """What the caller keeps: the sum (W1), every result in a list, or (``stream``: the
+    workload, W3/W3b streamed) the fold of every result as it arrives, each one dropped
+    after its fold."""
     if stream:
-        return functools.reduce(wl.fold_array, results, 0.0)
+        return functools.reduce(wl.FOLDS[stream], results, wl.FOLD_INIT)
     return sum(results) if total else list(results)
 
 
@@ -112,7 +116,8 @@ class Session(Protocol):
     """A library's pool, ready to run the workload's function."""
 
     def run(self, items: Sequence[int]) -> Any:
-        """Run the function over ``items``; return the sum (W1) or the list of results."""
+        """Run the function over ``items``; return the sum (W1), the list of results, or
+        (``stream``) the fold of the results."""
 
     def close(self) -> None:
         """Shut the pool down and wait for its processes."""
@@ -125,7 +130,7 @@ class Sequential:
         self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
     ) -> None:
         del workers, keep
-        self.fn, self.total, self.stream = fn, total, "stream" in opts
+        self.fn, self.total, self.stream = fn, total, opts.get("stream", "")
 
     def run(self, items: Sequence[int]) -> Any:
         return _collect(self.total, map(self.fn, items), self.stream)
@@ -135,7 +140,8 @@ class Sequential:
 
 
 class MpPool:
-    """``multiprocessing.Pool(workers).map(fn, items, chunksize)``; default start method."""
+    """``multiprocessing.Pool(workers).map(fn, items, chunksize)`` (streamed: ``imap``, whose
+    default chunksize is 1); default start method."""
 
     def __init__(
         self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
@@ -144,13 +150,13 @@ class MpPool:
 
         del keep
         ctx = mp.get_context(opts["context"]) if "context" in opts else mp.get_context()
-        self.fn, self.total, self.stream = fn, total, "stream" in opts
+        self.fn, self.total, self.stream = fn, total, opts.get("stream", "")
         self.chunksize = _int_or_none(opts, "chunksize")
         self.pool = ctx.Pool(workers)
 
     def run(self, items: Sequence[int]) -> Any:
         if self.stream:  # imap: results as they come (its default chunksize is 1)
-            return _collect(False, self.pool.imap(self.fn, items, self.chunksize or 1), True)
+            return _collect(False, self.pool.imap(self.fn, items, self.chunksize or 1), self.stream)
         return _collect(self.total, self.pool.map(self.fn, items, chunksize=self.chunksize))
 
     def close(self) -> None:
@@ -169,7 +175,7 @@ class Futures:
 
         del keep
         ctx = mp.get_context(opts["context"]) if "context" in opts else None
-        self.fn, self.total, self.stream = fn, total, "stream" in opts
+        self.fn, self.total, self.stream = fn, total, opts.get("stream", "")
         self.chunksize = _int_or_none(opts, "chunksize") or 1
         self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
 
@@ -182,7 +188,8 @@ class Futures:
 
 
 class Joblib:
-    """``joblib.Parallel(n_jobs=workers)(delayed(fn)(x) for x in items)``, loky backend.
+    """``joblib.Parallel(n_jobs=workers)(delayed(fn)(x) for x in items)``, loky backend
+    (streamed: ``return_as="generator"``).
 
     joblib keeps its loky executor alive between calls by default, so ``close`` has nothing
     to shut down: that reuse is joblib's own default behaviour.
@@ -195,7 +202,7 @@ class Joblib:
 
         del keep
         batch: int | str = _int_or_none(opts, "batch_size") or "auto"
-        self.fn, self.total, self.stream = fn, total, "stream" in opts
+        self.fn, self.total, self.stream = fn, total, opts.get("stream", "")
         # streamed: joblib's generator output, results as they complete, in order
         how = {"return_as": "generator"} if self.stream else {}
         self.parallel = Parallel(n_jobs=workers, batch_size=batch, **how)
@@ -211,7 +218,7 @@ class Joblib:
 
 
 class Mpire:
-    """``mpire.WorkerPool(n_jobs=workers).map(fn, items, chunk_size=...)``.
+    """``mpire.WorkerPool(n_jobs=workers).map(fn, items, chunk_size=...)`` (streamed: ``imap``).
 
     ``concatenate_numpy_output=False``: by default mpire glues numpy results into one big
     array (an extra copy, and not the 200 arrays the workload returns); a user who wants the
@@ -227,13 +234,14 @@ class Mpire:
         kwargs: dict[str, Any] = {"n_jobs": workers, "keep_alive": keep}
         if "context" in opts:
             kwargs["start_method"] = opts["context"]
-        self.fn, self.total, self.stream = fn, total, "stream" in opts
+        self.fn, self.total, self.stream = fn, total, opts.get("stream", "")
         self.chunk_size = _int_or_none(opts, "chunksize")
         self.pool = WorkerPool(**kwargs)
 
     def run(self, items: Sequence[int]) -> Any:
         if self.stream:  # imap: ordered, results as they come
-            return _collect(False, self.pool.imap(self.fn, items, chunk_size=self.chunk_size), True)
+            out = self.pool.imap(self.fn, items, chunk_size=self.chunk_size)
+            return _collect(False, out, self.stream)
         out = self.pool.map(
             self.fn, items, chunk_size=self.chunk_size, concatenate_numpy_output=False
         )
@@ -249,7 +257,7 @@ class Easycore:
     ``call``: ``(producer(fn) >> summer).map(items, devices=workers)`` for W1 (a consumer
     sums; variant ``fold=sum``: ``sum(producer(fn).map(...))``),
     ``producer(fn).map(items, devices=workers)`` otherwise; W3/W3b streamed (variant
-    ``stream=1``): ``(producer(fn) >> consumer(init=0.0)(fold_array)).map(...)``. ``warm``:
+    ``stream=1``): ``(producer(fn) >> consumer(init=FOLD_INIT)(fold)).map(...)``. ``warm``:
     the same pipeline's ``open(devices=workers)`` runner, then ``runner.map(items)``.
     """
 
@@ -271,7 +279,7 @@ class Easycore:
         if total and not self.sum:
             pipeline = pipeline >> consumer(init=0)(_add)
         if "stream" in opts:  # W3/W3b streamed: the README's way, a consumer folds each result
-            pipeline = pipeline >> consumer(init=0.0)(wl.fold_array)
+            pipeline = pipeline >> consumer(init=wl.FOLD_INIT)(wl.FOLDS[opts["stream"]])
         self.pipeline, self.workers = pipeline, workers
         self.runner = pipeline.open(devices=workers) if keep else None
 
@@ -323,6 +331,8 @@ def measure(
     opts = parse_variant(variant)
     workers = int(opts.pop("procs", workers))
     caller = ("torch",) if opts.pop("caller", "") == "torch" else ()  # W4: a torch program
+    if "stream" in opts:  # sessions fold with this workload's fold
+        opts["stream"] = workload
     for module in LIB_MODULES[lib] + WORKLOAD_MODULES.get(workload, ()) + caller:
         importlib.import_module(module)
     if lib == "reference":

@@ -256,25 +256,53 @@ def _check_arrays(
             _fail(f"item {i}: contents differ from {i}")
 
 
-def fold_array(total: float, a: Any) -> float:
-    """W3/W3b streamed: what the caller does with each result before dropping it.
+def fold_tensor(acc: tuple[int, float], t: Any) -> tuple[int, float]:
+    """W3 streamed: what the caller does with each tensor before dropping it (see _fold)."""
+    import torch
 
-    Checks its length, dtype and that it is uniform (first, middle and last elements), and
-    adds its first and last elements to the running total: every library's caller reads
-    the same three elements of every result.
+    if not isinstance(t, torch.Tensor):
+        _fail(f"streamed result {acc[0]}: a {type(t).__name__}, expected a torch.Tensor")
+    lo, hi = torch.aminmax(t)
+    return _fold(acc, t, torch.float32, float(lo), float(hi))
+
+
+def fold_array(acc: tuple[int, float], a: Any) -> tuple[int, float]:
+    """W3b streamed: what the caller does with each array before dropping it (see _fold)."""
+    import numpy as np
+
+    if not isinstance(a, np.ndarray):
+        _fail(f"streamed result {acc[0]}: a {type(a).__name__}, expected a numpy array")
+    return _fold(acc, a, np.float32, float(a.min()), float(a.max()))
+
+
+def _fold(acc: tuple[int, float], a: Any, dtype: Any, lo: float, hi: float) -> tuple[int, float]:
+    """Check one streamed result and count it: ``acc`` is (results so far, running total).
+
+    Result ``i`` must be array/tensor ``i`` (so order counts) with the right dtype and shape,
+    every element equal to ``i`` (its minimum and maximum: reads all 4 MiB, as a consumer
+    that aggregates its outputs does; exact in float32); its value joins the total.
     """
-    if tuple(a.shape) != (W3_ELEMENTS,) or str(a.dtype).removeprefix("torch.") != "float32":
-        _fail(f"streamed result: dtype {a.dtype} shape {tuple(a.shape)}")
-    first, mid, last = float(a[0]), float(a[W3_ELEMENTS // 2]), float(a[-1])
-    if not first == mid == last:
-        _fail(f"streamed result: elements {first}, {mid}, {last} differ")
-    return total + first + last
+    count, total = acc
+    if a.dtype != dtype or tuple(a.shape) != (W3_ELEMENTS,):
+        _fail(f"streamed result {count}: dtype {a.dtype} shape {tuple(a.shape)}")
+    if not lo == hi == count:
+        _fail(f"streamed result {count}: elements from {lo} to {hi}, expected all {count}")
+    return count + 1, total + hi
+
+
+#: The caller's fold per streamed workload, and its start value.
+FOLDS: dict[str, Callable[[tuple[int, float], Any], tuple[int, float]]] = {
+    "W3": fold_tensor,
+    "W3b": fold_array,
+}
+FOLD_INIT = (0, 0.0)
 
 
 def check_folded(result: Any, n: int) -> None:
-    """W3/W3b streamed: the total of :func:`fold_array` over results ``0 .. n-1``."""
-    if result != float(n * (n - 1)):
-        _fail(f"streamed: folded total {result!r}, expected {float(n * (n - 1))!r}")
+    """W3/W3b streamed: ``n`` results folded, in order (each fold checked its result)."""
+    expected = (n, float(n * (n - 1) // 2))
+    if result != expected:
+        _fail(f"streamed: folded {result!r}, expected {expected!r}")
 
 
 def check_w4(result: Any, n: int) -> None:
