@@ -14,9 +14,9 @@ with contextlib.suppress(ImportError):
     import numpy  # noqa: F401
 
 # What unpickling a worker's Process object needs (its slots are a RawArray on an mp heap
-# arena, its popen the forkserver's): imported once here rather than in every worker.
+# arena, whose descriptor travels as a popen_forkserver._DupFd): imported once here rather
+# than in every worker.
 import multiprocessing.heap
-import multiprocessing.popen_fork
 import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
