@@ -9,6 +9,7 @@ shutdown behave as with the torch forkserver, and nothing outlives the caller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -166,11 +167,20 @@ def test_killed_caller_leaves_no_light_forkserver():
     deadline = time.monotonic() + 10
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        alive = [p for p in pids if _running(p)]
         time.sleep(0.05)
     for p in alive:
-        os.kill(p, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
     assert alive == [], "outlived the caller"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, or one gone meanwhile, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 CONCURRENT = textwrap.dedent(
