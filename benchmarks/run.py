@@ -560,8 +560,8 @@ def print_targets(ts: list[Target], quick: bool) -> None:
         )
 
 
-def write_bytecode() -> list[str]:
-    """Write the bytecode caches of easycore and ``benchmarks/``; return the folders.
+def write_bytecode() -> None:
+    """Write the bytecode caches of easycore and ``benchmarks/``.
 
     A user's Python writes ``__pycache__`` on the first import, and pip compiles every
     package it installs (the peers here), but an editable checkout under
@@ -575,7 +575,6 @@ def write_bytecode() -> list[str]:
     folders = [HERE, *(Path(p) for p in found)]
     for folder in folders:
         compileall.compile_dir(folder, quiet=1)
-    return [str(f) for f in folders]
 
 
 def machine(w2_iters: int, args: argparse.Namespace) -> dict[str, Any]:

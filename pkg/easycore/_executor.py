@@ -467,8 +467,7 @@ class _Worker:
     def exited(self) -> bool:
         """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
         if self._exit_poll is None:
-            self._exit_poll = select.poll()
-            self._exit_poll.register(self.proc.sentinel, select.POLLIN)
+            self._exit_poll = _poller((self.proc.sentinel,))
         return bool(self._exit_poll.poll(0))
 
 
@@ -1220,10 +1219,9 @@ class Runner:
                 hooks: list[Any] = []
                 if seed is not None:
                     _worker.seed_everything(_worker.derive_seed(seed, index, pool))
-                    if "torch" not in sys.modules or "numpy" not in sys.modules:
-                        # as in a worker: torch or numpy first imported by this item's work
-                        # is seeded for it (only while the stages run)
-                        hooks = _worker.seed_on_import()
+                    # as in a worker: torch or numpy first imported by this item's work is
+                    # seeded for it (hooks only for those not loaded, only while stages run)
+                    hooks = _worker.seed_on_import()
                 value, failed = item, None
                 try:
                     for stage, kw in stages:
