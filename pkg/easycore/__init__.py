@@ -26,7 +26,7 @@ from easycore._errors import (
     WorkerDied,
     WorkerError,
 )
-from easycore._executor import Runner, StageStats
+from easycore._exec import Runner, StageStats
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
 

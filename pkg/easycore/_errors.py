@@ -21,6 +21,7 @@ Every class here pickles with its message and attributes: errors cross process b
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 __all__ = [
     "EasycoreError",
@@ -30,7 +31,11 @@ __all__ = [
     "SerializationError",
     "WorkerDied",
     "WorkerError",
+    "after_retries",
     "describe_exitcode",
+    "item_label",
+    "short_repr",
+    "user_error",
 ]
 
 
@@ -147,3 +152,60 @@ def describe_exitcode(exitcode: int | None) -> str:
             return f"signal {-exitcode}"
         return f"signal {-exitcode} ({name})"
     return f"exit code {exitcode}"
+
+
+def item_label(index: int, batch_size: int | None) -> str:
+    """How messages name a unit of the input: ``"item 3"``, or a batch and its items.
+
+    >>> item_label(1, 4)
+    'batch 1 (items 4..7)'
+    """
+    if batch_size is None:
+        return f"item {index}"
+    return f"batch {index} (items {index * batch_size}..{(index + 1) * batch_size - 1})"
+
+
+def after_retries(retries: int) -> str:
+    """``" after 2 retries"`` for messages, or nothing without retries."""
+    if not retries:
+        return ""
+    return f" after {retries} retr{'y' if retries == 1 else 'ies'}"
+
+
+def short_repr(obj: Any, limit: int = 80) -> str:
+    """``repr(obj)`` cut to ``limit`` characters, never raising."""
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{type(obj).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def user_error(
+    stage: str,
+    type_name: str,
+    text: str,
+    traceback: str,
+    *,
+    what: str,
+    device: str | None,
+    worker: int | None,
+    index: int | None,
+    remote: bool = True,
+    cls: type[WorkerError] = WorkerError,
+) -> WorkerError:
+    """The one place a ``WorkerError`` message is written: what raised, where, and its traceback.
+
+    ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run,
+    whose traceback is local. The caller chains the original exception as ``__cause__``.
+    """
+    if device is None:
+        where = "in the calling process"
+    elif remote:
+        where = f"on {device} (worker {worker})"
+    else:
+        where = f"inline on {device} (worker {worker})"
+    short = type_name.rsplit(".", 1)[-1]
+    heading = "Remote traceback" if remote else "Traceback"
+    msg = f"{stage} raised {short}: {text}\n  {what} {where}\n\n{heading}:\n{traceback}"
+    return cls(msg, stage, device, worker, index, traceback)

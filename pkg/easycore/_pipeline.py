@@ -3,7 +3,8 @@
 A ``Stage`` wraps one user function with its ``init``/``end`` and the names it wants injected
 (checked once, here, at decoration time). A ``Pipeline`` is an immutable value: producer stages
 followed by at most one consumer. ``>>`` derives a new pipeline and never changes an operand.
-Running is the executor's business (``easycore._executor``); this module only describes.
+Running is the business of ``easycore._exec``; this module only describes, and hands a run
+over to it with the options checked (``RunOptions``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING, Any, overload
 import attrs
 
 from easycore import _inject
+from easycore._options import RunOptions
 
 if TYPE_CHECKING:
-    from easycore._executor import Runner
+    from easycore._exec import Runner
 
 __all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]
 
@@ -420,9 +422,9 @@ class Pipeline:
             ValueError: an impossible device, before any process starts.
             WorkerError: an ``init`` raised.
         """
-        from easycore._executor import Runner
+        from easycore._exec import open_runner
 
-        return Runner(self, devices, cfg=cfg, start_method=start_method)
+        return open_runner(self, devices, cfg=cfg, start_method=start_method)
 
     def map(
         self,
@@ -467,43 +469,25 @@ class Pipeline:
         >>> square.map(range(4), devices="inline")
         [0, 1, 4, 9]
         """
-        from easycore._executor import check_run_args
+        from easycore._exec import run_map
 
-        check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
-        if distributed:
-            from easycore.distributed import _distributed_map
-
-            if any(b is not None for b in self.placement):
-                msg = (
-                    "distributed=True runs each rank's share on one pool; a pipeline with "
-                    ".on pools is not supported there yet (drop .on, or run it per rank)"
-                )
-                raise ValueError(msg)
-
-            return _distributed_map(
-                self,
-                data,
-                devices=devices,
-                cfg=cfg,
-                batch_size=batch_size,
-                progress=progress,
-                seed=seed,
-                timeout=timeout,
-                retries=retries,
-                start_method=start_method,
-            )
-        from easycore._executor import Runner
-
-        with Runner(self, devices, cfg=cfg, start_method=start_method, _wait=False) as runner:
-            return runner.map(
-                data,
-                ordered=ordered,
-                batch_size=batch_size,
-                progress=progress,
-                seed=seed,
-                timeout=timeout,
-                retries=retries,
-            )
+        options = RunOptions(
+            ordered=ordered,
+            batch_size=batch_size,
+            progress=progress,
+            timeout=timeout,
+            retries=retries,
+            seed=seed,
+        )
+        return run_map(
+            self,
+            data,
+            devices=devices,
+            cfg=cfg,
+            options=options,
+            start_method=start_method,
+            distributed=distributed,
+        )
 
     def imap(
         self,
@@ -524,31 +508,25 @@ class Pipeline:
         Workers start on the first ``next()`` and stop when the iterator is exhausted,
         closed, or garbage-collected.
         """
-        from easycore._executor import check_run_args
-
         if self.consumer is not None:
             msg = (
                 f"imap is for pipelines without a consumer; {self!r} ends in "
                 f"{self.consumer!r}: use map"
             )
             raise TypeError(msg)
-        check_run_args(batch_size=batch_size, timeout=timeout, retries=retries, seed=seed)
+        from easycore._exec import run_imap
 
-        def run() -> Iterator[Any]:
-            from easycore._executor import Runner
-
-            with Runner(self, devices, cfg=cfg, start_method=start_method, _wait=False) as runner:
-                yield from runner.imap(
-                    data,
-                    ordered=ordered,
-                    batch_size=batch_size,
-                    progress=progress,
-                    seed=seed,
-                    timeout=timeout,
-                    retries=retries,
-                )
-
-        return run()
+        options = RunOptions(
+            ordered=ordered,
+            batch_size=batch_size,
+            progress=progress,
+            timeout=timeout,
+            retries=retries,
+            seed=seed,
+        )
+        return run_imap(
+            self, data, devices=devices, cfg=cfg, options=options, start_method=start_method
+        )
 
 
 def compose(*parts: Stage | Pipeline) -> Pipeline:

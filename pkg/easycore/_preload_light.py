@@ -1,7 +1,7 @@
 """Imported once by the light forkserver: the one for callers that never imported torch.
 
-Workers forked from it carry no torch (see ``_executor._light_wanted``): they start and exit
-several times faster, and import torch only if their work does. numpy is loaded when
+Workers forked from it carry no torch (see ``easycore._exec.startup.light_wanted``): they
+start and exit several times faster, and import torch only if their work does. numpy is loaded when
 installed (small, and most array work needs it). Nothing here may start a thread.
 """
 
@@ -20,8 +20,9 @@ import multiprocessing.heap
 import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
-import easycore._worker
+import easycore._worker  # noqa: F401 - the worker's loop and what it imports
+from easycore._seeding import seed_everything
 
-easycore._worker.seed_everything(0)  # first calls import and set up the generators
+seed_everything(0)  # first calls import and set up the generators
 
 gc.freeze()  # see _preload: a collection in a forked worker must not touch every page

@@ -19,21 +19,9 @@ communication helpers a training or inference script needs::
 
     result = pipeline.map(data, devices="local", distributed=True)
 
-``pipeline.map(..., distributed=True)`` splits the work between ranks::
-
-    every rank iterates the same data ──> units: items, or batches of batch_size (global)
-      unit i goes to rank i % world_size; its seed is derive_seed(seed, i), i global
-    rank r: Pipeline(producers).map(its units, devices=...)    (the ordinary executor)
-      ├─ ok    -> ("ok", results)         ┐  all_gather (no consumer): every rank merges
-      └─ error -> ("error", description)  ┘  gather to rank 0 (consumer): rank 0 merges,
-                                              folds once, broadcasts ("ok", result) or error
-    every rank returns the same value, or every rank raises WorkerError naming the rank
-
-A failing rank still takes part in the exchange, with a description of its error instead of
-results, so no rank is left waiting in a collective. The exchange carries cloudpickled bytes,
-so anything that crosses to a worker (lambdas, closures) crosses between ranks too. Each rank
-reads the input lazily, but the results are exchanged whole: without a consumer every rank
-ends up holding all of them, with one rank 0 does.
+``pipeline.map(..., distributed=True)`` splits the work between ranks: unit ``i`` (an item,
+or a batch) runs on rank ``i % world_size`` with the ordinary executor, and every rank gets
+the same result (see ``easycore._exec.sharded``).
 
 ``torch`` is imported only when a process group is needed: without a launcher, every helper
 works on a world of one without loading it.
@@ -45,23 +33,16 @@ import atexit
 import contextlib
 import datetime
 import functools
-import itertools
-import math
 import os
 import re
 import sys
-import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 import cloudpickle
 
-from easycore import _worker
-from easycore._errors import WorkerDied, WorkerError
-
-if TYPE_CHECKING:
-    from easycore._pipeline import Pipeline
+from easycore._devices import cpu_count, gpu_count
 
 __all__ = [
     "LaunchInfo",
@@ -376,12 +357,10 @@ def local_devices() -> list[str]:
     >>> local_devices()[0] in ("cpu", "cuda:0")
     True
     """
-    from easycore._executor import _cpu_count, _gpu_count
-
-    gpus = _gpu_count()
+    gpus = gpu_count()
     if gpus:
         return [f"cuda:{local_rank() % gpus}"]
-    return ["cpu"] * max(1, _cpu_count() // max(1, local_world_size()))
+    return ["cpu"] * max(1, cpu_count() // max(1, local_world_size()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,230 +454,3 @@ def barrier() -> None:
     dist = _dist()
     if dist is not None:
         dist.barrier(group=_STATE.group)
-
-
-# ---------------------------------------------------------------------------------------------
-# pipeline.map(..., distributed=True)
-# ---------------------------------------------------------------------------------------------
-class _SeedByIndex:
-    """First stage of a seeded rank's share: seed from the unit's *global* index, pass it on.
-
-    The executor seeds each item from its index in the stream it is given, which on a rank is
-    the rank's own share; seeding here from the global index instead gives every unit the same
-    random state as in a single-process run (``derive_seed(seed, i)`` before the first stage).
-    """
-
-    __name__ = "<seed>"
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def __call__(self, pair: tuple[int, Any]) -> Any:
-        index, unit = pair
-        _worker.seed_everything(_worker.derive_seed(self.seed, index))
-        return unit
-
-
-class _Sized:
-    """An iterable with a known length, so the main rank's progress bar shows a total."""
-
-    def __init__(self, it: Iterable[Any], n: int) -> None:
-        self._it = it
-        self._n = n
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._it)
-
-    def __len__(self) -> int:
-        return self._n
-
-
-def _global_index(local: int | None, me: int, world: int) -> int | None:
-    return None if local is None else me + local * world
-
-
-def _describe(
-    exc: BaseException, me: int, world: int, batch_size: int | None, *, share: bool = True
-) -> dict[str, Any]:
-    """A picklable account of a rank's failure, enough to raise it again on another rank.
-
-    ``share``: the error comes from the rank's share, whose item indices the executor counted
-    within the share; they are turned back into indices of the input. Otherwise (the
-    consumer, which folds the merged input) they already are.
-    """
-    from easycore._executor import _item_label
-
-    cause = exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ else exc
-    local = getattr(exc, "index", None)
-    index = _global_index(local, me, world) if share else local
-    if isinstance(exc, WorkerError | WorkerDied):
-        text = str(exc)
-        if local is not None and index is not None:
-            # name the unit of the input, as a single-process run would ("batch 3 (items ..)")
-            text = re.sub(
-                rf"(while running |while folding |^)item {local}\b",
-                lambda m: m.group(1) + _item_label(index, batch_size),
-                text,
-                count=1,
-            )
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    tb = getattr(exc, "remote_traceback", None) or "".join(
-        traceback.format_exception(type(cause), cause, cause.__traceback__)
-    )
-    blob, tname, ctext = _worker.pack_exception(cause)
-    return {
-        "rank": me,
-        "message": text,
-        "stage": getattr(exc, "stage", None),
-        "device": getattr(exc, "device", None),
-        "worker": getattr(exc, "worker", None),
-        "index": index,
-        "traceback": tb,
-        "cause": (blob, tname, ctext),
-    }
-
-
-def _remote_cause(info: dict[str, Any]) -> BaseException:
-    from easycore._worker import unpack_exception
-
-    blob, tname, text = info["cause"]
-    return unpack_exception(blob, tname, text, info["traceback"])
-
-
-def _raise_failure(
-    failures: list[dict[str, Any]], me: int, world: int, own: BaseException | None
-) -> None:
-    """Raise the same ``WorkerError`` on every rank; a failing rank reports its own error."""
-    mine = next((f for f in failures if f["rank"] == me), None)
-    info = mine if mine is not None else failures[0]
-    msg = f"rank {info['rank']} of {world} failed: {info['message']}"
-    others = [str(f["rank"]) for f in failures if f is not info]
-    if others:
-        msg += f"\n(rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too)"
-    if mine is not None and own is not None:
-        cause = own.__cause__ if isinstance(own, WorkerError) and own.__cause__ else own
-    else:
-        cause = _remote_cause(info)
-    args = (info["stage"], info["device"], info["worker"], info["index"], info["traceback"])
-    raise WorkerError(msg, *args) from cause
-
-
-def _lost_peer(exc: BaseException, me: int, what: str) -> WorkerDied:
-    msg = (
-        f"rank {me}: the collective exchanging {what} failed, most likely because another rank "
-        f"died or stopped answering within the process group's timeout: {exc}"
-    )
-    return WorkerDied(msg)
-
-
-def _resolve_devices(devices: Any) -> Any:
-    return local_devices() if isinstance(devices, str) and devices == "local" else devices
-
-
-def _distributed_map(
-    pipeline: Pipeline,
-    data: Iterable[Any],
-    *,
-    devices: Any,
-    cfg: Mapping[str, Any] | None,
-    batch_size: int | None,
-    progress: bool,
-    seed: int | None,
-    timeout: float | None,
-    retries: int,
-    start_method: str | None,
-) -> Any:
-    """``pipeline.map(data, ..., distributed=True)``: share the units out, merge, fold once."""
-    from easycore._executor import _batched
-    from easycore._pipeline import Pipeline
-
-    init()
-    me, world = rank(), world_size()
-    own: BaseException | None = None
-    try:
-        units: Iterable[Any] = _batched(data, batch_size) if batch_size else data
-        share: Iterator[tuple[int, Any]] = itertools.islice(enumerate(units), me, None, world)
-        first = (_seed_stage(seed),) if seed is not None and pipeline.producers else ()
-        seeded = bool(first)
-        items: Iterable[Any] = share if seeded else (unit for _, unit in share)
-        count = _count(data, batch_size)
-        if count is not None:
-            items = _Sized(items, len(range(me, count, world)))
-        local = Pipeline(producers=first + pipeline.producers).map(
-            items,
-            devices=_resolve_devices(devices),
-            cfg=cfg,
-            ordered=True,
-            progress=progress and me == 0,
-            timeout=timeout,
-            retries=retries,
-            start_method=start_method,
-        )
-        status = cloudpickle.dumps(("ok", local))
-    except Exception as exc:
-        own = exc
-        status = cloudpickle.dumps(("error", _describe(exc, me, world, batch_size)))
-
-    if pipeline.consumer is None:
-        try:
-            parts = _all_gather_bytes(status)
-        except RuntimeError as exc:
-            raise _lost_peer(exc, me, "results") from exc
-        statuses = [cloudpickle.loads(b) for b in parts]
-        failures = [s[1] for s in statuses if s[0] == "error"]
-        if failures:
-            _raise_failure(failures, me, world, own)
-        return _interleave([s[1] for s in statuses])
-
-    try:
-        gathered = _gather_bytes(status, 0)
-    except RuntimeError as exc:
-        raise _lost_peer(exc, me, "results") from exc
-    verdict: bytes | None = None
-    if gathered is not None:  # rank 0: fold once, then tell everyone
-        statuses = [cloudpickle.loads(b) for b in gathered]
-        failures = [s[1] for s in statuses if s[0] == "error"]
-        if failures:
-            verdict = cloudpickle.dumps(("error", failures))
-        else:
-            try:
-                merged = _interleave([s[1] for s in statuses])
-                result = Pipeline(consumer=pipeline.consumer).map(merged, devices="inline", cfg=cfg)
-                verdict = cloudpickle.dumps(("ok", result))
-            except Exception as exc:
-                own = exc
-                described = _describe(exc, me, world, batch_size, share=False)
-                verdict = cloudpickle.dumps(("error", [described]))
-    try:
-        tag, value = cloudpickle.loads(_broadcast_bytes(verdict, 0))
-    except RuntimeError as exc:
-        raise _lost_peer(exc, me, "the consumer's result") from exc
-    if tag == "error":
-        _raise_failure(value, me, world, own)
-    return value
-
-
-def _seed_stage(seed: int) -> Any:
-    from easycore._pipeline import producer
-
-    return producer(_SeedByIndex(seed))
-
-
-def _count(data: Iterable[Any], batch_size: int | None) -> int | None:
-    try:
-        n = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    return n if batch_size is None else math.ceil(n / batch_size)
-
-
-_MISSING = object()
-
-
-def _interleave(shares: list[list[Any]]) -> list[Any]:
-    """Undo the round robin: unit ``i`` is element ``i // world`` of share ``i % world``."""
-    out: list[Any] = []
-    for row in itertools.zip_longest(*shares, fillvalue=_MISSING):
-        out.extend(v for v in row if v is not _MISSING)
-    return out

@@ -31,7 +31,8 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     import psutil
     from easycore import WorkerDied, producer
-    import easycore._executor as ex
+    import easycore._exec.startup as ex
+    from easycore._devices import cpu_count
 
     out = {}
 
@@ -59,7 +60,7 @@ SCRIPT = textwrap.dedent(
         producer(dies).map(range(8), devices=2)
     except WorkerDied as exc:
         out["died"] = str(exc)
-    out["budget"] = max(1, ex._cpu_count() // 2)
+    out["budget"] = max(1, cpu_count() // 2)
     out["seeded"] = producer(lazy).map(range(6), devices=2, seed=5)  # light workers
     out["torch_seen"] = ex._TORCH_SEEN
     out["after"] = producer(probe).map(range(4), devices=2)
@@ -142,14 +143,15 @@ KILLED = textwrap.dedent(
     """
     import os, sys, time
     from easycore import producer
-    import easycore._executor as ex
+    import easycore._exec.startup as ex
 
     def slow(x):
         os.write(1, b"busy\\n")  # one write: the two workers' lines never interleave
         time.sleep(100)
 
     runner = producer(slow).open(devices=2)
-    print(ex._LIGHT_SERVER._forkserver_pid, *[w.proc.pid for w in runner._workers], flush=True)
+    pids = [w.proc.pid for w in runner._engine.workers.workers]
+    print(ex._LIGHT_SERVER._forkserver_pid, *pids, flush=True)
     runner.map(range(4))
     """
 )

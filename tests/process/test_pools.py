@@ -408,7 +408,7 @@ class TestFaults:
                 for y in runner.imap(range(150)):
                     del y
                 gc.collect()
-            mapped = len(runner._workers[-1].chan.peer)
+            mapped = len(runner._engine.workers.workers[-1].chan.peer)
         assert mapped < 60, f"{mapped} segments for 300 results: released ones are not reused"
 
     def test_fork_is_refused(self):

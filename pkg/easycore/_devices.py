@@ -1,0 +1,108 @@
+"""What ``devices=`` means: one device string per worker, checked before any process starts.
+
+A leaf: it imports torch only to count GPUs, and only where an NVIDIA driver exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["INLINE", "cpu_count", "gpu_count", "parse_devices"]
+
+INLINE = "inline"  # no worker processes: everything runs in the calling process
+
+
+def cpu_count() -> int:
+    """The CPU cores this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    """Visible CUDA devices; 0 without loading torch where no NVIDIA driver exists."""
+    # Importing torch costs a second or more; skip it where no NVIDIA driver exists at all.
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return 0
+    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def _one_device(entry: Any, gpus: Callable[[], int]) -> str:
+    text = str(entry) if type(entry).__name__ == "device" else entry
+    if not isinstance(text, str):
+        msg = f"a device must be a string like 'cpu' or 'cuda:0' or a torch.device, got {entry!r}"
+        raise ValueError(msg)
+    if text in ("cpu", "cpu:0"):
+        return "cpu"
+    if text == "cuda" or text.startswith("cuda:"):
+        number = text[5:] or "0"
+        if not number.isdigit():
+            msg = f"bad device {entry!r}: expected 'cuda:N' with N a GPU number"
+            raise ValueError(msg)
+        count = gpus()
+        if int(number) >= count:
+            msg = f"device {entry!r} does not exist: this machine has {count} visible GPU(s)" + (
+                f" (cuda:0 .. cuda:{count - 1})" if count else ""
+            )
+            raise ValueError(msg)
+        return f"cuda:{int(number)}"
+    msg = f"unknown device {entry!r}: use 'cpu', 'cuda:N', 'cuda', 'auto', 'inline' or an int"
+    raise ValueError(msg)
+
+
+def parse_devices(devices: Any) -> list[str]:
+    """Turn the ``devices`` argument into one device string per worker, or ``["inline"]``.
+
+    Raises:
+        ValueError: an impossible device (``0``, ``-1``, ``"tpu"``, a GPU that is not there).
+
+    >>> parse_devices(2)
+    ['cpu', 'cpu']
+    >>> parse_devices("inline")
+    ['inline']
+    """
+    cache: list[int] = []
+
+    def gpus() -> int:
+        if not cache:
+            cache.append(gpu_count())
+        return cache[0]
+
+    if isinstance(devices, bool):
+        msg = f"devices must be an int, a device list or a keyword, got {devices!r}"
+        raise ValueError(msg)
+    if isinstance(devices, int):
+        if devices < 1:
+            msg = f"devices={devices}: need at least 1 worker (an int means that many CPU workers)"
+            raise ValueError(msg)
+        return ["cpu"] * devices
+    if isinstance(devices, str):
+        if devices == INLINE:
+            return [INLINE]
+        if devices == "auto":
+            n = gpus()
+            return [f"cuda:{i}" for i in range(n)] if n else ["cpu"] * cpu_count()
+        if devices == "cuda":
+            n = gpus()
+            if n == 0:
+                msg = "devices='cuda' but no GPU is visible; use an int for CPU workers or 'auto'"
+                raise ValueError(msg)
+            return [f"cuda:{i}" for i in range(n)]
+        return [_one_device(devices, gpus)]
+    if type(devices).__name__ == "device":
+        return [_one_device(devices, gpus)]
+    if isinstance(devices, Iterable):
+        out = [_one_device(d, gpus) for d in devices]
+        if not out:
+            msg = "devices is an empty list: give at least one device"
+            raise ValueError(msg)
+        return out
+    msg = f"devices must be an int, a list of devices, 'cuda', 'auto' or 'inline', got {devices!r}"
+    raise ValueError(msg)

@@ -1,0 +1,114 @@
+"""Engines: where a runner's hops run. Each runs the same prepared stages (``_stages``).
+
+* :class:`ProcessEngine`: one worker process per device on this machine (the default);
+* ``InlineEngine`` (``inline.py``): everything in the calling process.
+
+An engine starts (``init`` everywhere), streams a run's results as segments
+``(index of the first item, [results])``, reports per-hop statistics, and stops (``end``
+everywhere). Another engine (say, actors of a cluster) implements the same four calls;
+the runner, the consumer fold, ``submit`` and the options stay as they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from easycore._config import CfgNode
+from easycore._exec.plan import Chain, StageStats
+from easycore._exec.run import Run
+from easycore._exec.sources import Source, source_of
+from easycore._exec.workers import WorkerSet
+from easycore._options import RunOptions
+
+__all__ = ["Engine", "ProcessEngine"]
+
+Segments = Iterator[tuple[int, list[Any]]]
+
+
+class Engine(Protocol):
+    n_workers: int
+
+    def start(self) -> None: ...
+    def stream(self, data: Iterable[Any], options: RunOptions) -> Segments: ...
+    def stats(self) -> list[StageStats]: ...
+
+
+class ProcessEngine:
+    """One worker process per device, every hop; runs go through :class:`~.run.Run`.
+
+    Args:
+        wait: ``start`` waits until every ``init`` has run (``open``); False for a one-shot
+            ``map``, where work goes to each worker as soon as it is ready and init errors
+            surface during the run.
+    """
+
+    def __init__(self, chain: Chain, cfg: CfgNode, start_method: str | None, wait: bool) -> None:
+        self.chain = chain
+        self.workers = WorkerSet(chain, cfg, start_method)
+        self.wait = wait
+        # chunk ids never repeat on a runner: a late reply from an earlier run cannot match
+        self.ids = itertools.count()
+        self.last_run: Run | None = None
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.chain.devices)
+
+    def start(self) -> None:
+        """Start every worker (and with ``wait``, wait for every ``init``).
+
+        Raises:
+            SerializationError: a stage function or ``cfg`` cannot be pickled.
+            WorkerError, WorkerDied: an ``init`` raised, a worker died while starting (no
+                worker is left running).
+        """
+        self.workers.start_payloads()
+        try:
+            self.workers.start()
+            if self.wait:
+                self.workers.wait_ready()
+        except BaseException:
+            self.stop(grace=0.0)
+            raise
+
+    def stream(
+        self,
+        data: Iterable[Any] | Source,
+        options: RunOptions,
+        *,
+        bars: list[Any] | None = None,
+        tolerant: bool = False,
+        is_current: Callable[[], bool] = lambda: True,
+    ) -> Segments:
+        run = Run(
+            self.workers,
+            source_of(data),
+            options,
+            self.ids,
+            tolerant=tolerant,
+            bars=bars,
+            is_current=is_current,
+        )
+        self.last_run = run  # for stats(); it lets go of the data when the run ends
+        try:
+            yield from run.loop()
+        except GeneratorExit:
+            # The caller stopped early (break out of imap): wait for what is in flight and
+            # drop it, so the runner stays usable. (A failure here closes the runner.)
+            if is_current():
+                run.drain()
+            raise
+        finally:
+            run.let_go()
+
+    def stats(self) -> list[StageStats]:
+        if self.last_run is None:
+            return [StageStats(h.name, h.devices) for h in self.chain.hops]
+        return self.last_run.stats()
+
+    def stop(self, grace: float | None) -> BaseException | None:
+        """Run ``end`` in every worker (``grace`` seconds at most; None: for as long as it
+        takes) and stop them; return the first failure."""
+        return self.workers.stop(grace)

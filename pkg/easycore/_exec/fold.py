@@ -1,0 +1,87 @@
+"""The consumer: a fold over the results, run in the calling process as they arrive."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from easycore._config import CfgNode
+from easycore._options import RunOptions
+from easycore._stages import StageFailure
+
+__all__ = ["collect", "fold"]
+
+Segments = Iterator[tuple[int, list[Any]]]
+
+
+def collect(stream: Segments) -> list[Any]:
+    """Without a consumer: every result, in the stream's order, in one list."""
+    out: list[Any] = []
+    for _, values in stream:
+        out.extend(values)
+    return out
+
+
+def fold(
+    stream: Segments, consumer: Any, cfg: CfgNode, options: RunOptions, abort: Callable[[], None]
+) -> Any:
+    """Fold ``stream`` with ``consumer`` (``init``, the fold, ``end``) and return the result.
+
+    A failure of the consumer closes the runner (``abort``) before its error is raised.
+
+    Raises:
+        WorkerError: the consumer's ``init``, fold or ``end`` raised (``device`` None: it
+            ran in the calling process).
+    """
+    context = {"cfg": cfg}
+    acc = _start(consumer, cfg)
+    fn = consumer.fn
+    kw = {n: context[n] for n in consumer.fn_names}
+    if kw:
+        fn = functools.partial(fn, **kw)
+    failure: tuple[Exception, int] | None = None
+    try:
+        for index, values in stream:
+            folded = iter(values)
+            try:
+                for y in folded:
+                    new = fn(acc, y)
+                    if new is not None:
+                        acc = new
+            except Exception as exc:
+                # `folded` stopped just after the failing result: what is left names it
+                failure = (exc, index + len(values) - 1 - sum(1 for _ in folded))
+                break
+    except Exception:
+        raise  # the run's own error (the runner is closed) or the input's, as raised
+    except BaseException:
+        abort()
+        stream.close()  # type: ignore[attr-defined]
+        raise
+    if failure is not None:
+        abort()
+        stream.close()  # type: ignore[attr-defined]
+        error, at = failure
+        what = f"while folding {options.label(at)}"
+        failed = StageFailure(consumer.name, error)
+        raise failed.to_error(what, options.global_index(at), device=None) from error
+    if consumer.end is None:
+        return acc
+    try:
+        return consumer.end(acc, **{n: context[n] for n in consumer.end_names})
+    except Exception as exc:
+        failed = StageFailure(f"{consumer.name} (end)", exc)
+        raise failed.to_error("while finishing", None, device=None) from exc
+
+
+def _start(consumer: Any, cfg: CfgNode) -> Any:
+    """The first accumulator: ``init()`` (or ``init(cfg)``), or a deep copy of a value."""
+    if callable(consumer.init):
+        try:
+            return consumer.init(**{n: cfg for n in consumer.init_names})
+        except Exception as exc:
+            failed = StageFailure(f"{consumer.name} (init)", exc)
+            raise failed.to_error("while starting", None, device=None) from exc
+    return copy.deepcopy(consumer.init)

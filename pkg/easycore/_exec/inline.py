@@ -1,0 +1,102 @@
+"""``devices="inline"``: every hop in the calling process, so a debugger's breakpoints work.
+
+The same prepared stages as a worker process runs (``easycore._stages``), with the same
+ordering, injection (``device="cpu"``, ``worker=0``), seeds, retries and errors; ``timeout``
+is not enforced (nothing can be killed). Also the engine of a pipeline without producers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from easycore._config import CfgNode
+from easycore._errors import item_label
+from easycore._exec.plan import Chain, StageStats
+from easycore._exec.sources import batched
+from easycore._options import RunOptions
+from easycore._seeding import seed_everything
+from easycore._stages import PreparedStages
+
+__all__ = ["InlineEngine"]
+
+
+class InlineEngine:
+    """Runs a chain's hops one after the other, item by item, in this process."""
+
+    n_workers = 1
+
+    def __init__(self, chain: Chain, cfg: CfgNode) -> None:
+        self.chain = chain
+        self.cfg = cfg
+        self.prepared: list[PreparedStages] = []
+
+    def start(self) -> None:
+        """Run every ``init``.
+
+        Raises:
+            WorkerError: an ``init`` raised (the ``end`` of those started ran).
+        """
+        self.prepared = []
+        for hop in self.chain.hops:
+            stages = PreparedStages(
+                hop.stages, device="cpu", cfg=self.cfg, worker=0, hop=hop.index, in_caller=True
+            )
+            self.prepared.append(stages)
+            failed = stages.start()
+            if failed is not None:
+                self.stop(report=False)
+                raise failed.to_error("while starting", None) from failed.error
+
+    def stop(self, report: bool = True) -> None:
+        """Run every started ``end``.
+
+        Raises:
+            WorkerError: an ``end`` raised (``report``; every ``end`` ran all the same).
+        """
+        first = None
+        for stages in self.prepared:
+            failed = stages.finish()
+            if failed is not None and first is None:
+                first = failed
+        self.prepared = []
+        if first is not None and report:
+            raise first.to_error("while ending", None) from first.error
+
+    def stats(self) -> list[StageStats]:
+        return [StageStats(h.name, h.devices) for h in self.chain.hops]
+
+    def stream(self, data: Iterable[Any], options: RunOptions) -> Iterator[tuple[int, list[Any]]]:
+        """Yield ``(index, [result])`` per unit of the last hop, in input order."""
+        if options.seed is None and self.chain.hops[0].stages:
+            seed_everything(int.from_bytes(os.urandom(8), "little") >> 1)
+        n = options.numbering
+        numbering = (0, 1) if n is None else (n.first, n.step)
+        stream: Iterator[tuple[int, Any]] = enumerate(data)
+        for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
+            if hop.batch:
+                stream = enumerate(batched((v for _, v in stream), hop.batch))
+            stream = self._run_hop(stream, stages, hop.index, options, numbering)
+        for index, value in stream:
+            yield index, [value]
+
+    def _run_hop(
+        self,
+        stream: Iterator[tuple[int, Any]],
+        stages: PreparedStages,
+        hop: int,
+        options: RunOptions,
+        numbering: tuple[int, int],
+    ) -> Iterator[tuple[int, Any]]:
+        for index, item in stream:
+            value, failed = stages.run_retrying(
+                item, index, options.seed, options.retries, numbering
+            )
+            if failed is not None:
+                if hop == 0:
+                    label, at = options.label(index), options.global_index(index)
+                else:
+                    label, at = item_label(index, self.chain.hops[hop].batch), index
+                raise failed.to_error(f"while running {label}", at) from failed.error
+            yield index, value

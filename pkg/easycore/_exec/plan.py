@@ -1,0 +1,178 @@
+"""A pipeline cut into hops: pools of workers, each running a run of fused producers.
+
+``a >> b`` on ``map``'s devices is one hop; ``a.on(2) >> b.on(1, batch_size=8)`` is a chain of
+two. Everything downstream (workers, the chunk ledger, the run loop) treats one pool as a
+chain of one hop: there is no separate single-pool path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from easycore._config import CfgNode
+from easycore._devices import INLINE, parse_devices
+from easycore._errors import item_label
+from easycore._options import RunOptions
+from easycore._stages import StageDef
+
+__all__ = ["Chain", "Hop", "PipelineDef", "StageStats", "frozen_cfg", "plan_chain"]
+
+
+class PipelineDef(Protocol):
+    """What running needs of a pipeline (``easycore.Pipeline`` is one)."""
+
+    @property
+    def producers(self) -> tuple[Any, ...]: ...
+    @property
+    def consumer(self) -> Any: ...
+    @property
+    def pools(self) -> tuple[tuple[tuple[Any, ...], Any], ...]: ...
+
+
+@attrs.define
+class StageStats:
+    """What one pool of a runner did in the run under way (or the last run).
+
+    ``done``: items (batches, for a pool with ``batch_size``) it finished; ``busy``: the
+    fraction of its workers' time spent computing since the run started; ``queued``: items
+    sent to its workers and not finished; ``waiting``: items it finished that wait for room
+    in the next pool (a pool with many waiting items feeds a bottleneck).
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    done: int = 0
+    busy: float = 0.0
+    queued: int = 0
+    waiting: int = 0
+
+
+@attrs.define(eq=False)
+class Hop:
+    """One pool of a chain: its fused producers and one worker per device."""
+
+    index: int
+    stages: tuple[StageDef, ...]
+    devices: tuple[str, ...]
+    batch: int | None  # groups the previous hop's results into one unit (hops after the first)
+    unit: int  # first-hop items per unit of this hop
+    first_slot: int = 0  # global slot of its first worker
+    payload: bytes = b""  # (stages, cfg) cloudpickled, once per activation
+
+    @property
+    def name(self) -> str:
+        return " >> ".join(s.name for s in self.stages)
+
+    @property
+    def slots(self) -> range:
+        return range(self.first_slot, self.first_slot + len(self.devices))
+
+
+@attrs.define(eq=False)
+class Chain:
+    """The hops of a pipeline, in order; chunks travel them first to last."""
+
+    hops: tuple[Hop, ...]
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for h in self.hops for d in h.devices)
+
+    @property
+    def last(self) -> Hop:
+        return self.hops[-1]
+
+    @property
+    def align(self) -> int:
+        """First-hop items per unit of the last hop: chunks hold whole units of every hop."""
+        return self.hops[-1].unit
+
+    @property
+    def named(self) -> bool:
+        """Messages name the stage of a unit when there is more than one hop."""
+        return len(self.hops) > 1
+
+    def hop_of(self, slot: int) -> Hop:
+        for hop in reversed(self.hops):
+            if slot >= hop.first_slot:
+                return hop
+        raise AssertionError(slot)  # pragma: no cover
+
+    def label(self, hop: int, index: int, options: RunOptions) -> str:
+        """Name unit ``index`` of hop ``hop`` in messages: ``"batch 2 (items 8..11)"``."""
+        text = options.label(index) if hop == 0 else item_label(index, self.hops[hop].batch)
+        if self.named:
+            text = f"{text} of stage {self.hops[hop].name!r}"
+        return text
+
+    def who(self, hop: int, index: int) -> str:
+        """Name a worker in messages: ``"worker 1"``, with its stage when there are hops."""
+        text = f"worker {index}"
+        if self.named:
+            text += f" of stage {self.hops[hop].name!r}"
+        return text
+
+
+def plan_chain(pipeline: PipelineDef, devices: Any) -> Chain:
+    """Cut the producers into hops and give each its devices (raises ValueError early)."""
+    cache: list[tuple[str, ...]] = []
+
+    def run_devices() -> tuple[str, ...]:
+        if not cache:
+            cache.append(tuple(parse_devices(devices)))
+        return cache[0]
+
+    groups = pipeline.pools
+    if not groups:
+        return Chain((Hop(0, (), run_devices(), None, 1),))
+    inline = isinstance(devices, str) and devices == INLINE
+    hops: list[Hop] = []
+    slot, unit = 0, 1
+    for i, (stages, binding) in enumerate(groups):
+        if inline:
+            devs: tuple[str, ...] = (INLINE,)
+        elif binding is None:
+            devs = run_devices()
+        else:
+            devs = tuple(parse_devices(binding.devices))
+        batch = binding.batch_size if binding is not None and i > 0 else None
+        unit *= batch or 1
+        hops.append(Hop(i, tuple(stages), devs, batch, unit, slot))
+        slot += len(devs)
+    return Chain(tuple(hops))
+
+
+def frozen_cfg(cfg: Mapping[str, Any] | None) -> CfgNode:
+    """The run's ``cfg`` as workers see it: a frozen ``CfgNode`` (empty when None)."""
+    if cfg is None:
+        return CfgNode({}, frozen=True)
+    if not isinstance(cfg, Mapping):
+        msg = f"cfg must be a mapping or CfgNode, got {type(cfg).__name__}"
+        raise TypeError(msg)
+    return CfgNode(dict(cfg), frozen=True)
+
+
+def first_batch(pipeline: PipelineDef, batch_size: int | None) -> int | None:
+    """``map``'s batch_size, or the first pool's ``.on(batch_size=...)``.
+
+    Raises:
+        ValueError: both are given and differ.
+    """
+    groups = pipeline.pools
+    bound = groups[0][1] if groups else None
+    if bound is None or bound.batch_size is None:
+        return batch_size
+    if batch_size is not None and batch_size != bound.batch_size:
+        msg = (
+            f"batch_size={batch_size} conflicts with the first pool's "
+            f".on(batch_size={bound.batch_size}); give it once"
+        )
+        raise ValueError(msg)
+    return int(bound.batch_size)
+
+
+def hop_devices(hops: Sequence[Hop]) -> tuple[str, ...]:
+    return tuple(d for h in hops for d in h.devices)

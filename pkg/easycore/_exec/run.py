@@ -1,0 +1,711 @@
+"""One ``map``/``imap`` on worker processes: the loop of named steps that moves chunks.
+
+Work moves in chunks of consecutive first-hop items; results come back per chunk and are
+yielded as segments ``(start index, [results])``, so the per-item cost in the caller is a
+list append, not a message. Each turn of :meth:`Run.loop`::
+
+    dispatch      route held chunks to the next hop's workers that have room, give segment
+                  releases back to last-hop workers, send new chunks to first-hop workers
+    deliver       yield what is ready (in input order with ordered=True)
+    wait          for a pipe, a process sentinel or (submit) the wake-up socket
+    on_message    Done / Held / Sent / BadOutput / Unreadable, or on_death for a gone worker
+    check_timeouts
+
+Guarantees kept here: backpressure (at most ``window()`` items taken from the source and not
+yet yielded), exactly-once (the ledger knows where every chunk is; a dead worker's chunks
+re-run under new ids, a late reply for an old id is dropped), ordering (segments keyed by
+start index), and the fault matrix (which item to blame for a death or a timeout, retries
+charged per unit, errors raised with the stage and item named).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from easycore._errors import (
+    EasycoreError,
+    ItemTimeout,
+    SerializationError,
+    WorkerDied,
+    after_retries,
+    describe_exitcode,
+    item_label,
+    short_repr,
+)
+from easycore._exec.ledger import Chunk, Ledger
+from easycore._exec.plan import Chain, StageStats
+from easycore._exec.sizing import ChunkSizer
+from easycore._exec.sources import Source
+from easycore._exec.workers import DEPTH, Worker, WorkerSet
+from easycore._options import RunOptions
+from easycore._protocol import (
+    BadOutput,
+    Done,
+    Drop,
+    ErrorReport,
+    Forward,
+    Held,
+    Sent,
+    Task,
+    Unreadable,
+)
+
+__all__ = ["Failed", "Run"]
+
+
+class Failed:
+    """An item's error in a tolerant run (``submit``): delivered in place of its result."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Run:
+    """The state of one run on an active worker set.
+
+    Args:
+        workers: the runner's processes.
+        source: the items (batches already formed when the first hop takes batches).
+        options: the run's options.
+        ids: chunk ids, shared by every run of the runner.
+        tolerant: ``submit``: a failed item fails its own future, the run goes on.
+        bars: one progress bar per hop, or None.
+        is_current: False once the runner was closed (or re-activated) under this run.
+    """
+
+    def __init__(
+        self,
+        workers: WorkerSet,
+        source: Source,
+        options: RunOptions,
+        ids: Iterator[int],
+        *,
+        tolerant: bool = False,
+        bars: list[Any] | None = None,
+        is_current: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.workers = workers
+        self.chain: Chain = workers.chain
+        self.hops = self.chain.hops
+        self.align = self.chain.align  # chunks hold whole units of every hop
+        self.source = source
+        self.options = options
+        self.tolerant = tolerant
+        self.bars = bars
+        self.is_current = is_current
+        n = options.numbering
+        self.numbering = (0, 1) if n is None else (n.first, n.step)
+        self.ledger = Ledger(workers, ids, len(self.hops), options.ordered)
+        self.pulled = 0  # items taken from the source so far (the next item's index)
+        self.redo: deque[tuple[int, Sequence[Any]]] = deque()
+        self.attempts: dict[tuple[int, int], int] = {}  # (hop, unit index) -> runs charged
+        # results, and how many first-hop items they stand for
+        self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start index
+        self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
+        self.next_out = 0
+        self.taken = 0  # items pulled from the source and not yet yielded
+        self.sizers = [ChunkSizer() for _ in self.hops]
+        self.chunk_size = self.align
+        self.done = [0] * len(self.hops)
+        self.busy_seconds = [0.0] * len(self.hops)
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.failures: dict[int, Failed] = {}  # tolerant runs: index -> its error
+        self.idle_deaths: dict[int, int] = {}  # slot -> deaths that charged no item
+
+    # -- insight -----------------------------------------------------------------------------
+    def stats(self) -> list[StageStats]:
+        wall = max((self.finished or time.monotonic()) - self.started, 1e-9)
+        out = []
+        for hop in self.hops:
+            h = hop.index
+            workers = [w for w in list(self.workers.workers) if w.hop == h]
+            # snapshots: another thread (a submit run) may be changing these
+            queued = sum(len(c.items) for w in workers for c in list(w.outstanding.values()))
+            waiting = sum(len(c.items) for c in list(self.ledger.waiting[h]))
+            busy = self.busy_seconds[h] / (wall * len(hop.devices))
+            out.append(
+                StageStats(
+                    hop.name,
+                    hop.devices,
+                    done=self.done[h],
+                    busy=min(1.0, busy),
+                    queued=-(-queued // hop.unit),
+                    waiting=-(-waiting // hop.unit),
+                )
+            )
+        return out
+
+    def _label(self, hop: int, index: int) -> str:
+        return self.chain.label(hop, index, self.options)
+
+    def _index(self, hop: int, index: int) -> int:
+        """A unit's index as errors report it (of the whole input, for the first hop)."""
+        return self.options.global_index(index) if hop == 0 else index
+
+    # -- the loop ----------------------------------------------------------------------------
+    def loop(self) -> Iterator[tuple[int, list[Any]]]:
+        """Yield segments ``(index of the first item, results)`` until the run is done."""
+        try:
+            while True:
+                # Refill before yielding (the workers compute while the caller folds results)
+                # and after (yielding frees room): never wait with room and nothing in flight.
+                self.dispatch()
+                yield from self.deliver()
+                if not self.is_current():
+                    msg = "the runner was closed while this run had items pending"
+                    raise RuntimeError(msg)
+                self.dispatch()
+                if self.source.should_end(self._settled()):
+                    return
+                if not self.ledger:
+                    if self.source.exhausted and self._settled():
+                        return
+                    self._check_stalled()
+                self.wait()
+        finally:
+            self.finished = time.monotonic()
+
+    def _settled(self) -> bool:
+        """Nothing in flight, to re-run, or to yield."""
+        return not (self.ledger or self.redo or self.segments or self.ready)
+
+    def _check_stalled(self) -> None:
+        if self.source.wakeup() is not None and not self.source.exhausted:
+            return  # idle until the next submit
+        if all(w.ready for w in self.workers.workers):
+            # Nothing in flight, every worker idle, yet work remains: waiting would hang
+            # forever, so fail loudly instead (this is a bug in easycore).
+            msg = f"easycore internal error: stalled with {self.taken} item(s) pending"
+            raise EasycoreError(msg)
+
+    def wait(self) -> None:
+        """Wait for the next message, death or submitted item; handle it; enforce timeouts."""
+        wake = self.source.wakeup()
+        self.workers.wait_and_handle(
+            self._wait_time(), self.on_message, () if wake is None else (wake,)
+        )
+        if wake is not None:
+            self.source.drain_wakeups()
+        self._check_timeouts()
+
+    def deliver(self) -> Iterator[tuple[int, list[Any]]]:
+        if self.options.ordered:
+            while self.next_out in self.segments:
+                start = self.next_out
+                values, n = self.segments.pop(start)
+                self.taken -= n
+                self.next_out += n
+                yield start, values
+        else:
+            while self.ready:
+                start, values, n = self.ready.popleft()
+                self.taken -= n
+                yield start, values
+
+    def _store(self, start: int, values: list[Any], n: int) -> None:
+        if self.options.ordered:
+            self.segments[start] = (values, n)
+        else:
+            self.ready.append((start, values, n))
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def window(self) -> int:
+        """How many items may be taken from the source and not yet yielded (backpressure).
+
+        One chunk per worker beyond what the workers hold: new work can go out while the
+        results just received still wait to be yielded.
+        """
+        n = len(self.workers.workers)
+        return max((DEPTH + 1) * n * self.chunk_size, 2 * DEPTH * n * self.align)
+
+    def _floor(self) -> int:
+        return min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
+
+    def _resize(self, hop: int, n: int, elapsed: float, nbytes: int) -> None:
+        self.sizers[hop].update(n, elapsed, nbytes)
+        self._resize_to_sizers()
+
+    def _resize_to_sizers(self) -> None:
+        if any(s.per_item is None for s in self.sizers):
+            return  # a hop not yet measured may be the slow one: no big chunks before then
+        size = min(s.size for s in self.sizers)
+        self.chunk_size = max(self.align, size - size % self.align)
+
+    def _take(self) -> tuple[int, Sequence[Any]] | None:
+        if self.redo:
+            return self.redo.popleft()
+        room = min(self.chunk_size, self.window() - self.taken)
+        total = self.source.total
+        if total is not None:
+            # A known length: chunks shrink as the input runs out ("guided" scheduling), so
+            # the workers finish together instead of one waiting on the other's last chunk.
+            share = -(-(total - self.pulled) // (2 * len(self.hops[0].devices)))
+            room = min(room, max(share, self._floor()))
+        if room <= 0 or self.source.exhausted:
+            return None
+        if self.align > 1:
+            room = max(self.align, room - room % self.align)
+        items = self.source.take(room)
+        if not items:
+            return None
+        start = self.pulled
+        self.pulled += len(items)
+        self.taken += len(items)
+        return start, items
+
+    def dispatch(self) -> None:
+        """Route held chunks on, give releases back, then send new chunks to the first hop."""
+        self._route()
+        self._give_back()
+        timed = self.options.timeout is not None
+        for w in self.workers.of_hop(self.hops[0]):
+            while w.has_room():
+                taken = self._take()
+                if taken is None:
+                    return
+                start, items = taken
+                chunk_id = next(self.ledger.ids)
+                task = Task(
+                    chunk_id,
+                    self.options.seed,
+                    start,
+                    items,
+                    timed,
+                    self.options.retries,
+                    self._spent(start, len(items)),
+                    self.numbering,
+                )
+                try:
+                    frame = w.chan.encode(task)
+                except Exception as exc:
+                    if not self.tolerant:
+                        self._unpicklable(start, items, exc)
+                    self._fail_unpicklable(start, items)
+                    continue
+                self.ledger.send(chunk_id, start, items, w)
+                try:
+                    w.chan.send_frame(frame)
+                except OSError:
+                    break  # the worker is dying; its sentinel will tell us and we re-queue
+
+    def _give_back(self) -> None:
+        """Tell last-hop workers which of their segments we are done with.
+
+        Workers of the first hop learn it from the next chunk we send them; the others get
+        no chunks from us, so a bare note carries the list (else they would map new shared
+        memory for every result).
+        """
+        if self.chain.last.index == 0:
+            return
+        for w in self.workers.of_hop(self.chain.last):
+            if w.alive and w.chan.released:
+                with contextlib.suppress(OSError):
+                    w.chan.send(None)
+
+    def _spent(self, start: int, n: int) -> dict[tuple[int, int], int]:
+        """Runs already charged to units of a chunk (by deaths), for the worker's retries."""
+        if not self.attempts:
+            return {}
+        end = start + n
+        return {
+            (h, i): k for (h, i), k in self.attempts.items() if start <= i * self.hops[h].unit < end
+        }
+
+    def _route(self) -> None:
+        """Send chunks finished by hop h to workers of hop h + 1 that have room."""
+        books = self.workers.workers
+        for h in range(len(self.hops) - 2, -1, -1):
+            held = self.ledger.waiting[h]
+            targets = self.workers.of_hop(self.hops[h + 1])
+            while held:
+                room = [t for t in targets if t.has_room()]
+                if not room:
+                    break
+                dst = min(room, key=lambda t: len(t.outstanding))
+                chunk = held[0]
+                src = books[chunk.slot]
+                try:
+                    key, fd = self.workers.pair(src, dst)
+                except OSError:
+                    break  # dst is dying: its sentinel will tell us, the chunk stays held
+                held.pop(0)
+                try:
+                    src.chan.send_control(Forward(chunk.id, key), fd)
+                except OSError:
+                    # the holder is dying: leave the chunk with it, its death re-runs it
+                    held.insert(0, chunk)
+                    break
+                finally:
+                    if fd is not None:
+                        os.close(fd)
+                self.ledger.move(chunk, src, dst)
+
+    def _fail_unpicklable(self, start: int, items: Sequence[Any]) -> None:
+        """Tolerant runs: the items that do not pickle fail; the others go again one by one."""
+        for k, item in enumerate(items):
+            try:
+                cloudpickle.dumps(item)
+            except Exception as inner:
+                msg = f"item {start + k} cannot be pickled to reach a worker: {inner}"
+                error = SerializationError(msg, "<item pickling>", None, None, start + k)
+                error.__cause__ = inner
+                self.failures[start + k] = Failed(error)
+                self._deliver_failure(start + k)
+            else:
+                self.redo.append((start + k, [item]))
+
+    def _unpicklable(self, start: int, items: Sequence[Any], exc: Exception) -> NoReturn:
+        for k, item in enumerate(items):
+            try:
+                cloudpickle.dumps(item)  # a probe: must not consume releases
+            except Exception as inner:
+                label = self.options.label(start + k)
+                msg = (
+                    f"{label} cannot be pickled to reach a worker: {inner} "
+                    f"(item: {short_repr(item)})"
+                )
+                index = self._index(0, start + k)
+                raise SerializationError(msg, "<item pickling>", None, None, index) from inner
+        raise SerializationError(f"a chunk of items cannot be pickled: {exc}") from exc
+
+    # -- messages ----------------------------------------------------------------------------
+    def on_message(self, w: Worker, msg: Any) -> None:
+        """Handle what worker ``w`` sent; ``None``: it is gone."""
+        if msg is None:
+            self.on_death(w)
+        elif isinstance(msg, Done | Held):
+            self._on_finished(w, msg)
+        elif isinstance(msg, Sent):
+            chunk = self.ledger.sent(w, msg.chunk_id)
+            if chunk is not None:
+                self.sizers[w.hop].limit_bytes(len(chunk.items), msg.nbytes)
+                self._resize_to_sizers()
+        elif isinstance(msg, BadOutput):
+            self._on_bad_output(w, msg)
+        elif isinstance(msg, Unreadable):
+            self._on_unreadable(w, msg)
+
+    def _raise_report(
+        self, w: Worker, report: ErrorReport, hop: int, index: int, what: str
+    ) -> NoReturn:
+        raise report.to_error(
+            what=what, device=w.device, worker=w.index, index=self._index(hop, index)
+        )
+
+    def _on_finished(self, w: Worker, msg: Done | Held) -> None:
+        held = isinstance(msg, Held)
+        chunk = self.ledger.current(w, msg.chunk_id)
+        if chunk is None:
+            if held:  # its results wait in w for nothing
+                with contextlib.suppress(OSError):
+                    w.chan.send_control(Drop(msg.chunk_id))
+            return
+        h = w.hop
+        n = msg.n_done if isinstance(msg, Held) else len(msg.values)
+        self.done[h] += n
+        self.busy_seconds[h] += msg.elapsed
+        if self.bars is not None:
+            self.bars[h].update(n)
+        self._resize(h, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
+        errors = msg.errors
+        if errors and not self.tolerant:
+            k, report = min(errors, key=lambda e: e[0])
+            index = chunk.start // self.hops[h].unit + k
+            what = f"while running {self._label(h, index)}{after_retries(self.options.retries)}"
+            self._raise_report(w, report, h, index, what)
+        if errors:
+            self._fail_items(w, chunk, errors, held)
+        if isinstance(msg, Held):
+            if not errors:
+                self.ledger.hold(chunk, w)
+            return
+        values = msg.values
+        if errors:
+            values = list(values)
+            for k, _ in errors:
+                values[k] = self.failures.pop(chunk.start + k)
+        self.ledger.finish(chunk)
+        self._store(chunk.start, values, len(chunk.items))
+
+    def _on_bad_output(self, w: Worker, msg: BadOutput) -> None:
+        chunk = self.ledger.live.get(msg.chunk_id)
+        if chunk is None:
+            return
+        if self.tolerant:  # fail that item; the chunk's others run again
+            self.ledger.untrack(chunk)
+            self._fail_items(w, chunk, [(msg.position, msg.error)], held=True)
+            return
+        index = chunk.start // self.hops[w.hop].unit + msg.position
+        what = f"while sending {self._label(w.hop, index)} to the next stage"
+        self._raise_report(w, msg.error, w.hop, index, what)
+
+    def _on_unreadable(self, w: Worker, msg: Unreadable) -> None:
+        if not w.outstanding:
+            text = f"a chunk could not be unpickled in worker {w.index} on {w.device}"
+            raise SerializationError(text)
+        chunk = w.outstanding[min(w.outstanding)]
+        unit = self.hops[w.hop].unit
+        first, last = chunk.start // unit, (chunk.end - 1) // unit
+        what = (
+            f"while unpickling {self._label(w.hop, first)} .. "
+            f"{item_label(last, None)} in the worker"
+        )
+        error = msg.error.to_error(
+            what=what,
+            device=w.device,
+            worker=w.index,
+            index=self._index(w.hop, first),
+            cls=SerializationError,
+        )
+        if not self.tolerant:
+            raise error
+        # tolerant: the chunk's items fail (which one is unknown), the run goes on
+        self.ledger.untrack(chunk)
+        for k in range(len(chunk.items)):
+            self.failures[chunk.start + k] = Failed(error)
+            self._deliver_failure(chunk.start + k)
+
+    def _fail_items(
+        self, w: Worker, chunk: Chunk, errors: list[tuple[int, ErrorReport]], held: bool
+    ) -> None:
+        """Tolerant runs (one item, one unit in every hop): turn errors into failures."""
+        for k, report in errors:
+            index = chunk.start + k
+            what = f"while running {self._label(w.hop, index)}"
+            error = report.to_error(what=what, device=w.device, worker=w.index, index=index)
+            self.failures[index] = Failed(error)
+        if held:
+            # The other items of the chunk did not move on: re-run them from the start.
+            self.ledger.live.pop(chunk.id, None)
+            failed = {k for k, _ in errors}
+            for k, item in enumerate(chunk.items):
+                index = chunk.start + k
+                if k in failed:
+                    self._deliver_failure(index)
+                else:
+                    self.redo.append((index, [item]))
+
+    def _deliver_failure(self, index: int) -> None:
+        self._store(index, [self.failures.pop(index)], 1)
+
+    # -- deaths ------------------------------------------------------------------------------
+    def on_death(self, w: Worker) -> None:
+        """A worker is gone: blame what it held, charge retries, re-queue, respawn it."""
+        running, lost = self.ledger.forget(w)
+        slots = self.workers.slots
+        assert slots is not None
+        unit = self.hops[w.hop].unit
+        sending = slots.sending(w.slot)  # the chunk whose results it was sending, or -1
+        busy = slots.started(w.slot) > 0
+        culprit: int | None = w.timed_out  # a unit index in w's hop
+        if culprit is None and busy:
+            culprit = int(slots.index(w.slot))
+        holder = next(
+            (c for c in running if c.start <= (culprit or 0) * unit < c.end),
+            None,
+        )
+        if holder is None:
+            culprit = None
+        # Results being pickled or sent when it died are suspects too (a result whose
+        # pickling kills the process); with a unit running as well, both are charged.
+        suspect = next((c for c in lost if c.id == sending), None)
+        charged = [culprit] if culprit is not None else []
+        if suspect is not None:
+            units = {(suspect.start + k) // unit for k in range(len(suspect.items))}
+            charged = sorted(units.union(charged))
+        if not charged and not busy and w.timed_out is None:
+            # Died between items: what it was about to reply for (its oldest chunk) is suspect.
+            # (Busy with something we no longer track, a chunk re-run elsewhere after its
+            # sender died, nothing of ours is to blame.)
+            oldest = min(running, key=lambda c: c.id, default=None)
+            if oldest is not None:
+                charged = sorted({(oldest.start + k) // unit for k in range(len(oldest.items))})
+        exhausted = False
+        for index in charged:
+            key = (w.hop, index)
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            exhausted = exhausted or self.attempts[key] > self.options.retries
+        if not charged:
+            self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
+            exhausted = self.idle_deaths[w.slot] > self.options.retries
+        spared: set[int] = set()  # tolerant: first-hop items failed instead of re-run
+        if exhausted:
+            item = None
+            if holder is not None and culprit is not None and w.hop == 0:
+                item = holder.items[culprit - holder.start]
+            try:
+                held = sum(len(c.items) for c in lost)
+                self._raise_death(w, culprit, item, held, suspect)
+            except EasycoreError as exc:
+                if not self.tolerant:
+                    raise
+                for index in [culprit] if culprit is not None else charged:
+                    self.failures[index] = Failed(exc)
+                    self._deliver_failure(index)
+                    spared.add(index)
+        self._requeue(lost, holder, culprit, unit, spared)
+        self.workers.respawn(w.slot)
+
+    def _requeue(
+        self,
+        lost: list[Chunk],
+        holder: Chunk | None,
+        culprit: int | None,
+        unit: int,
+        spared: set[int],
+    ) -> None:
+        """Re-run a dead worker's chunks ahead of new input, the culprit's units alone."""
+        requeue: list[tuple[int, Sequence[Any]]] = []
+        for chunk in sorted(lost, key=lambda c: c.start):
+            start, items = chunk.start, chunk.items
+            if spared:
+                requeue.extend(
+                    (start + k, [item]) for k, item in enumerate(items) if start + k not in spared
+                )
+            elif chunk is holder and culprit is not None:
+                a = (culprit * unit) // self.align * self.align
+                b = a + self.align
+                parts = [
+                    (start, items[: a - start]),
+                    (a, items[a - start : b - start]),
+                    (b, items[b - start :]),
+                ]
+                requeue.extend(part for part in parts if len(part[1]))
+            else:
+                requeue.append((start, items))
+        self.redo.extendleft(reversed(requeue))
+
+    def _raise_death(
+        self,
+        w: Worker,
+        culprit: int | None,
+        item: Any,
+        held: int,
+        sending: Chunk | None = None,
+    ) -> NoReturn:
+        code = w.proc.exitcode
+        how = describe_exitcode(code)
+        tries = after_retries(self.options.retries)
+        who = self.chain.who(w.hop, w.index)
+        also = ""
+        if sending is not None:
+            unit = self.hops[w.hop].unit
+            first = sending.start // unit
+            last = (sending.end - 1) // unit
+            also = f"the results of {self._label(w.hop, first)} .. {item_label(last, None)}"
+        if culprit is not None:
+            label = self._label_plain(w.hop, culprit)
+            index = self._index(w.hop, culprit)
+            shown = f" (item: {short_repr(item)})" if w.hop == 0 else ""
+            if also:
+                shown += f" while sending {also}"
+            if w.timed_out is not None:
+                msg = (
+                    f"{label} ran past timeout={self.options.timeout}s on {w.device} ({who}); "
+                    f"the worker was killed{tries}{shown}"
+                )
+                raise ItemTimeout(msg, "<timeout>", w.device, w.index, index)
+            msg = f"{who} on {w.device} died ({how}) while running {label}{tries}{shown}"
+            raise WorkerDied(msg, w.device, w.index, code, index)
+        if sending is not None:
+            msg = f"{who} on {w.device} died ({how}) while sending {also}{tries}"
+            index = self._index(w.hop, sending.start // self.hops[w.hop].unit)
+            raise WorkerDied(msg, w.device, w.index, code, index)
+        holding = f" holding {held} item(s)" if held else ""
+        msg = f"{who} on {w.device} died ({how}){holding}{tries}"
+        raise WorkerDied(msg, w.device, w.index, code)
+
+    def _label_plain(self, hop: int, index: int) -> str:
+        """A unit's label without its stage (the message names the worker's stage)."""
+        return self.options.label(index) if hop == 0 else item_label(index, self.hops[hop].batch)
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def _wait_time(self) -> float | None:
+        timeout = self.options.timeout
+        if timeout is None:
+            return None
+        now = time.monotonic()
+        slots = self.workers.slots
+        assert slots is not None
+        nearest = timeout
+        for w in self.workers.workers:
+            start = slots.started(w.slot)
+            if w.alive and start > 1.0:  # timed units, also of chunks no longer tracked
+                nearest = min(nearest, start + timeout - now)
+        # A worker may start a unit without telling us; look again at least every 0.25 s.
+        return max(0.0, min(nearest, 0.25))
+
+    def _check_timeouts(self) -> None:
+        timeout = self.options.timeout
+        if timeout is None:
+            return
+        slots = self.workers.slots
+        assert slots is not None
+        now = time.monotonic()
+        for w in self.workers.workers:
+            if not w.alive or w.timed_out is not None:
+                continue
+            index, start = slots.index(w.slot), slots.started(w.slot)
+            if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
+                w.timed_out = int(index)
+                w.proc.kill()
+
+    # -- an early stop -----------------------------------------------------------------------
+    def drain(self) -> None:
+        """Wait for the chunks in flight and drop their results (the caller stopped early)."""
+        self.source.exhausted = True
+        self.redo.clear()
+        for chunk in list(self.ledger.held_chunks()):
+            self.ledger.untrack(chunk)
+            with contextlib.suppress(OSError):
+                self.workers.workers[chunk.slot].chan.send_control(Drop(chunk.id))
+        while self.ledger:
+            self.workers.wait_and_handle(self._wait_time(), self._discard)
+            self._check_timeouts()
+
+    def _discard(self, w: Worker, msg: Any) -> None:
+        if msg is None:
+            self.ledger.forget(w)
+            self.workers.respawn(w.slot)
+            return
+        if isinstance(msg, Sent):
+            w.holding.pop(msg.chunk_id, None)
+            return
+        if isinstance(msg, Unreadable):
+            if not w.outstanding:
+                return
+            chunk_id = min(w.outstanding)
+        else:
+            chunk_id = msg.chunk_id
+        chunk = self.ledger.live.get(chunk_id) or w.outstanding.get(chunk_id)
+        if chunk is not None:  # (for BadOutput, w is its sender, not where it is queued)
+            self.ledger.untrack(chunk)
+        if isinstance(msg, Held):
+            with contextlib.suppress(OSError):
+                w.chan.send_control(Drop(chunk_id))
+
+    def let_go(self) -> None:
+        """Drop the input and results once the run is over (stats() keeps the counters)."""
+        self.source = _Ended()
+        self.redo.clear()
+        self.segments.clear()
+        self.ready.clear()
+        self.failures.clear()
+        self.ledger.clear()
+
+
+class _Ended(Source):
+    exhausted = True
+
+    def take(self, n: int) -> Sequence[Any]:
+        return []

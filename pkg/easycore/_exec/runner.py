@@ -1,0 +1,381 @@
+"""``Runner``: workers for one pipeline that stay up across calls (the public facade).
+
+The runner holds an engine (worker processes, or the calling process for ``"inline"``),
+a :class:`~easycore._exec.submit.Seat` that lets one run at a time hold it, and the
+lifecycle: ``activate`` (every ``init``), ``close`` (every ``end``), and the abort that any
+error or Ctrl-C inside a run ends in (the runner is then closed, no process left).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from easycore._devices import INLINE
+from easycore._errors import EasycoreError
+from easycore._exec.engine import ProcessEngine
+from easycore._exec.fold import collect, fold
+from easycore._exec.inline import InlineEngine
+from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
+from easycore._exec.sources import LiveSource, batched
+from easycore._exec.submit import Seat
+from easycore._options import RunOptions
+
+__all__ = ["ABORT_GRACE", "Runner"]
+
+ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
+
+Segments = Iterator[tuple[int, list[Any]]]
+
+
+class Runner:
+    """Workers for one pipeline that stay up across calls; made by ``Pipeline.open``.
+
+    ``init`` runs once per worker when the runner activates, ``end`` at :meth:`close`.
+    ``map``/``imap`` may be called any number of times, one at a time. After an error or
+    Ctrl-C inside a call the runner is closed (``is_active`` is False, no process left);
+    :meth:`activate` starts it again.
+
+    >>> from easycore import producer
+    >>> @producer
+    ... def inc(x):
+    ...     return x + 1
+    >>> with inc.open(devices="inline") as runner:
+    ...     runner.map([1, 2])
+    [2, 3]
+    """
+
+    def __init__(
+        self,
+        pipeline: PipelineDef,
+        devices: Any = "auto",
+        *,
+        cfg: Mapping[str, Any] | None = None,
+        start_method: str | None = None,
+        _wait: bool = True,
+    ) -> None:
+        self.pipeline = pipeline
+        self._chain = plan_chain(pipeline, devices)
+        self.devices: tuple[str, ...] = self._chain.devices
+        self.cfg = frozen_cfg(cfg)
+        self._inline = INLINE in self.devices
+        if self._chain.named and start_method == "fork":
+            msg = (
+                "a pipeline with several pools (.on) needs start_method 'forkserver' or "
+                "'spawn': with 'fork', workers inherit each other's pipes"
+            )
+            raise ValueError(msg)
+        self._engine: InlineEngine | ProcessEngine
+        if self._inline or not pipeline.producers:
+            self._engine = InlineEngine(self._chain, self.cfg)
+        else:
+            # _wait False: the runner a one-shot map opens sends work to each worker as soon
+            # as it is ready instead of after the slowest one (init errors surface in the map)
+            self._engine = ProcessEngine(self._chain, self.cfg, start_method, _wait)
+        self._seat = Seat()
+        self._active = False
+        self._generation = 0  # +1 per activate(): a run of an earlier activation must stop
+        self.startup_seconds = 0.0
+        self.activate()
+
+    # -- public state ------------------------------------------------------------------------
+    @property
+    def is_active(self) -> bool:
+        """True between :meth:`activate` and :meth:`close`."""
+        return self._active
+
+    @property
+    def n_workers(self) -> int:
+        """How many workers this runner has, over all its pools (1 for ``"inline"``)."""
+        return 1 if self._inline else len(self.devices)
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "closed"
+        if self._chain.named:
+            where = ", ".join(f"{h.name}: {list(h.devices)}" for h in self._chain.hops)
+            return f"<Runner {self.pipeline!r} on {{{where}}} ({state})>"
+        return f"<Runner {self.pipeline!r} on {list(self.devices)} ({state})>"
+
+    def stats(self) -> list[StageStats]:
+        """Per pool, for the run under way or the last one: what is done, busy and queued.
+
+        The pool whose workers are busy near 100% while the pool before it has results
+        waiting is the bottleneck; give it more devices.
+        """
+        return self._engine.stats()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Leaving early (GeneratorExit from an abandoned imap) is a normal close, not an error.
+        if exc[0] is None or exc[0] is GeneratorExit:
+            self.close()
+        else:
+            self._abort()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def activate(self) -> None:
+        """Start the workers and run every producer's ``init``; no-op when already active.
+
+        Raises:
+            WorkerError: an ``init`` raised (no worker is left running).
+            WorkerDied: a worker died while starting.
+            SerializationError: a stage function or ``cfg`` cannot be pickled.
+        """
+        if self._active:
+            return
+        self._generation += 1  # a leftover run of the previous activation sees it and ends
+        self._seat.stop_leftover(ABORT_GRACE + 3.0)
+        t0 = time.perf_counter()
+        self._engine.start()
+        self._active = True
+        self.startup_seconds = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Run every worker's ``end`` and stop the workers; idempotent.
+
+        Raises:
+            WorkerError: an ``end`` raised (the workers are stopped all the same).
+            WorkerDied: a worker died during ``end``.
+        """
+        try:
+            self._seat.stop_feeder(abort=False)  # submitted items finish first
+        except BaseException:
+            self._abort()
+            raise
+        if not self._active:
+            return
+        self._active = False
+        self._stop(grace=None, report=True)
+
+    def _abort(self) -> None:
+        """Stop everything now after an error or interrupt: ``end`` gets a short grace."""
+        self._seat.stop_feeder(abort=True, timeout=ABORT_GRACE + 3.0)
+        self._active = False
+        self._stop(grace=ABORT_GRACE, report=False)
+
+    def _stop(self, grace: float | None, report: bool) -> None:
+        if isinstance(self._engine, InlineEngine):
+            self._engine.stop(report)
+            return
+        failure = self._engine.stop(grace)
+        if report and failure is not None:
+            raise failure
+
+    def _is_current(self, generation: int) -> bool:
+        return self._active and self._generation == generation
+
+    # -- running -----------------------------------------------------------------------------
+    def map(
+        self,
+        data: Iterable[Any],
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+    ) -> Any:
+        """Run ``data`` through the pipeline on this runner's workers.
+
+        Returns:
+            The consumer's result, or a list of the producers' results without a consumer.
+
+        Raises:
+            RuntimeError: the runner is closed (call ``activate()``) or busy.
+            WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
+        """
+        options = RunOptions(ordered, batch_size, progress, timeout, retries, seed)
+        return self.run_map(data, options)
+
+    def run_map(self, data: Iterable[Any], options: RunOptions) -> Any:
+        """:meth:`map` with its options as one value."""
+        options = attrs.evolve(options, batch_size=first_batch(self.pipeline, options.batch_size))
+        stream = self._results(data, options)
+        consumer = self.pipeline.consumer
+        if consumer is None:
+            return collect(stream)
+        return fold(stream, consumer, self.cfg, options, self._abort)
+
+    def imap(
+        self,
+        data: Iterable[Any],
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+    ) -> Iterator[Any]:
+        """Yield the producers' results lazily, with bounded memory (no consumer allowed)."""
+        if self.pipeline.consumer is not None:
+            msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
+            raise TypeError(msg)
+        options = RunOptions(ordered, batch_size, progress, timeout, retries, seed)
+        return self.run_imap(data, options)
+
+    def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
+        """:meth:`imap` with its options as one value."""
+        options = attrs.evolve(options, batch_size=first_batch(self.pipeline, options.batch_size))
+        stream = self._results(data, options)
+        return (y for _, values in stream for y in values)
+
+    def _results(self, data: Iterable[Any], options: RunOptions) -> _Claimed:
+        """Segments ``(index of first item, results)`` in the requested order.
+
+        The runner is taken for this run now (a second run raises ``RuntimeError``) and
+        given back when the stream ends, is closed, or is dropped.
+        """
+        token = self._seat.claim(lambda: self._active)
+        try:
+            stream = self._open_stream(data, options)
+        except BaseException:
+            self._seat.release(token)
+            raise
+        return _Claimed(self._seat, token, stream)
+
+    def _open_stream(self, data: Iterable[Any], options: RunOptions) -> Segments:
+        size = options.batch_size
+        source: Iterable[Any] = batched(data, size) if size else data
+        bars = self._progress_bars(data, size) if options.progress else None
+        if isinstance(self._engine, InlineEngine):
+            stream = self._engine.stream(source, options)
+            if bars is not None:
+                stream = _counted(stream, bars[-1])
+        else:
+            generation = self._generation
+            stream = self._engine.stream(
+                source, options, bars=bars, is_current=lambda: self._is_current(generation)
+            )
+        return self._supervised(stream, bars)
+
+    def _supervised(self, stream: Segments, bars: list[Any] | None = None) -> Segments:
+        """Any error or interrupt inside a run closes the runner (an early stop does not)."""
+        try:
+            yield from stream
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            for bar in bars or ():
+                bar.close()
+
+    def _progress_bars(self, data: Iterable[Any], batch_size: int | None) -> list[Any]:
+        from tqdm.auto import tqdm
+
+        total = None
+        with contextlib.suppress(TypeError):
+            n = len(data)  # type: ignore[arg-type]
+            total = n if batch_size is None else math.ceil(n / batch_size)
+        bars = []
+        for k, hop in enumerate(self._chain.hops):
+            n_units = None if total is None else math.ceil(total / hop.unit)
+            desc = f"{hop.name} ({len(hop.devices)})" if self._chain.named else None
+            bars.append(tqdm(total=n_units, unit="item", dynamic_ncols=True, position=k, desc=desc))
+        return bars
+
+    # -- submit ------------------------------------------------------------------------------
+    def submit(self, item: Any) -> concurrent.futures.Future[Any]:
+        """Send one item to the workers now; its result arrives in the returned future.
+
+        For callers that feed items one at a time (a server, a training loop prefetching
+        batches). Items run as workers free up, in no set order. An item that raises, or
+        whose worker dies, fails only its own future (``WorkerError``/``WorkerDied``; the
+        worker is respawned); the rest go on. ``map``/``imap`` and :meth:`close` first wait
+        for the submitted items to finish. Safe to call from several threads, and from a
+        future's callback.
+
+        Raises:
+            RuntimeError: the runner is closed or closing, or a ``map``/``imap`` is running.
+            TypeError: the pipeline has a consumer, or a pool groups items (``batch_size``):
+                one item, one result.
+        """
+        if self.pipeline.consumer is not None:
+            msg = f"submit is for pipelines without a consumer; {self.pipeline!r} has one"
+            raise TypeError(msg)
+        if self._chain.align > 1 or first_batch(self.pipeline, None) is not None:
+            msg = "submit needs one result per item; a pool of this pipeline has a batch_size"
+            raise TypeError(msg)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
+        if isinstance(self._engine, InlineEngine):
+            self._submit_inline(item, future)
+        else:
+            self._seat.submit(item, future, self._active, self._feed)
+        return future
+
+    def _feed(self, source: LiveSource) -> Segments:
+        """The submit feeder's run (in its thread): tolerant, unordered, fed live."""
+        assert isinstance(self._engine, ProcessEngine)
+        generation = self._generation
+        stream = self._engine.stream(
+            source,
+            RunOptions(ordered=False),
+            tolerant=True,
+            is_current=lambda: self._is_current(generation),
+        )
+        return self._supervised(stream)
+
+    def _submit_inline(self, item: Any, future: concurrent.futures.Future[Any]) -> None:
+        token = self._seat.claim(lambda: self._active)
+        try:
+            assert isinstance(self._engine, InlineEngine)
+            stream = self._engine.stream([item], RunOptions())
+            future.set_result(next(stream)[1][0])
+        except EasycoreError as exc:  # fails only its own future: the runner stays up
+            future.set_exception(exc)
+        finally:
+            self._seat.release(token)
+
+
+def _counted(stream: Segments, bar: Any) -> Segments:
+    for segment in stream:
+        bar.update(len(segment[1]))
+        yield segment
+
+
+class _Claimed:
+    """A run's stream that holds the runner from its creation until it ends, is closed, or
+    is dropped (a generator closed before its first ``next`` never runs its ``finally``)."""
+
+    def __init__(self, seat: Seat, token: object, stream: Segments) -> None:
+        self._seat: Seat | None = seat
+        self._token = token
+        self._stream = stream
+
+    def __iter__(self) -> _Claimed:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._stream)
+        except BaseException:
+            self._release()
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._stream, "close", None)
+            if close is not None:
+                close()  # an early stop drains what is in flight
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        seat, self._seat = self._seat, None
+        if seat is not None:
+            seat.release(self._token)
+
+    def __del__(self) -> None:
+        if self._seat is not None:
+            with contextlib.suppress(Exception):
+                self.close()

@@ -1,0 +1,208 @@
+"""``pipeline.map(..., distributed=True)``: every rank of a torchrun/Slurm job runs a share.
+
+::
+
+    every rank iterates the same data ──> units: items, or batches of batch_size (global)
+      unit i goes to rank i % world_size, numbered i there (its seed: derive_seed(seed, i))
+    rank r: a Runner over its units on its own devices         (the ordinary executor)
+      ├─ ok    -> ("ok", results)         ┐  all_gather (no consumer): every rank merges
+      └─ error -> ("error", description)  ┘  gather to rank 0 (consumer): rank 0 merges,
+                                              folds once, broadcasts ("ok", result) or error
+    every rank returns the same value, or every rank raises WorkerError naming the rank
+
+A failing rank still takes part in the exchange, with a description of its error instead of
+results, so no rank is left waiting in a collective. Because the rank's run numbers its
+units as units of the whole input (``Numbering``), its seeds and error messages are those of
+a single-process run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import cloudpickle
+
+from easycore import distributed
+from easycore._errors import WorkerDied, WorkerError
+from easycore._exec.plan import PipelineDef
+from easycore._exec.runner import Runner
+from easycore._exec.sources import batched
+from easycore._options import Numbering, RunOptions
+from easycore._protocol import pack_exception, unpack_exception
+
+__all__ = ["sharded_map"]
+
+
+@attrs.frozen(repr=False)
+class _Part:
+    """A pipeline's producers alone, or its consumer alone (what one side of the map runs)."""
+
+    producers: tuple[Any, ...]
+    consumer: Any
+    pools: tuple[Any, ...]
+    whole: Any  # the user's pipeline, for repr
+
+    def __repr__(self) -> str:
+        return repr(self.whole)
+
+
+class _Sized:
+    """An iterable with a known length, so the main rank's progress bar shows a total."""
+
+    def __init__(self, it: Iterable[Any], n: int) -> None:
+        self._it = it
+        self._n = n
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._it)
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def _describe(exc: BaseException, me: int) -> dict[str, Any]:
+    """A picklable account of a rank's failure, enough to raise it again on another rank."""
+    cause = exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ else exc
+    ours = isinstance(exc, WorkerError | WorkerDied)
+    text = str(exc) if ours else f"{type(exc).__name__}: {exc}"
+    tb = getattr(exc, "remote_traceback", None) or "".join(
+        traceback.format_exception(type(cause), cause, cause.__traceback__)
+    )
+    return {
+        "rank": me,
+        "message": text,
+        "stage": getattr(exc, "stage", None),
+        "device": getattr(exc, "device", None),
+        "worker": getattr(exc, "worker", None),
+        "index": getattr(exc, "index", None),
+        "traceback": tb,
+        "cause": pack_exception(cause),
+    }
+
+
+def _raise_failure(
+    failures: list[dict[str, Any]], me: int, world: int, own: BaseException | None
+) -> None:
+    """Raise the same ``WorkerError`` on every rank; a failing rank reports its own error."""
+    mine = next((f for f in failures if f["rank"] == me), None)
+    info = mine if mine is not None else failures[0]
+    msg = f"rank {info['rank']} of {world} failed: {info['message']}"
+    others = [str(f["rank"]) for f in failures if f is not info]
+    if others:
+        msg += f"\n(rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too)"
+    if mine is not None and own is not None:
+        cause = own.__cause__ if isinstance(own, WorkerError) and own.__cause__ else own
+    else:
+        blob, tname, text = info["cause"]
+        cause = unpack_exception(blob, tname, text, info["traceback"])
+    args = (info["stage"], info["device"], info["worker"], info["index"], info["traceback"])
+    raise WorkerError(msg, *args) from cause
+
+
+def _lost_peer(exc: BaseException, me: int, what: str) -> WorkerDied:
+    msg = (
+        f"rank {me}: the collective exchanging {what} failed, most likely because another rank "
+        f"died or stopped answering within the process group's timeout: {exc}"
+    )
+    return WorkerDied(msg)
+
+
+def _count(data: Iterable[Any], batch_size: int | None) -> int | None:
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return n if batch_size is None else math.ceil(n / batch_size)
+
+
+_MISSING = object()
+
+
+def _interleave(shares: list[list[Any]]) -> list[Any]:
+    """Undo the round robin: unit ``i`` is element ``i // world`` of share ``i % world``."""
+    out: list[Any] = []
+    for row in itertools.zip_longest(*shares, fillvalue=_MISSING):
+        out.extend(v for v in row if v is not _MISSING)
+    return out
+
+
+def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
+    try:
+        return collective(*args)
+    except RuntimeError as exc:
+        raise _lost_peer(exc, me, what) from exc
+
+
+def sharded_map(
+    pipeline: PipelineDef,
+    data: Iterable[Any],
+    *,
+    devices: Any,
+    cfg: Mapping[str, Any] | None,
+    options: RunOptions,
+    start_method: str | None,
+) -> Any:
+    """Share the units out between ranks, run each share, merge in order, fold once."""
+    distributed.init()
+    me, world = distributed.rank(), distributed.world_size()
+    size = options.batch_size
+    own: BaseException | None = None
+    try:
+        units: Iterable[Any] = batched(data, size) if size else data
+        share: Iterable[Any] = itertools.islice(units, me, None, world)
+        count = _count(data, size)
+        if count is not None:
+            share = _Sized(share, len(range(me, count, world)))
+        mine = RunOptions(
+            progress=options.progress and me == 0,
+            timeout=options.timeout,
+            retries=options.retries,
+            seed=options.seed,
+            numbering=Numbering(me, world, size),
+        )
+        producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)
+        if isinstance(devices, str) and devices == "local":
+            devices = distributed.local_devices()
+        with Runner(producers, devices, cfg=cfg, start_method=start_method, _wait=False) as run:
+            local = run.run_map(share, mine)
+        status = cloudpickle.dumps(("ok", local))
+    except Exception as exc:
+        own = exc
+        status = cloudpickle.dumps(("error", _describe(exc, me)))
+
+    if pipeline.consumer is None:
+        parts = _exchange(distributed.all_gather, "results", me, status)
+        statuses = [cloudpickle.loads(b) for b in parts]
+        failures = [s[1] for s in statuses if s[0] == "error"]
+        if failures:
+            _raise_failure(failures, me, world, own)
+        return _interleave([s[1] for s in statuses])
+
+    gathered = _exchange(distributed.gather, "results", me, status, 0)
+    verdict: bytes | None = None
+    if gathered is not None:  # rank 0: fold once, then tell everyone
+        statuses = [cloudpickle.loads(b) for b in gathered]
+        failures = [s[1] for s in statuses if s[0] == "error"]
+        if failures:
+            verdict = cloudpickle.dumps(("error", failures))
+        else:
+            try:
+                merged = _interleave([s[1] for s in statuses])
+                fold_only = _Part((), pipeline.consumer, (), pipeline)
+                with Runner(fold_only, "inline", cfg=cfg) as run:
+                    result = run.run_map(merged, RunOptions(numbering=Numbering(batch=size)))
+                verdict = cloudpickle.dumps(("ok", result))
+            except Exception as exc:
+                own = exc
+                verdict = cloudpickle.dumps(("error", [_describe(exc, me)]))
+    tag, value = cloudpickle.loads(
+        _exchange(distributed.broadcast, "the consumer's result", me, verdict, 0)
+    )
+    if tag == "error":
+        _raise_failure(value, me, world, own)
+    return value

@@ -1,0 +1,153 @@
+"""Where a run's items come from: an iterable, a range, or items submitted one at a time.
+
+A run takes items from its source in chunks (:meth:`Source.take`), never more than the
+window allows: this is where backpressure meets the user's input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+__all__ = ["IterSource", "LiveSource", "RangeSource", "Source", "batched", "source_of"]
+
+
+def batched(data: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Lists of ``size`` consecutive items of ``data`` (the last may be shorter)."""
+    it = iter(data)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
+
+
+class Source:
+    """Items for one run, taken lazily in chunks."""
+
+    total: int | None = None  # how many items, when known (chunks shrink as they run out)
+    exhausted: bool = False  # nothing more will come
+
+    def take(self, n: int) -> Sequence[Any]:
+        """Up to ``n`` items (fewer only at the end, or when a live source has fewer)."""
+        raise NotImplementedError
+
+    def wakeup(self) -> Any:
+        """A socket readable when new items arrive (live sources), else None."""
+        return None
+
+    def should_end(self, settled: bool) -> bool:
+        """A live source can end a run before it is exhausted (``settled``: nothing pending)."""
+        return False
+
+    def drain_wakeups(self) -> None:
+        """Empty the wake-up socket (live sources)."""
+
+    def close(self) -> None:
+        """Let go of the input."""
+
+
+class IterSource(Source):
+    def __init__(self, data: Iterable[Any]) -> None:
+        with contextlib.suppress(TypeError):
+            self.total = len(data)  # type: ignore[arg-type]
+        self.it: Iterator[Any] = iter(data)
+
+    def take(self, n: int) -> Sequence[Any]:
+        items = list(itertools.islice(self.it, n))
+        if len(items) < n:
+            self.exhausted = True
+        return items
+
+    def close(self) -> None:
+        self.it = iter(())
+
+
+class RangeSource(Source):
+    """A ``range`` is cut into sub-ranges: three ints on the wire per chunk, not every item."""
+
+    def __init__(self, data: range) -> None:
+        self.data = data
+        self.total = len(data)
+        self.at = 0
+
+    def take(self, n: int) -> Sequence[Any]:
+        items = self.data[self.at : self.at + n]
+        self.at += len(items)
+        if len(items) < n:
+            self.exhausted = True
+        return items
+
+    def close(self) -> None:
+        self.data = range(0)
+
+
+def source_of(data: Iterable[Any] | Source) -> Source:
+    if isinstance(data, Source):
+        return data
+    return RangeSource(data) if type(data) is range else IterSource(data)
+
+
+class LiveSource(Source):
+    """Items submitted one at a time (``Runner.submit``): taken as they come, never waited for.
+
+    ``lock`` guards ``items`` and ``closed`` (the submitting threads append under it); a byte
+    on the wake-up socket tells the run loop that something arrived.
+    """
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self.items: deque[Any] = deque()
+        self.lock = lock
+        self.closed = False  # no more items: finish what is queued, then end
+        self.aborted = False  # end now (the runner is being torn down)
+        self.rx, self.tx = socket.socketpair()
+        self.rx.setblocking(False)
+        self.tx.setblocking(False)
+        self.on_idle: Any = None  # called (under the lock) when the run ends for lack of items
+
+    def take(self, n: int) -> Sequence[Any]:
+        with self.lock:
+            items = [self.items.popleft() for _ in range(min(n, len(self.items)))]
+            if self.closed and not self.items:
+                self.exhausted = True
+        return items
+
+    def wakeup(self) -> Any:
+        return self.rx
+
+    def should_end(self, settled: bool) -> bool:
+        if self.aborted:
+            return True
+        if not settled:
+            return False
+        with self.lock:
+            if self.items:
+                return False
+            self.closed = True  # a later submit starts a new run
+            if self.on_idle is not None:
+                self.on_idle()
+            return True
+
+    def put(self, item: Any) -> bool:
+        """Queue an item (under the lock); False once this source is closed."""
+        if self.closed:
+            return False
+        self.items.append(item)
+        return True
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self.tx.send(b"\0")
+
+    def drain_wakeups(self) -> None:
+        with contextlib.suppress(OSError):
+            while self.rx.recv(4096):
+                pass
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.rx.close()
+        with contextlib.suppress(OSError):
+            self.tx.close()

@@ -1,0 +1,412 @@
+"""The worker processes of a runner: spawn, respawn, pair across hops, wait on, stop.
+
+A :class:`WorkerSet` owns the processes of every hop (one per device) and their pipes. It
+knows nothing of chunks: it reads what workers send and hands each message (or a death) to
+whoever runs, and it starts, replaces and stops processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import cloudpickle
+
+from easycore._config import CfgNode
+from easycore._devices import cpu_count
+from easycore._errors import SerializationError, WorkerDied, WorkerError, describe_exitcode
+from easycore._exec.plan import Chain, Hop
+from easycore._exec.startup import context, hidden_main, kill_all, light_wanted, note_torch
+from easycore._protocol import (
+    PROTOCOL,
+    SLOT_WIDTH,
+    STOP,
+    AddPeer,
+    Ended,
+    EndFailed,
+    InitFailed,
+    Ready,
+    Slots,
+)
+from easycore._transport import Channel
+from easycore._worker import WorkerSpec, worker_main
+
+__all__ = ["DEPTH", "Worker", "WorkerSet"]
+
+DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
+
+
+def poller(fds: Sequence[int]) -> Any:
+    """A ``select.poll`` object watching ``fds`` for input."""
+    poll = select.poll()
+    for fd in fds:
+        poll.register(fd, select.POLLIN)
+    return poll
+
+
+@attrs.define(eq=False)
+class Worker:
+    """One worker process as the caller sees it, and the chunks it has."""
+
+    slot: int  # global: its place in the worker set and in the shared slots
+    index: int  # within its hop (the `worker` injected into its functions)
+    hop: int
+    device: str
+    proc: Any
+    chan: Channel
+    ready: bool = False
+    alive: bool = True
+    # chunks it runs or will run (counted against DEPTH), by chunk id
+    outstanding: dict[int, Any] = attrs.Factory(dict)
+    # chunks whose results it holds for the next hop, or is sending there
+    holding: dict[int, Any] = attrs.Factory(dict)
+    timed_out: int | None = None  # index of the unit we killed it for
+    last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
+    _exit_poll: Any = None
+
+    @property
+    def conn(self) -> Any:
+        return self.chan.conn
+
+    def has_room(self) -> bool:
+        return self.alive and self.ready and len(self.outstanding) < DEPTH
+
+    def exited(self) -> bool:
+        """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
+        if self._exit_poll is None:
+            self._exit_poll = poller((self.proc.sentinel,))
+        return bool(self._exit_poll.poll(0))
+
+
+class _Waiter:
+    """``multiprocessing.connection.wait`` for file descriptors, without a selector per call.
+
+    The run loop waits once per message; building and filling a selector each time cost
+    more than handling a small message. One ``poll`` object is kept while the set of
+    descriptors stays the same.
+    """
+
+    def __init__(self) -> None:
+        self._fds: tuple[int, ...] = ()
+        self._poll: Any = None
+        self._lock = threading.Lock()  # a poll object cannot be used by two threads at once
+
+    def wait(self, fds: Sequence[int], timeout: float | None) -> set[int]:
+        """The descriptors of ``fds`` that are readable (or closed), waiting up to ``timeout`` s."""
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        key = tuple(fds)
+        if not self._lock.acquire(blocking=False):
+            return {fd for fd, _ in poller(key).poll(ms)}
+        try:
+            if key != self._fds or self._poll is None:
+                self._poll, self._fds = poller(key), key
+            return {fd for fd, _ in self._poll.poll(ms)}
+        finally:
+            self._lock.release()
+
+
+def _culprit_of(stages: Sequence[Any], cfg: CfgNode) -> str:
+    for stage in stages:
+        for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as exc:
+                return f"the {role} of stage {stage.name!r} cannot be pickled: {exc}"
+    try:
+        cloudpickle.dumps(cfg)
+    except Exception as exc:
+        return f"cfg cannot be pickled: {exc}"
+    return "the pipeline cannot be pickled"
+
+
+# A handler of what a worker sent: (worker, message), or (worker, None) once it is gone.
+Handler = Callable[[Worker, Any], None]
+
+
+class WorkerSet:
+    """Every worker process of a runner, over all hops, by global slot."""
+
+    def __init__(self, chain: Chain, cfg: CfgNode, start_method: str | None) -> None:
+        self.chain = chain
+        self.cfg = cfg
+        self.start_method = start_method
+        self.workers: list[Worker] = []
+        self.slots: Slots | None = None
+        self._ctx: Any = None
+        self._light = False  # workers fork from the light forkserver (see light_wanted)
+        self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
+        self._pair_keys = 0
+        self._waiter = _Waiter()
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    # -- start -----------------------------------------------------------------------------
+    def start_payloads(self) -> None:
+        """Pickle each hop's stages and ``cfg`` once, for every worker of the hop.
+
+        Raises:
+            SerializationError: a stage function or ``cfg`` cannot be pickled.
+        """
+        for hop in self.chain.hops:
+            try:
+                hop.payload = cloudpickle.dumps((hop.stages, self.cfg), PROTOCOL)
+            except Exception as exc:
+                culprit = _culprit_of(hop.stages, self.cfg)
+                msg = f"{culprit}; workers receive their functions pickled"
+                raise SerializationError(msg) from exc
+
+    def start(self) -> None:
+        """Start one process per device (not waiting for them to be ready)."""
+        self._ctx = context(self.start_method)
+        self._light = light_wanted(self._ctx.get_start_method(), self.chain.devices)
+        n = len(self.chain.devices)
+        self.slots = Slots(self._ctx.RawArray("d", SLOT_WIDTH * n))
+        self.workers = []
+        self._pairs.clear()
+        for slot in range(n):
+            self.workers.append(self._spawn(slot))
+        self._watch()
+
+    def wait_ready(self) -> None:
+        """Wait until every worker has run its ``init``.
+
+        Raises:
+            WorkerError: an ``init`` raised.
+            WorkerDied: a worker died while starting.
+        """
+        while not all(w.ready for w in self.workers):
+            self.wait_and_handle(None, None)
+
+    def _spawn(self, slot: int) -> Worker:
+        device = self.chain.devices[slot]
+        hop = self.chain.hop_of(slot)
+        index = slot - hop.first_slot
+        env_set = any(k in os.environ for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+        threads = None if env_set else max(1, cpu_count() // len(self.chain.devices))
+        spec = WorkerSpec(
+            slot=slot,
+            worker=index,
+            device=device,
+            threads=threads,
+            payload=hop.payload,
+            entropy=int.from_bytes(os.urandom(8), "little") >> 1,
+            hop=hop.index,
+            last=hop is self.chain.last,
+            group=hop.batch,
+            unit=hop.unit,
+        )
+        assert self.slots is not None
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=worker_main,
+            args=(child, self.slots.raw, spec),
+            name=f"easycore-worker-{slot}-{device}",
+            daemon=True,
+        )
+        with hidden_main(self._light):
+            proc.start()
+        child.close()
+        self.slots.reset(slot)
+        return Worker(
+            slot=slot, index=index, hop=hop.index, device=device, proc=proc, chan=Channel(parent)
+        )
+
+    def respawn(self, slot: int) -> None:
+        """Replace the (dead) worker in ``slot`` by a fresh one, which runs ``init`` again."""
+        for pair in [p for p in self._pairs if slot in p]:
+            del self._pairs[pair]
+        self.workers[slot] = self._spawn(slot)
+        self._watch()
+
+    def _watch(self) -> None:
+        # If the runner is dropped without close(), its processes are killed, not orphaned.
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, kill_all, [w.proc for w in self.workers])
+
+    def of_hop(self, hop: Hop) -> list[Worker]:
+        return self.workers[hop.first_slot : hop.first_slot + len(hop.devices)]
+
+    def pair(self, src: Worker, dst: Worker) -> tuple[int, int | None]:
+        """The pipe from ``src`` to ``dst`` (next hop): its key, and ``src``'s end if new.
+
+        Raises:
+            OSError: ``dst`` is dying (nothing is registered then).
+
+        A new pipe is a socket pair made here: ``dst`` gets its end now, ``src`` with the
+        forward order; we keep neither end, so a worker's death is an EOF to its peers.
+        """
+        key = self._pairs.get((src.slot, dst.slot))
+        if key is not None:
+            return key, None
+        key = self._pair_keys
+        self._pair_keys += 1
+        a, b = socket.socketpair()
+        try:
+            dst.chan.send_control(AddPeer(key), b.fileno())
+        except BaseException:
+            a.close()
+            raise
+        finally:
+            b.close()
+        self._pairs[(src.slot, dst.slot)] = key
+        return key, a.detach()
+
+    # -- waiting -----------------------------------------------------------------------------
+    def wait_and_handle(
+        self, timeout: float | None, handler: Handler | None, extra: Sequence[Any] = ()
+    ) -> None:
+        """Wait for any pipe, process sentinel or ``extra`` socket, then read what came.
+
+        Start-up messages are handled here; every other message, and a death (``None``),
+        goes to ``handler``. Without a handler (start-up), a death raises.
+
+        Raises:
+            WorkerError: an ``init`` raised.
+            WorkerDied: a worker died before it was ready.
+        """
+        live = [w for w in self.workers if w.alive]
+        fds = [w.conn.fileno() for w in live] + [w.proc.sentinel for w in live]
+        fds += [x if isinstance(x, int) else x.fileno() for x in extra]
+        ready = self._waiter.wait(fds, timeout)
+        n = len(live)
+        for k, w in enumerate(live):
+            if fds[k] in ready or fds[n + k] in ready:
+                self._read(w, handler)
+
+    def _read(self, w: Worker, handler: Handler | None) -> None:
+        # Read everything the worker sent before looking at whether it is alive: a result that
+        # reached the pipe before the death must count, and must not be re-run.
+        broken = False
+        try:
+            while w.chan.poll():
+                frame, fds = w.chan.recv_frame()
+                msg = w.chan.decode(frame, fds)
+                if isinstance(msg, Ready):
+                    w.ready = True
+                    note_torch(msg.torch_loaded)
+                elif isinstance(msg, InitFailed):
+                    raise msg.error.to_error(
+                        what="while starting", device=w.device, worker=w.slot, index=None
+                    )
+                elif handler is not None:
+                    w.last_nbytes = len(frame) + w.chan.shm_in
+                    w.chan.shm_in = 0
+                    handler(w, msg)
+        except (EOFError, OSError):
+            broken = True
+        if broken or w.exited():
+            self._bury(w)
+            if not w.ready:
+                code = w.proc.exitcode
+                msg = (
+                    f"worker {w.slot} on {w.device} died while starting (during init): "
+                    f"{describe_exitcode(code)}"
+                )
+                raise WorkerDied(msg, w.device, w.slot, code)
+            if handler is None:  # pragma: no cover - only during start-up
+                raise WorkerDied(
+                    f"worker {w.slot} on {w.device} died", w.device, w.slot, w.proc.exitcode
+                )
+            handler(w, None)
+
+    @staticmethod
+    def _bury(w: Worker) -> None:
+        w.proc.join(1.0)
+        if w.proc.is_alive():  # pipe broke but the process lingers: finish it
+            w.proc.kill()
+            w.proc.join(1.0)
+        w.alive = False
+        with contextlib.suppress(Exception):
+            w.chan.close()
+
+    # -- stop --------------------------------------------------------------------------------
+    def stop(self, grace: float | None) -> BaseException | None:
+        """Tell every worker to run ``end`` and exit; wait up to ``grace`` s (None: for
+        good), then kill what is left. Returns the first ``end`` failure or death."""
+        workers, self.workers = self.workers, []
+        failure: BaseException | None = None
+        try:
+            for w in workers:
+                if w.alive:
+                    with contextlib.suppress(OSError, ValueError):
+                        w.conn.send_bytes(STOP)
+            deadline = None if grace is None else time.monotonic() + grace
+            waiting = {w.slot: w for w in workers if w.alive}
+            while waiting:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if remaining == 0.0:
+                    break
+                objs = [w.conn for w in waiting.values()] + [
+                    w.proc.sentinel for w in waiting.values()
+                ]
+                if not mp.connection.wait(objs, remaining):
+                    break
+                for w in list(waiting.values()):
+                    done, err = self._read_goodbye(w)
+                    if err is not None and failure is None:
+                        failure = err
+                    if done:
+                        del waiting[w.slot]
+        except BaseException:
+            kill_all([w.proc for w in workers])
+            raise
+        finally:
+            for w in workers:
+                if w.proc.is_alive():
+                    w.proc.join(0.5 if grace is not None else 5.0)
+                if w.proc.is_alive():
+                    w.proc.kill()
+                w.proc.join(2.0)
+                with contextlib.suppress(Exception):
+                    w.chan.close()
+                w.alive = False
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+        return failure
+
+    @staticmethod
+    def _read_goodbye(w: Worker) -> tuple[bool, BaseException | None]:
+        """Read what a stopping worker sends; (finished?, error from its `end`)."""
+        try:
+            while w.chan.poll():
+                msg = w.chan.recv()
+                if isinstance(msg, Ready):
+                    w.ready = True
+                    note_torch(msg.torch_loaded)
+                elif isinstance(msg, Ended):
+                    note_torch(msg.torch_loaded)
+                    return True, None
+                elif isinstance(msg, EndFailed | InitFailed):
+                    what = "while ending" if isinstance(msg, EndFailed) else "while starting"
+                    error: WorkerError = msg.error.to_error(
+                        what=what, device=w.device, worker=w.slot, index=None
+                    )
+                    return True, error
+                # replies of chunks that no longer matter are dropped
+        except (EOFError, OSError):
+            pass
+        if not w.proc.is_alive():
+            w.proc.join(0.1)
+            code = w.proc.exitcode
+            if code not in (0, None):
+                when = "while ending" if w.ready else "while starting (during init)"
+                return True, WorkerDied(
+                    f"worker {w.slot} on {w.device} died {when}: {describe_exitcode(code)}",
+                    w.device,
+                    w.slot,
+                    code,
+                )
+            return True, None
+        return False, None

@@ -1,0 +1,254 @@
+"""The messages between the caller and its workers, and the shared-slot layout.
+
+Every message is a small named tuple (cheap to pickle, read by name, never by position)::
+
+    caller -> worker (data frames, encoded by the worker's Channel: items may be in shared memory)
+        Task            a chunk to run: id, seed, first unit index, units, how to run them
+    caller -> worker (control frames, read by the worker's reader thread)
+        AddPeer         a pipe from an upstream worker follows (its descriptor with the frame)
+        Forward         send held chunk ``chunk_id`` to the downstream peer ``key``
+        Drop            forget held chunk ``chunk_id``
+    worker -> caller
+        Ready / InitFailed          after ``init``
+        Done                        a chunk's results (last hop of the chain)
+        Held                        a chunk is done and its results wait in the worker (other hops)
+        Sent                        a held chunk went to the next hop's worker
+        BadOutput                   a held result would not pickle on its way to the next hop
+        Unreadable                  a task did not unpickle in the worker
+        Ended / EndFailed           after ``end``
+
+A worker to the next hop's worker: the same ``Task``, carrying the held results as units.
+
+Besides messages, each worker has one *slot* of ``SLOT_WIDTH`` doubles in a shared array
+(:class:`Slots`): the index of the unit in hand, when it started, and the chunk whose results
+are being pickled or sent. The worker writes them without any message; the caller reads
+them when the worker dies or runs late, to know which item to blame.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any, NamedTuple
+
+import cloudpickle
+
+from easycore._errors import RemoteTraceback, SerializationError, WorkerError, user_error
+
+__all__ = [
+    "PROTOCOL",
+    "SLOT_WIDTH",
+    "STOP",
+    "AddPeer",
+    "BadOutput",
+    "Done",
+    "Drop",
+    "EndFailed",
+    "Ended",
+    "ErrorReport",
+    "Forward",
+    "Held",
+    "InitFailed",
+    "Ready",
+    "Sent",
+    "Slots",
+    "Task",
+    "Unreadable",
+]
+
+STOP = b"\x00easycore-stop"  # a bare frame: run `end` and exit
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+# ---------------------------------------------------------------------------------------------
+# errors on the wire
+# ---------------------------------------------------------------------------------------------
+def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
+    """Return (pickled exception or None, type name, str) for sending to another process."""
+    try:
+        blob: bytes | None = cloudpickle.dumps(exc, PROTOCOL)
+    except Exception:
+        blob = None
+    return blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
+
+
+def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str) -> BaseException:
+    """The inverse of :func:`pack_exception`, in the receiving process.
+
+    The original exception when it unpickles, else a ``RuntimeError`` naming its type; its
+    ``__cause__`` carries the remote traceback unless it already has a cause.
+    """
+    original: Any = None
+    if blob is not None:
+        try:
+            original = pickle.loads(blob)
+        except Exception:
+            original = None
+    if not isinstance(original, BaseException):
+        original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
+    if original.__cause__ is None:
+        original.__cause__ = RemoteTraceback(tb)
+    exc: BaseException = original
+    return exc
+
+
+class ErrorReport(NamedTuple):
+    """An exception raised by user code in a worker, as it crosses to the caller."""
+
+    stage: str
+    blob: bytes | None
+    type_name: str
+    text: str
+    traceback: str
+
+    @classmethod
+    def of(cls, stage: str, exc: BaseException) -> ErrorReport:
+        """Describe ``exc``, raised by ``stage``, for the caller."""
+        blob, tname, text = pack_exception(exc)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(stage, blob, tname, text, tb)
+
+    def to_error(
+        self,
+        *,
+        what: str,
+        device: str | None,
+        worker: int | None,
+        index: int | None,
+        cls: type[WorkerError] | None = None,
+    ) -> WorkerError:
+        """The ``WorkerError`` (a ``SerializationError`` for an unpicklable result) to raise,
+        with the original exception as ``__cause__``."""
+        if cls is None:
+            cls = SerializationError if self.stage == "<result pickling>" else WorkerError
+        error = user_error(
+            self.stage,
+            self.type_name,
+            self.text,
+            self.traceback,
+            what=what,
+            device=device,
+            worker=worker,
+            index=index,
+            cls=cls,
+        )
+        error.__cause__ = unpack_exception(self.blob, self.type_name, self.text, self.traceback)
+        return error
+
+
+# ---------------------------------------------------------------------------------------------
+# caller -> worker
+# ---------------------------------------------------------------------------------------------
+class Task(NamedTuple):
+    """A chunk of consecutive units for one hop, and how to run them."""
+
+    chunk_id: int
+    seed: int | None
+    start: int  # first-hop index of the chunk's first item
+    units: Any  # the items (a list, or a range cut from a range input)
+    timed: bool  # write each unit's start time into the slot (a timeout applies)
+    retries: int
+    spent: dict[tuple[int, int], int]  # runs already charged by deaths, {(hop, index): n}
+    numbering: tuple[int, int] = (0, 1)  # unit i is unit first + i * step of the input
+
+
+class AddPeer(NamedTuple):
+    key: int
+
+
+class Forward(NamedTuple):
+    chunk_id: int
+    key: int
+
+
+class Drop(NamedTuple):
+    chunk_id: int
+
+
+# ---------------------------------------------------------------------------------------------
+# worker -> caller
+# ---------------------------------------------------------------------------------------------
+class Ready(NamedTuple):
+    pid: int
+    entered: float
+    ready_at: float
+    torch_loaded: bool
+
+
+class InitFailed(NamedTuple):
+    error: ErrorReport
+
+
+class Done(NamedTuple):
+    chunk_id: int
+    values: list[Any]
+    errors: list[tuple[int, ErrorReport]]  # (position in the chunk, what it raised)
+    elapsed: float
+
+
+class Held(NamedTuple):
+    chunk_id: int
+    n_done: int  # units done
+    errors: list[tuple[int, ErrorReport]]
+    elapsed: float
+
+
+class Sent(NamedTuple):
+    chunk_id: int
+    nbytes: int
+
+
+class BadOutput(NamedTuple):
+    chunk_id: int
+    position: int
+    error: ErrorReport
+
+
+class Unreadable(NamedTuple):
+    error: ErrorReport
+
+
+class Ended(NamedTuple):
+    torch_loaded: bool
+
+
+class EndFailed(NamedTuple):
+    error: ErrorReport
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared slots
+# ---------------------------------------------------------------------------------------------
+SLOT_WIDTH = 3  # doubles per worker:
+AT_INDEX = 0  # the index of the unit in hand (within its hop)
+AT_STARTED = 1  # its start time when timed; RUNNING while a chunk runs untimed; IDLE
+AT_SENDING = 2  # the id of the chunk whose results are being pickled or sent, or NOT_SENDING
+IDLE = 0.0
+RUNNING = 1.0
+NOT_SENDING = -1.0
+
+
+class Slots:
+    """The caller's view of the shared array: one slot of ``SLOT_WIDTH`` doubles per worker."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw  # a multiprocessing RawArray("d"), passed to every worker
+
+    def reset(self, slot: int) -> None:
+        self.raw[SLOT_WIDTH * slot + AT_STARTED] = IDLE
+        self.raw[SLOT_WIDTH * slot + AT_SENDING] = NOT_SENDING
+
+    def index(self, slot: int) -> float:
+        return float(self.raw[SLOT_WIDTH * slot + AT_INDEX])
+
+    def started(self, slot: int) -> float:
+        """When the unit in hand started (> RUNNING), RUNNING (untimed) or IDLE."""
+        return float(self.raw[SLOT_WIDTH * slot + AT_STARTED])
+
+    def sending(self, slot: int) -> int:
+        return int(self.raw[SLOT_WIDTH * slot + AT_SENDING])
+
+
+def worker_view(raw: Any) -> Any:
+    """The worker's view of the shared array: a flat memoryview of doubles (fast stores)."""
+    return memoryview(raw).cast("B").cast("d")

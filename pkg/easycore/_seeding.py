@@ -1,0 +1,156 @@
+"""Seeds: one per item from ``(seed, index)``, applied to ``random``, numpy and torch.
+
+Used alike by worker processes, inline runs and every engine, so a seeded run gives the
+same results wherever its items run. A worker that has not loaded torch or numpy yet gets
+import hooks instead: the module is seeded (and torch given its thread budget) the moment
+the work imports it, exactly as if it had been loaded from the start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.abc
+import importlib.util
+import random
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["derive_seed", "drop_hooks", "seed_everything", "seed_on_import", "setup_torch"]
+
+_LAST_SEED: int | None = None  # the last value given to seed_everything in this process
+
+
+def derive_seed(seed: int, index: int, pool: int = 0) -> int:
+    """A 63-bit seed for item ``index`` of a run seeded with ``seed`` (in pool ``pool``).
+
+    >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
+    True
+    """
+    key = f"{seed}:{index}" if pool == 0 else f"{seed}:{pool}:{index}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seed_everything(value: int) -> None:
+    """Seed ``random``, numpy (when imported) and torch's CPU and CUDA generators.
+
+    numpy or torch imported later by the work itself are seeded with the same value on
+    import (see :func:`seed_on_import`).
+    """
+    global _LAST_SEED
+    _LAST_SEED = value
+    random.seed(value)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(value % (2**32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # Not torch.manual_seed: while CUDA is not initialised it records a formatted stack
+        # for a lazy CUDA call, tens of milliseconds in a fresh worker, on every call.
+        torch.default_generator.manual_seed(value)
+        if torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(value)
+
+
+def setup_torch(device: str, n_threads: int | None) -> None:
+    """Bind the device and give torch its share of threads, now or when the work imports it.
+
+    A worker from the torch forkserver (or on a GPU) has torch loaded already. One from the
+    light forkserver (a caller that never imported torch) does not, and pays for the import
+    only if its work needs torch: then, right after the import, torch gets the thread budget
+    and the worker's current seed, exactly as if it had been loaded from the start.
+    """
+    if device.startswith("cuda") or "torch" in sys.modules:
+        import torch
+
+        _torch_loaded(n_threads, torch)
+        if device.startswith("cuda"):
+            # Bind before anything can touch CUDA, so the context lands on our device.
+            torch.cuda.set_device(torch.device(device))
+        return
+    seed_on_import(n_threads)
+
+
+def seed_on_import(n_threads: int | None = None) -> list[Any]:
+    """Make a later import of torch or numpy seed it (and set torch's threads) at once.
+
+    Returns the import hooks put in place (each removes itself once its module loads), for
+    :func:`drop_hooks`.
+    """
+    hooks: list[Any] = []
+    if "torch" not in sys.modules:
+        hooks.append(_AfterImport("torch", functools.partial(_torch_loaded, n_threads)))
+    if "numpy" not in sys.modules:
+        hooks.append(_AfterImport("numpy", _numpy_loaded))
+    for hook in hooks:
+        sys.meta_path.insert(0, hook)
+    return hooks
+
+
+def drop_hooks(hooks: list[Any]) -> None:
+    """Remove import hooks of :func:`seed_on_import` that have not fired."""
+    for hook in hooks:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(hook)
+
+
+def _torch_loaded(n_threads: int | None, torch: Any) -> None:
+    if n_threads is not None:
+        torch.set_num_threads(n_threads)
+    if _LAST_SEED is not None:
+        torch.default_generator.manual_seed(_LAST_SEED)
+
+
+def _numpy_loaded(np: Any) -> None:
+    if _LAST_SEED is not None:
+        np.random.seed(_LAST_SEED % (2**32))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once, right after the module ``name`` is first imported."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name = name
+        self.then = then
+        self.looking = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.looking:
+            return None
+        self.looking = True  # the search below asks every finder again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.looking = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenLoader(spec.loader, self)
+        return spec
+
+    def done(self, module: Any) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        self.then(module)
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """A module's own loader, then :meth:`_AfterImport.done` once the module has run."""
+
+    def __init__(self, inner: Any, hook: _AfterImport) -> None:
+        self.inner = inner
+        self.hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        self.hook.done(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, is_package...
+        if name in ("inner", "hook"):  # not set yet (a copy): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
