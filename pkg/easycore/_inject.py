@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["call_with", "injected_names"]
+__all__ = ["call_with", "injected", "injected_names"]
 
 PRODUCER_WORK = frozenset({"device", "cfg", "state", "worker"})
 PRODUCER_INIT = frozenset({"device", "cfg", "worker"})
@@ -112,8 +112,17 @@ def injected_names(
     return tuple(names)
 
 
+def injected(names: tuple[str, ...], context: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments for a function that declared ``names``, taken from ``context``.
+
+    >>> injected(("cfg",), {"cfg": 1, "device": "cpu"})
+    {'cfg': 1}
+    """
+    return {n: context[n] for n in names}
+
+
 def call_with(
     fn: Callable[..., Any], names: tuple[str, ...], context: Mapping[str, Any], *args: Any
 ) -> Any:
-    """Call ``fn(*args, **{n: context[n] for n in names})``."""
-    return fn(*args, **{n: context[n] for n in names})
+    """Call ``fn(*args)`` with the names it declared taken from ``context``."""
+    return fn(*args, **injected(names, context))

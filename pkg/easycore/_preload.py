@@ -19,9 +19,9 @@ import multiprocessing.sharedctypes  # noqa: F401
 import torch  # noqa: F401 - the point of the forkserver
 
 import easycore._worker  # noqa: F401 - the worker's loop and what it imports
-from easycore._seeding import seed_everything
+from easycore._seeding import seed_loaded
 
-seed_everything(0)  # first calls import and set up the generators
+seed_loaded(0)  # first calls import and set up the generators
 
 # Everything imported so far lives as long as the forkserver: keep the garbage collector off
 # it, so that a collection in a forked worker does not touch (and copy-on-write) every page.

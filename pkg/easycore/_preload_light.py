@@ -21,8 +21,8 @@ import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
 import easycore._worker  # noqa: F401 - the worker's loop and what it imports
-from easycore._seeding import seed_everything
+from easycore._seeding import seed_loaded
 
-seed_everything(0)  # first calls import and set up the generators
+seed_loaded(0)  # first calls import and set up the generators
 
 gc.freeze()  # see _preload: a collection in a forked worker must not touch every page

@@ -18,13 +18,24 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["derive_seed", "drop_hooks", "seed_everything", "seed_on_import", "setup_torch"]
+__all__ = [
+    "derive_seed",
+    "drop_hooks",
+    "seed_everything",
+    "seed_loaded",
+    "seed_on_import",
+    "setup_torch",
+]
 
 _LAST_SEED: int | None = None  # the last value given to seed_everything in this process
 
 
 def derive_seed(seed: int, index: int, pool: int = 0) -> int:
-    """A 63-bit seed for item ``index`` of a run seeded with ``seed`` (in pool ``pool``).
+    """The seed workers use for item ``index`` of a run with ``seed=seed``: a 63-bit int.
+
+    ``seed_everything(derive_seed(seed, i))`` in a loop of one's own gives item ``i`` the
+    random state a worker gives it (with ``batch_size``, ``i`` counts batches; ``pool`` is
+    the place of an ``.on`` pool in the pipeline, 0 for the first).
 
     >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
     True
@@ -35,10 +46,31 @@ def derive_seed(seed: int, index: int, pool: int = 0) -> int:
 
 
 def seed_everything(value: int) -> None:
-    """Seed ``random``, numpy (when imported) and torch's CPU and CUDA generators.
+    """Seed ``random``, numpy and torch as the workers do before each item of a seeded run.
 
-    numpy or torch imported later by the work itself are seeded with the same value on
-    import (see :func:`seed_on_import`).
+    numpy and torch are seeded now when loaded, else the moment they are first imported
+    (importing torch only to seed it would cost a second).
+
+    >>> import random
+    >>> seed_everything(3); a = random.random()
+    >>> seed_everything(3); a == random.random()
+    True
+    """
+    seed_loaded(value)
+    for name, hooked in (("torch", _torch_loaded_default), ("numpy", _numpy_loaded)):
+        if name not in sys.modules and name not in _HOOKED:
+            _HOOKED.add(name)
+            sys.meta_path.insert(0, _AfterImport(name, hooked))
+
+
+_HOOKED: set[str] = set()  # modules seed_everything hooked (the hooks read _LAST_SEED)
+
+
+def seed_loaded(value: int) -> None:
+    """Seed ``random``, and numpy and torch (CPU and CUDA) where they are loaded already.
+
+    A worker seeds a unit with this; numpy or torch imported later by the work itself are
+    seeded with the same value on import (see :func:`seed_on_import`).
     """
     global _LAST_SEED
     _LAST_SEED = value
@@ -104,7 +136,13 @@ def _torch_loaded(n_threads: int | None, torch: Any) -> None:
         torch.default_generator.manual_seed(_LAST_SEED)
 
 
+def _torch_loaded_default(torch: Any) -> None:
+    _HOOKED.discard("torch")
+    _torch_loaded(None, torch)
+
+
 def _numpy_loaded(np: Any) -> None:
+    _HOOKED.discard("numpy")
     if _LAST_SEED is not None:
         np.random.seed(_LAST_SEED % (2**32))
 

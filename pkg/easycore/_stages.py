@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from easycore._errors import WorkerError, user_error
+from easycore._inject import call_with, injected
 from easycore._protocol import AT_INDEX, AT_STARTED, ErrorReport, Task
-from easycore._seeding import derive_seed, drop_hooks, seed_everything, seed_on_import
+from easycore._seeding import derive_seed, drop_hooks, seed_loaded, seed_on_import
 
 __all__ = ["PreparedStages", "StageDef", "StageFailure"]
 
@@ -71,11 +72,6 @@ class StageFailure(NamedTuple):
         )
 
 
-def inject(fn: Callable[..., Any], names: tuple[str, ...], context: dict[str, Any]) -> Any:
-    """Call ``fn`` with the names it declared, taken from ``context``."""
-    return fn(**{n: context[n] for n in names})
-
-
 class _Prepared:
     __slots__ = ("end", "end_names", "fn", "kwargs", "name", "state")
 
@@ -83,7 +79,7 @@ class _Prepared:
         self.fn = stage.fn
         self.name = stage.name
         self.state = state
-        self.kwargs = {n: {**context, "state": state}[n] for n in stage.fn_names}
+        self.kwargs = injected(stage.fn_names, {**context, "state": state})
         self.end = stage.end
         self.end_names = stage.end_names
 
@@ -126,7 +122,7 @@ class PreparedStages:
             state = None
             if stage.has_init:
                 try:
-                    state = inject(stage.init, stage.init_names, self.context)
+                    state = call_with(stage.init, stage.init_names, self.context)
                 except self.catch as exc:
                     return StageFailure(f"{stage.name} (init)", exc)
             self.prepared.append(_Prepared(stage, state, self.context))
@@ -139,7 +135,7 @@ class PreparedStages:
             if st.end is None:
                 continue
             try:
-                inject(st.end, st.end_names, {**self.context, "state": st.state})
+                call_with(st.end, st.end_names, {**self.context, "state": st.state})
             except self.catch as exc:
                 if first is None:
                     first = StageFailure(f"{st.name} (end)", exc)
@@ -153,7 +149,7 @@ class PreparedStages:
         """Run the stages over unit ``index`` once: ``(value, None)`` or ``(None, failure)``."""
         hooks: list[Any] = []
         if seed is not None:
-            seed_everything(derive_seed(seed, numbering[0] + index * numbering[1], self.hop))
+            seed_loaded(derive_seed(seed, numbering[0] + index * numbering[1], self.hop))
             if self.in_caller:
                 hooks = seed_on_import()
         value = item

@@ -23,6 +23,7 @@ A worker runs one hop of a chain of pools. Its threads::
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.connection as mpc
 import os
 import pickle
 import queue
@@ -61,7 +62,7 @@ from easycore._protocol import (
     Unreadable,
     worker_view,
 )
-from easycore._seeding import seed_everything, setup_torch
+from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 from easycore._transport import CONTROL, Channel
 
@@ -179,8 +180,6 @@ class _Reader:
         return False
 
     def _control(self, op: Any, fds: list[int]) -> None:
-        import multiprocessing.connection as mpc
-
         peer = Channel(mpc.Connection(fds[0])) if fds else None
         if isinstance(op, AddPeer) and peer is not None:  # an upstream worker will send here
             self._add("up", op.key, peer)
@@ -419,7 +418,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     setup_torch(spec.device, spec.threads)
     # Never share a random stream with another worker (torch's default seed is a constant,
     # numpy's state survives fork): seed everything from per-worker entropy.
-    seed_everything(spec.entropy)
+    seed_loaded(spec.entropy)
 
     try:
         producers, cfg = pickle.loads(spec.payload)

@@ -28,11 +28,22 @@ Segments = Iterator[tuple[int, list[Any]]]
 
 
 class Engine(Protocol):
-    n_workers: int
+    """What a runner needs of an engine."""
+
+    in_caller: bool  # runs user code in the calling process (submit then runs at once)
 
     def start(self) -> None: ...
-    def stream(self, data: Iterable[Any], options: RunOptions) -> Segments: ...
+    def stream(
+        self,
+        data: Any,  # an iterable; for a process engine also a Source (submit's live one)
+        options: RunOptions,
+        *,
+        bars: list[Any] | None = None,
+        tolerant: bool = False,
+        is_current: Callable[[], bool] = ...,
+    ) -> Segments: ...
     def stats(self) -> list[StageStats]: ...
+    def stop(self, grace: float | None, report: bool) -> None: ...
 
 
 class ProcessEngine:
@@ -52,9 +63,7 @@ class ProcessEngine:
         self.ids = itertools.count()
         self.last_run: Run | None = None
 
-    @property
-    def n_workers(self) -> int:
-        return len(self.chain.devices)
+    in_caller = False
 
     def start(self) -> None:
         """Start every worker (and with ``wait``, wait for every ``init``).
@@ -70,7 +79,7 @@ class ProcessEngine:
             if self.wait:
                 self.workers.wait_ready()
         except BaseException:
-            self.stop(grace=0.0)
+            self.stop(grace=0.0, report=False)
             raise
 
     def stream(
@@ -108,7 +117,14 @@ class ProcessEngine:
             return [StageStats(h.name, h.devices) for h in self.chain.hops]
         return self.last_run.stats()
 
-    def stop(self, grace: float | None) -> BaseException | None:
+    def stop(self, grace: float | None, report: bool) -> None:
         """Run ``end`` in every worker (``grace`` seconds at most; None: for as long as it
-        takes) and stop them; return the first failure."""
-        return self.workers.stop(grace)
+        takes) and stop them.
+
+        Raises:
+            WorkerError, WorkerDied: (``report``) an ``end`` raised or a worker died; every
+                worker is stopped all the same.
+        """
+        failure = self.workers.stop(grace)
+        if report and failure is not None:
+            raise failure

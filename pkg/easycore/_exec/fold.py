@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._config import CfgNode
+from easycore._inject import call_with, injected
 from easycore._options import RunOptions
 from easycore._stages import StageFailure
 
@@ -38,7 +39,7 @@ def fold(
     context = {"cfg": cfg}
     acc = _start(consumer, cfg)
     fn = consumer.fn
-    kw = {n: context[n] for n in consumer.fn_names}
+    kw = injected(consumer.fn_names, context)
     if kw:
         fn = functools.partial(fn, **kw)
     failure: tuple[Exception, int] | None = None
@@ -70,7 +71,7 @@ def fold(
     if consumer.end is None:
         return acc
     try:
-        return consumer.end(acc, **{n: context[n] for n in consumer.end_names})
+        return call_with(consumer.end, consumer.end_names, context, acc)
     except Exception as exc:
         failed = StageFailure(f"{consumer.name} (end)", exc)
         raise failed.to_error("while finishing", None, device=None) from exc
@@ -80,7 +81,7 @@ def _start(consumer: Any, cfg: CfgNode) -> Any:
     """The first accumulator: ``init()`` (or ``init(cfg)``), or a deep copy of a value."""
     if callable(consumer.init):
         try:
-            return consumer.init(**{n: cfg for n in consumer.init_names})
+            return call_with(consumer.init, consumer.init_names, {"cfg": cfg})
         except Exception as exc:
             failed = StageFailure(f"{consumer.name} (init)", exc)
             raise failed.to_error("while starting", None, device=None) from exc

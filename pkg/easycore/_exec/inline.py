@@ -8,7 +8,7 @@ is not enforced (nothing can be killed). Also the engine of a pipeline without p
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from easycore._config import CfgNode
@@ -16,7 +16,7 @@ from easycore._errors import item_label
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sources import batched
 from easycore._options import RunOptions
-from easycore._seeding import seed_everything
+from easycore._seeding import seed_loaded
 from easycore._stages import PreparedStages
 
 __all__ = ["InlineEngine"]
@@ -25,7 +25,7 @@ __all__ = ["InlineEngine"]
 class InlineEngine:
     """Runs a chain's hops one after the other, item by item, in this process."""
 
-    n_workers = 1
+    in_caller = True
 
     def __init__(self, chain: Chain, cfg: CfgNode) -> None:
         self.chain = chain
@@ -46,11 +46,11 @@ class InlineEngine:
             self.prepared.append(stages)
             failed = stages.start()
             if failed is not None:
-                self.stop(report=False)
+                self.stop(None, report=False)
                 raise failed.to_error("while starting", None) from failed.error
 
-    def stop(self, report: bool = True) -> None:
-        """Run every started ``end``.
+    def stop(self, grace: float | None, report: bool) -> None:
+        """Run every started ``end`` (``grace`` does not apply: nothing can be killed).
 
         Raises:
             WorkerError: an ``end`` raised (``report``; every ``end`` ran all the same).
@@ -67,10 +67,22 @@ class InlineEngine:
     def stats(self) -> list[StageStats]:
         return [StageStats(h.name, h.devices) for h in self.chain.hops]
 
-    def stream(self, data: Iterable[Any], options: RunOptions) -> Iterator[tuple[int, list[Any]]]:
-        """Yield ``(index, [result])`` per unit of the last hop, in input order."""
+    def stream(
+        self,
+        data: Iterable[Any],
+        options: RunOptions,
+        *,
+        bars: list[Any] | None = None,
+        tolerant: bool = False,
+        is_current: Callable[[], bool] = lambda: True,
+    ) -> Iterator[tuple[int, list[Any]]]:
+        """Yield ``(index, [result])`` per unit of the last hop, in input order.
+
+        ``bars``: the last one counts results. A failure raises, ``tolerant`` or not: a
+        one-item ``submit`` turns it into its future's exception.
+        """
         if options.seed is None and self.chain.hops[0].stages:
-            seed_everything(int.from_bytes(os.urandom(8), "little") >> 1)
+            seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)
         n = options.numbering
         numbering = (0, 1) if n is None else (n.first, n.step)
         stream: Iterator[tuple[int, Any]] = enumerate(data)
@@ -78,7 +90,10 @@ class InlineEngine:
             if hop.batch:
                 stream = enumerate(batched((v for _, v in stream), hop.batch))
             stream = self._run_hop(stream, stages, hop.index, options, numbering)
+        bar = bars[-1] if bars else None
         for index, value in stream:
+            if bar is not None:
+                bar.update(1)
             yield index, [value]
 
     def _run_hop(

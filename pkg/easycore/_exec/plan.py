@@ -7,7 +7,7 @@ chain of one hop: there is no separate single-pool path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -172,7 +172,3 @@ def first_batch(pipeline: PipelineDef, batch_size: int | None) -> int | None:
         )
         raise ValueError(msg)
     return int(bound.batch_size)
-
-
-def hop_devices(hops: Sequence[Hop]) -> tuple[str, ...]:
-    return tuple(d for h in hops for d in h.devices)

@@ -31,14 +31,12 @@ import cloudpickle
 
 from easycore._errors import (
     EasycoreError,
-    ItemTimeout,
     SerializationError,
-    WorkerDied,
     after_retries,
-    describe_exitcode,
     item_label,
     short_repr,
 )
+from easycore._exec.blame import assign_blame, death_error, requeue
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import ChunkSizer
@@ -498,136 +496,35 @@ class Run:
     def _deliver_failure(self, index: int) -> None:
         self._store(index, [self.failures.pop(index)], 1)
 
-    # -- deaths ------------------------------------------------------------------------------
+    # -- deaths ----------------------------------------------------------------------------
     def on_death(self, w: Worker) -> None:
         """A worker is gone: blame what it held, charge retries, re-queue, respawn it."""
         running, lost = self.ledger.forget(w)
-        slots = self.workers.slots
-        assert slots is not None
+        assert self.workers.slots is not None
         unit = self.hops[w.hop].unit
-        sending = slots.sending(w.slot)  # the chunk whose results it was sending, or -1
-        busy = slots.started(w.slot) > 0
-        culprit: int | None = w.timed_out  # a unit index in w's hop
-        if culprit is None and busy:
-            culprit = int(slots.index(w.slot))
-        holder = next(
-            (c for c in running if c.start <= (culprit or 0) * unit < c.end),
-            None,
-        )
-        if holder is None:
-            culprit = None
-        # Results being pickled or sent when it died are suspects too (a result whose
-        # pickling kills the process); with a unit running as well, both are charged.
-        suspect = next((c for c in lost if c.id == sending), None)
-        charged = [culprit] if culprit is not None else []
-        if suspect is not None:
-            units = {(suspect.start + k) // unit for k in range(len(suspect.items))}
-            charged = sorted(units.union(charged))
-        if not charged and not busy and w.timed_out is None:
-            # Died between items: what it was about to reply for (its oldest chunk) is suspect.
-            # (Busy with something we no longer track, a chunk re-run elsewhere after its
-            # sender died, nothing of ours is to blame.)
-            oldest = min(running, key=lambda c: c.id, default=None)
-            if oldest is not None:
-                charged = sorted({(oldest.start + k) // unit for k in range(len(oldest.items))})
+        blame = assign_blame(w, self.workers.slots, running, lost, unit)
         exhausted = False
-        for index in charged:
+        for index in blame.charged:
             key = (w.hop, index)
             self.attempts[key] = self.attempts.get(key, 0) + 1
             exhausted = exhausted or self.attempts[key] > self.options.retries
-        if not charged:
+        if not blame.charged:
             self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
             exhausted = self.idle_deaths[w.slot] > self.options.retries
         spared: set[int] = set()  # tolerant: first-hop items failed instead of re-run
         if exhausted:
-            item = None
-            if holder is not None and culprit is not None and w.hop == 0:
-                item = holder.items[culprit - holder.start]
-            try:
-                held = sum(len(c.items) for c in lost)
-                self._raise_death(w, culprit, item, held, suspect)
-            except EasycoreError as exc:
-                if not self.tolerant:
-                    raise
-                for index in [culprit] if culprit is not None else charged:
-                    self.failures[index] = Failed(exc)
-                    self._deliver_failure(index)
-                    spared.add(index)
-        self._requeue(lost, holder, culprit, unit, spared)
+            held = sum(len(c.items) for c in lost)
+            error = death_error(w, blame, held, self.chain, self.options)
+            if not self.tolerant:
+                raise error
+            culprit = blame.culprit
+            for index in [culprit] if culprit is not None else blame.charged:
+                self.failures[index] = Failed(error)
+                self._deliver_failure(index)
+                spared.add(index)
+        # Re-run what it had ahead of new input.
+        self.redo.extendleft(reversed(requeue(lost, blame, unit, self.align, spared)))
         self.workers.respawn(w.slot)
-
-    def _requeue(
-        self,
-        lost: list[Chunk],
-        holder: Chunk | None,
-        culprit: int | None,
-        unit: int,
-        spared: set[int],
-    ) -> None:
-        """Re-run a dead worker's chunks ahead of new input, the culprit's units alone."""
-        requeue: list[tuple[int, Sequence[Any]]] = []
-        for chunk in sorted(lost, key=lambda c: c.start):
-            start, items = chunk.start, chunk.items
-            if spared:
-                requeue.extend(
-                    (start + k, [item]) for k, item in enumerate(items) if start + k not in spared
-                )
-            elif chunk is holder and culprit is not None:
-                a = (culprit * unit) // self.align * self.align
-                b = a + self.align
-                parts = [
-                    (start, items[: a - start]),
-                    (a, items[a - start : b - start]),
-                    (b, items[b - start :]),
-                ]
-                requeue.extend(part for part in parts if len(part[1]))
-            else:
-                requeue.append((start, items))
-        self.redo.extendleft(reversed(requeue))
-
-    def _raise_death(
-        self,
-        w: Worker,
-        culprit: int | None,
-        item: Any,
-        held: int,
-        sending: Chunk | None = None,
-    ) -> NoReturn:
-        code = w.proc.exitcode
-        how = describe_exitcode(code)
-        tries = after_retries(self.options.retries)
-        who = self.chain.who(w.hop, w.index)
-        also = ""
-        if sending is not None:
-            unit = self.hops[w.hop].unit
-            first = sending.start // unit
-            last = (sending.end - 1) // unit
-            also = f"the results of {self._label(w.hop, first)} .. {item_label(last, None)}"
-        if culprit is not None:
-            label = self._label_plain(w.hop, culprit)
-            index = self._index(w.hop, culprit)
-            shown = f" (item: {short_repr(item)})" if w.hop == 0 else ""
-            if also:
-                shown += f" while sending {also}"
-            if w.timed_out is not None:
-                msg = (
-                    f"{label} ran past timeout={self.options.timeout}s on {w.device} ({who}); "
-                    f"the worker was killed{tries}{shown}"
-                )
-                raise ItemTimeout(msg, "<timeout>", w.device, w.index, index)
-            msg = f"{who} on {w.device} died ({how}) while running {label}{tries}{shown}"
-            raise WorkerDied(msg, w.device, w.index, code, index)
-        if sending is not None:
-            msg = f"{who} on {w.device} died ({how}) while sending {also}{tries}"
-            index = self._index(w.hop, sending.start // self.hops[w.hop].unit)
-            raise WorkerDied(msg, w.device, w.index, code, index)
-        holding = f" holding {held} item(s)" if held else ""
-        msg = f"{who} on {w.device} died ({how}){holding}{tries}"
-        raise WorkerDied(msg, w.device, w.index, code)
-
-    def _label_plain(self, hop: int, index: int) -> str:
-        """A unit's label without its stage (the message names the worker's stage)."""
-        return self.options.label(index) if hop == 0 else item_label(index, self.hops[hop].batch)
 
     # -- timeouts ----------------------------------------------------------------------------
     def _wait_time(self) -> float | None:

@@ -19,7 +19,7 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
-from easycore._exec.engine import ProcessEngine
+from easycore._exec.engine import Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
 from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
@@ -71,7 +71,7 @@ class Runner:
                 "'spawn': with 'fork', workers inherit each other's pipes"
             )
             raise ValueError(msg)
-        self._engine: InlineEngine | ProcessEngine
+        self._engine: Engine
         if self._inline or not pipeline.producers:
             self._engine = InlineEngine(self._chain, self.cfg)
         else:
@@ -153,21 +153,13 @@ class Runner:
         if not self._active:
             return
         self._active = False
-        self._stop(grace=None, report=True)
+        self._engine.stop(grace=None, report=True)
 
     def _abort(self) -> None:
         """Stop everything now after an error or interrupt: ``end`` gets a short grace."""
         self._seat.stop_feeder(abort=True, timeout=ABORT_GRACE + 3.0)
         self._active = False
-        self._stop(grace=ABORT_GRACE, report=False)
-
-    def _stop(self, grace: float | None, report: bool) -> None:
-        if isinstance(self._engine, InlineEngine):
-            self._engine.stop(report)
-            return
-        failure = self._engine.stop(grace)
-        if report and failure is not None:
-            raise failure
+        self._engine.stop(grace=ABORT_GRACE, report=False)
 
     def _is_current(self, generation: int) -> bool:
         return self._active and self._generation == generation
@@ -245,15 +237,10 @@ class Runner:
         size = options.batch_size
         source: Iterable[Any] = batched(data, size) if size else data
         bars = self._progress_bars(data, size) if options.progress else None
-        if isinstance(self._engine, InlineEngine):
-            stream = self._engine.stream(source, options)
-            if bars is not None:
-                stream = _counted(stream, bars[-1])
-        else:
-            generation = self._generation
-            stream = self._engine.stream(
-                source, options, bars=bars, is_current=lambda: self._is_current(generation)
-            )
+        generation = self._generation
+        stream = self._engine.stream(
+            source, options, bars=bars, is_current=lambda: self._is_current(generation)
+        )
         return self._supervised(stream, bars)
 
     def _supervised(self, stream: Segments, bars: list[Any] | None = None) -> Segments:
@@ -307,7 +294,7 @@ class Runner:
             raise TypeError(msg)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
-        if isinstance(self._engine, InlineEngine):
+        if self._engine.in_caller:
             self._submit_inline(item, future)
         else:
             self._seat.submit(item, future, self._active, self._feed)
@@ -315,7 +302,6 @@ class Runner:
 
     def _feed(self, source: LiveSource) -> Segments:
         """The submit feeder's run (in its thread): tolerant, unordered, fed live."""
-        assert isinstance(self._engine, ProcessEngine)
         generation = self._generation
         stream = self._engine.stream(
             source,
@@ -328,19 +314,12 @@ class Runner:
     def _submit_inline(self, item: Any, future: concurrent.futures.Future[Any]) -> None:
         token = self._seat.claim(lambda: self._active)
         try:
-            assert isinstance(self._engine, InlineEngine)
             stream = self._engine.stream([item], RunOptions())
             future.set_result(next(stream)[1][0])
         except EasycoreError as exc:  # fails only its own future: the runner stays up
             future.set_exception(exc)
         finally:
             self._seat.release(token)
-
-
-def _counted(stream: Segments, bar: Any) -> Segments:
-    for segment in stream:
-        bar.update(len(segment[1]))
-        yield segment
 
 
 class _Claimed:
