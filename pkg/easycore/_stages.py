@@ -205,8 +205,9 @@ class PreparedStages:
             fast = only.fn
             append = values.append
             where = float(base)
+            here = at + AT_INDEX  # (per item, only the store: this loop is W1's whole cost)
             for item in units:
-                cur[at + AT_INDEX] = where
+                cur[here] = where
                 where += 1.0
                 try:
                     append(fast(item))
