@@ -11,9 +11,13 @@
 285
 
 ``import easycore`` does not import torch; torch loads when a pipeline first runs on workers.
+The executor itself (``easycore._exec``) loads on first use too: a program that only reads a
+config, or a worker process, never pays for it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
@@ -26,9 +30,12 @@ from easycore._errors import (
     WorkerDied,
     WorkerError,
 )
-from easycore._exec import Runner, StageStats
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
+from easycore._seeding import derive_seed, seed_everything
+
+if TYPE_CHECKING:
+    from easycore._exec import Runner, StageStats
 
 __all__ = [
     "CfgNode",
@@ -46,5 +53,17 @@ __all__ = [
     "__version__",
     "compose",
     "consumer",
+    "derive_seed",
     "producer",
+    "seed_everything",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Runner and StageStats live in the executor, loaded on first use (see the docstring).
+    if name in ("Runner", "StageStats"):
+        from easycore import _exec
+
+        return getattr(_exec, name)
+    msg = f"module 'easycore' has no attribute {name!r}"
+    raise AttributeError(msg)
