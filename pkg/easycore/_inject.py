@@ -56,7 +56,8 @@ def injected_names(
 
     Raises:
         TypeError: ``fn`` is not callable, takes ``*args``/``**kwargs``, has too few
-            positional parameters, or declares a name that cannot be injected.
+            positional parameters, or requires a name that cannot be injected (one with a
+            default is left to its default).
 
     >>> injected_names(lambda x, *, device: x, role="work", positional=1,
     ...                allowed=frozenset({"device"}))
@@ -98,6 +99,8 @@ def injected_names(
                 )
                 raise TypeError(msg)
             names.append(p.name)
+        elif p.default is not p.empty:
+            continue  # an option of the function's own (``sorted(key=None)``): its default
         else:
             can = ", ".join(sorted(allowed)) or "nothing"
             msg = (

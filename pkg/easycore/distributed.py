@@ -9,6 +9,7 @@ communication helpers a training or inference script needs::
 
     distributed.init()                       # torchrun / Slurm / nothing: a world of one
     distributed.rank(), distributed.world_size(), distributed.local_rank()
+    distributed.is_distributed(), distributed.get_dist_info()   # nncore's: (rank, world_size)
     distributed.all_gather(obj)              # [obj of rank 0, obj of rank 1, ...]
     distributed.gather(obj, dst=0)           # that list on dst, None elsewhere
     distributed.broadcast(obj, src=0)        # src's obj on every rank
@@ -51,7 +52,9 @@ __all__ = [
     "broadcast",
     "detect_launcher",
     "gather",
+    "get_dist_info",
     "init",
+    "is_distributed",
     "is_main",
     "local_devices",
     "local_rank",
@@ -297,6 +300,24 @@ def world_size() -> int:
     """
     dist = _dist()
     return int(dist.get_world_size()) if dist is not None else detect_launcher().world_size
+
+
+def is_distributed() -> bool:
+    """True when the job has more than one rank (nncore's ``is_distributed``).
+
+    >>> is_distributed()
+    False
+    """
+    return world_size() > 1
+
+
+def get_dist_info() -> tuple[int, int]:
+    """``(rank, world_size)``: ``(0, 1)`` without a launcher (nncore's ``get_dist_info``).
+
+    >>> get_dist_info()
+    (0, 1)
+    """
+    return rank(), world_size()
 
 
 def local_rank() -> int:

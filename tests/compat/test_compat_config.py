@@ -223,3 +223,63 @@ class TestCfgNode04:
         assert type(back) is CN and back == cfg and not back.is_frozen()
         cfg.freeze()
         assert pickle.loads(pickle.dumps(cfg)).is_frozen()
+
+
+class TestCfgNode042:
+    """What 0.4.2 added to 0.4's CfgNode: dict(), str() as a dict, HierarchicalCfgNode."""
+
+    def test_dict_is_plain_and_nested(self):
+        """dict() gives plain dicts all the way down (0.4.2's own test_to_dict)."""
+        cfg = CN()
+        cfg.A = 1
+        cfg.B = CN()
+        cfg.B.C = 3
+        out = cfg.dict()
+        assert out == {"A": 1, "B": {"C": 3}}
+        assert type(out) is dict and type(out["B"]) is dict
+
+    def test_str_is_the_dict(self):
+        """print(cfg) shows a dict, as in 0.4.2."""
+        assert str(CN({"A": 1, "B": {"C": (1, 2)}})) == "{'A': 1, 'B': {'C': (1, 2)}}"
+
+    def test_hierarchical_open_overrides_the_base(self, tmp_path):
+        """A file's keys override its __BASE__'s, recursively, through a chain of bases."""
+        from easycore.common.config import HierarchicalCfgNode
+
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "c.yaml").write_text("C: from c\nD: {X: 1, Y: 2}\n")
+        (tmp_path / "sub" / "b.yaml").write_text("__BASE__: ../c.yaml\nB: from b\nD: {Y: 3}\n")
+        (tmp_path / "a.yaml").write_text("__BASE__: sub/b.yaml\nA: from a\nB: from a\n")
+        cfg = HierarchicalCfgNode.open(str(tmp_path / "a.yaml"))
+        assert cfg.dict() == {
+            "C": "from c",
+            "D": {"X": 1, "Y": 3},
+            "B": "from a",
+            "A": "from a",
+        }
+        assert isinstance(cfg, CN) and not cfg.is_frozen()
+
+    def test_hierarchical_loop_and_missing_base(self, tmp_path):
+        """A loop of bases is FileExistsError; a base that is not there, FileNotFoundError."""
+        from easycore.common.config import HierarchicalCfgNode
+
+        (tmp_path / "a.yaml").write_text("__BASE__: b.yaml\nA: 1\n")
+        (tmp_path / "b.yaml").write_text("__BASE__: a.yaml\nB: 1\n")
+        (tmp_path / "c.yaml").write_text("__BASE__: nowhere.yaml\n")
+        with pytest.raises(FileExistsError):
+            HierarchicalCfgNode.open(str(tmp_path / "a.yaml"))
+        with pytest.raises(FileNotFoundError, match="nowhere"):
+            HierarchicalCfgNode.open(str(tmp_path / "c.yaml"))
+
+    def test_hierarchical_save_keeps_only_the_difference(self, tmp_path):
+        """save(base_cfg_path=...) writes what differs from the base and a relative __BASE__,
+        and opening it again gives the whole config."""
+        from easycore.common.config import HierarchicalCfgNode
+
+        (tmp_path / "base.yaml").write_text("A: 1\nB: {C: 2, D: 3}\n")
+        cfg = CN({"A": 1, "B": {"C": 2, "D": 4}, "E": 5})
+        (tmp_path / "out").mkdir()
+        HierarchicalCfgNode.save(cfg, str(tmp_path / "out" / "x.yaml"), str(tmp_path / "base.yaml"))
+        saved = CN.open(str(tmp_path / "out" / "x.yaml"))
+        assert saved.dict() == {"B": {"D": 4}, "E": 5, "__BASE__": "../base.yaml"}
+        assert HierarchicalCfgNode.open(str(tmp_path / "out" / "x.yaml")).dict() == cfg.dict()

@@ -209,6 +209,10 @@ class TestLaunch:
         local = [0, 0] if per_node == 1 else [0, 1]
         assert ids == [(r, 2, local[r], per_node, r == 0) for r in (0, 1)]
 
+    def test_nncore_helpers(self, job):
+        """is_distributed() is True and get_dist_info() is (rank, world size) on each rank."""
+        assert job.seen("nncore") == [(True, (r, 2)) for r in (0, 1)]
+
 
 class TestCollectives:
     def test_all_gather(self, job):

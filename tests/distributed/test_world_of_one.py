@@ -63,6 +63,8 @@ class TestWorldOfOne:
         assert (distributed.rank(), distributed.world_size()) == (0, 1)
         assert (distributed.local_rank(), distributed.local_world_size()) == (0, 1)
         assert distributed.is_main()
+        assert distributed.is_distributed() is False
+        assert distributed.get_dist_info() == (0, 1)
 
     def test_init_twice_is_harmless(self):
         """init() needs no MASTER_ADDR here and may be called again."""

@@ -91,6 +91,23 @@ class TestDecorators:
         assert f(1) == (1, "cpu")
         assert f.fn_names == ("device",)
 
+    def test_options_with_defaults_keep_their_defaults(self):
+        """A parameter with a default that is not injectable is left alone: `sorted` as a
+        consumer's end, a producer with an option of its own."""
+
+        @consumer(init=list, end=sorted)
+        def gather(outs, y):
+            outs.append(y)
+
+        @producer
+        def scale(x, *, factor=3, device):
+            return (x * factor, device)
+
+        assert gather.end_names == ()
+        assert scale.fn_names == ("device",)
+        assert (scale >> gather).map([2, 1], devices="inline") == [(3, "cpu"), (6, "cpu")]
+        assert scale(2, device="cpu", factor=5) == (10, "cpu")
+
     def test_double_decoration_refused(self):
         """Decorating a stage again is a mistake worth naming."""
         with pytest.raises(TypeError, match="already a stage"):
@@ -266,3 +283,26 @@ class TestOn:
     def test_distributed_with_pools_is_refused(self):
         with pytest.raises(ValueError, match="distributed"):
             (inc.on(1) >> inc.on(1)).map([1], distributed=True)
+
+
+class TestSeedingHelpers:
+    def test_a_loop_of_ones_own_agrees_with_the_workers(self):
+        """seed_everything(derive_seed(seed, i)) gives item i the random state a seeded map
+        gives it."""
+        import random
+
+        import torch
+
+        from easycore import derive_seed, seed_everything
+
+        @producer
+        def draw(x):
+            return (x, random.random(), float(torch.rand(1)))
+
+        mapped = draw.map(range(6), devices=2, seed=11)
+        mine = []
+        for i in range(6):
+            seed_everything(derive_seed(11, i))
+            mine.append((i, random.random(), float(torch.rand(1))))
+        assert mapped == mine
+        assert derive_seed(11, 1) != derive_seed(11, 2) != derive_seed(12, 2)

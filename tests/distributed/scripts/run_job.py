@@ -32,6 +32,7 @@ def main(outdir: Path) -> None:
             distributed.is_main(),
         ),
         "local_devices": distributed.local_devices(),
+        "nncore": (distributed.is_distributed(), distributed.get_dist_info()),
     }
     seen["all_gather"] = [
         (obj["rank"], obj["fn"]()) for obj in distributed.all_gather({"rank": me, "fn": lambda: me})
