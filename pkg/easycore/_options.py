@@ -12,7 +12,10 @@ import attrs
 
 from easycore._errors import item_label
 
-__all__ = ["Numbering", "RunOptions"]
+__all__ = ["DEFAULT_PREFETCH", "Numbering", "RunOptions", "check_prefetch"]
+
+# Chunks each worker may hold: queued, running, or finished and waiting for the caller.
+DEFAULT_PREFETCH = 2
 
 
 @attrs.frozen
@@ -55,6 +58,17 @@ def _check_retries(_: Any, __: Any, value: Any) -> None:
         raise ValueError(msg)
 
 
+def check_prefetch(value: Any) -> None:
+    """Raises ValueError unless ``value`` is None or an int >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        msg = f"prefetch must be an int >= 1 or None, got {value!r}"
+        raise ValueError(msg)
+
+
+def _check_prefetch(_: Any, __: Any, value: Any) -> None:
+    check_prefetch(value)
+
+
 def _check_seed(_: Any, __: Any, value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         msg = f"seed must be an int or None, got {value!r}"
@@ -78,6 +92,8 @@ class RunOptions:
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     retries: int = attrs.field(default=0, validator=_check_retries)
     seed: int | None = attrs.field(default=None, validator=_check_seed)
+    # chunks each worker may hold, queued, running or done and waiting (None: the runner's)
+    prefetch: int | None = attrs.field(default=None, validator=_check_prefetch)
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
 
     def label(self, index: int) -> str:

@@ -402,6 +402,7 @@ class Pipeline:
         *,
         cfg: Mapping[str, Any] | None = None,
         start_method: str | None = None,
+        prefetch: int | None = None,
     ) -> Runner:
         """Start workers that stay up across calls; use as a context manager.
 
@@ -414,6 +415,8 @@ class Pipeline:
                 everything in the calling process).
             cfg: a mapping or ``CfgNode``; workers receive it frozen.
             start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
+            prefetch: chunks each worker may hold for a run, queued, running or finished
+                and waiting for the caller (default 2; see :meth:`imap`).
 
         Returns:
             An active :class:`~easycore.Runner`.
@@ -424,7 +427,7 @@ class Pipeline:
         """
         from easycore._exec import open_runner
 
-        return open_runner(self, devices, cfg=cfg, start_method=start_method)
+        return open_runner(self, devices, cfg=cfg, start_method=start_method, prefetch=prefetch)
 
     def map(
         self,
@@ -440,6 +443,7 @@ class Pipeline:
         *,
         start_method: str | None = None,
         distributed: bool = False,
+        prefetch: int | None = None,
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
 
@@ -478,6 +482,7 @@ class Pipeline:
             timeout=timeout,
             retries=retries,
             seed=seed,
+            prefetch=prefetch,
         )
         return run_map(
             self,
@@ -502,11 +507,15 @@ class Pipeline:
         retries: int = 0,
         *,
         start_method: str | None = None,
+        prefetch: int | None = None,
     ) -> Iterator[Any]:
         """Yield results lazily with bounded memory; for pipelines without a consumer.
 
-        Workers start on the first ``next()`` and stop when the iterator is exhausted,
-        closed, or garbage-collected.
+        Workers start, and the first chunks go to them, when ``imap`` is called (as a
+        DataLoader's iterator does), not at the first ``next()``; they stop when the results
+        are exhausted, closed, or garbage-collected. ``prefetch=k``: each worker may hold ``k``
+        chunks, queued, running or finished and waiting for the caller (see
+        :meth:`Runner.imap`).
         """
         if self.consumer is not None:
             msg = (
@@ -523,6 +532,7 @@ class Pipeline:
             timeout=timeout,
             retries=retries,
             seed=seed,
+            prefetch=prefetch,
         )
         return run_imap(
             self, data, devices=devices, cfg=cfg, options=options, start_method=start_method

@@ -314,12 +314,32 @@ class TestDevices:
             {"retries": -1},
             {"retries": 1.5},
             {"seed": "x"},
+            {"prefetch": 0},
+            {"prefetch": True},
+            {"prefetch": "2"},
         ],
     )
     def test_bad_run_arguments(self, kwargs):
         """Bad per-run arguments are ValueErrors before any process starts."""
         with pytest.raises(ValueError):
             square.map([1], devices=2, **kwargs)
+
+    def test_more_workers_than_the_machine_can_start(self):
+        """A worker count beyond the open-file limit is a ValueError naming the limit, before
+        any process starts."""
+        import resource
+
+        files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match=r"ulimit -n"):
+            square.map([1], devices=10**6)
+        with pytest.raises(ValueError, match=r"open files"):
+            square.open(devices=files)
+        assert time.perf_counter() - t0 < 5
+
+    def test_many_more_workers_than_cores_is_allowed(self):
+        """Counts far above the cores are fine (I/O-bound work)."""
+        assert square.map(range(40), devices=4 * CPUS + 1) == [x * x for x in range(40)]
 
 
 class TestStartMethods:
@@ -387,3 +407,93 @@ class TestInline:
             (producer(lambda x: x) >> producer(boom_at_two)).map([0, 1, 2], devices="inline")
         assert isinstance(info.value.__cause__, KeyError)
         assert info.value.stage == "boom_at_two"
+
+
+def _count_lines(path) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_for_lines(path, n: int, deadline: float = 30.0) -> int:
+    end = time.monotonic() + deadline
+    while _count_lines(path) < n and time.monotonic() < end:
+        time.sleep(0.02)
+    return _count_lines(path)
+
+
+def _logged(path):
+    @producer
+    def slow(x):
+        time.sleep(0.02)
+        with open(path, "a") as f:
+            f.write(f"{x}\n")
+        return x * x
+
+    return slow
+
+
+class TestPrefetch:
+    @pytest.mark.parametrize("prefetch", [None, 5])
+    def test_workers_run_ahead_by_prefetch_while_the_caller_is_away(self, tmp_path, prefetch):
+        """Work starts when imap is called; with the caller away, each worker finishes
+        `prefetch` items (2 by default) and then waits: no more."""
+        log = tmp_path / "done"
+        k = prefetch or 2
+        with _logged(log).open(devices=2) as runner:
+            results = runner.imap(range(60), prefetch=prefetch)  # no next() yet
+            assert _wait_for_lines(log, 2 * k) == 2 * k
+            time.sleep(0.5)  # would be ~40 more items if nothing held the workers back
+            assert _count_lines(log) == 2 * k
+            assert list(results) == [x * x for x in range(60)]
+
+    def test_open_sets_the_default(self, tmp_path):
+        """open(prefetch=k) is the default of the runner's runs."""
+        log = tmp_path / "done"
+        with _logged(log).open(devices=2, prefetch=4) as runner:
+            results = runner.imap(range(30))
+            assert _wait_for_lines(log, 8) == 8
+            time.sleep(0.3)
+            assert _count_lines(log) == 8
+            assert list(results) == [x * x for x in range(30)]
+
+    def test_one_shot_imap_starts_at_the_call(self, tmp_path):
+        """Pipeline.imap starts workers and work when called, not at the first next()."""
+        log = tmp_path / "done"
+        results = _logged(log).imap(range(20), devices=2, prefetch=3)
+        try:
+            assert _wait_for_lines(log, 6) == 6
+        finally:
+            results.close()
+
+    def test_an_imap_never_iterated_leaves_the_runner_usable(self, tmp_path):
+        """Chunks sent when imap was called are waited for and dropped if the iterator is
+        dropped unused; the next run gets its own results."""
+        import gc
+
+        with _logged(tmp_path / "done").open(devices=2) as runner:
+            results = runner.imap(range(10))
+            del results
+            gc.collect()
+            assert runner.map(range(5)) == [0, 1, 4, 9, 16]
+
+    def test_waiting_results_stay_in_shared_memory(self):
+        """A big array that waited for the caller is a view of the worker's shared-memory
+        segment: taking it copies nothing."""
+        import numpy as np
+
+        @producer
+        def big(x):
+            return np.full(64 * 1024, x, dtype=np.float32)  # 256 KiB
+
+        with big.open(devices=1) as runner:
+            results = runner.imap(range(4), prefetch=4)
+            time.sleep(0.3)
+            arrays = list(results)
+            mappings = list(runner._engine.workers.workers[0].chan.peer.values())
+            for x, a in enumerate(arrays):
+                assert a[0] == x
+                addr = a.ctypes.data
+                assert any(m.addr <= addr < m.addr + m.size for m in mappings)

@@ -68,7 +68,7 @@ Why this shape:
   ``startup.light_wanted``).
 * Chunks grow adaptively (target ~50 ms of work or ~1 MiB per message) so tiny items do not
   drown in per-message overhead; the window scales with the chunk size and bounds memory:
-  at most ``n_workers * (DEPTH + 1) * chunk`` items are in flight, and with ``ordered=True``
+  at most ``n_workers * (prefetch + 1) * chunk`` items are in flight, and with ``ordered=True``
   the reorder buffer holds at most that many results (a slow item stalls the stream instead
   of growing memory).
 """
@@ -79,7 +79,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from easycore._exec.plan import PipelineDef, StageStats
-from easycore._exec.runner import Runner
+from easycore._exec.runner import OwnedResults, Runner
 from easycore._options import RunOptions
 
 __all__ = ["Runner", "StageStats", "open_runner", "run_imap", "run_map"]
@@ -91,9 +91,10 @@ def open_runner(
     *,
     cfg: Mapping[str, Any] | None,
     start_method: str | None,
+    prefetch: int | None = None,
 ) -> Runner:
     """``Pipeline.open``: an active runner whose workers stay up."""
-    return Runner(pipeline, devices, cfg=cfg, start_method=start_method)
+    return Runner(pipeline, devices, cfg=cfg, start_method=start_method, prefetch=prefetch)
 
 
 def run_map(
@@ -132,7 +133,12 @@ def run_imap(
     options: RunOptions,
     start_method: str | None,
 ) -> Iterator[Any]:
-    """``Pipeline.imap``: workers start on the first ``next()`` and stop when the iterator is
-    exhausted, closed or dropped."""
-    with Runner(pipeline, devices, cfg=cfg, start_method=start_method, _wait=False) as runner:
-        yield from runner.run_imap(data, options)
+    """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
+    are exhausted, closed or dropped."""
+    runner = Runner(pipeline, devices, cfg=cfg, start_method=start_method, _wait=False)
+    try:
+        results = runner.run_imap(data, options)
+    except BaseException as exc:
+        runner.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    return OwnedResults(runner, results)

@@ -22,9 +22,14 @@ from easycore._exec.sources import Source, source_of
 from easycore._exec.workers import WorkerSet
 from easycore._options import RunOptions
 
-__all__ = ["Engine", "ProcessEngine"]
+__all__ = ["PRIMED", "Engine", "ProcessEngine"]
 
-Segments = Iterator[tuple[int, list[Any]]]
+Segments = Iterator[Any]  # PRIMED, then segments (index of the first item, [results])
+
+# The first thing an engine's stream yields, once its work has started: the runner takes it
+# at once, so work starts when imap() is called (and the stream's cleanup runs even if it is
+# never iterated further).
+PRIMED: Any = object()
 
 
 class Engine(Protocol):
@@ -102,6 +107,8 @@ class ProcessEngine:
         )
         self.last_run = run  # for stats(); it lets go of the data when the run ends
         try:
+            run.dispatch()  # the first chunks go out as soon as the caller primes the stream
+            yield PRIMED
             yield from run.loop()
         except GeneratorExit:
             # The caller stopped early (break out of imap): wait for what is in flight and

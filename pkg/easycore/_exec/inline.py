@@ -13,6 +13,7 @@ from typing import Any
 
 from easycore._config import CfgNode
 from easycore._errors import item_label
+from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sources import batched
 from easycore._options import RunOptions
@@ -75,8 +76,8 @@ class InlineEngine:
         bars: list[Any] | None = None,
         tolerant: bool = False,
         is_current: Callable[[], bool] = lambda: True,
-    ) -> Iterator[tuple[int, list[Any]]]:
-        """Yield ``(index, [result])`` per unit of the last hop, in input order.
+    ) -> Iterator[Any]:
+        """Yield PRIMED, then ``(index, [result])`` per unit of the last hop, in input order.
 
         ``bars``: the last one counts results. A failure raises, ``tolerant`` or not: a
         one-item ``submit`` turns it into its future's exception.
@@ -90,6 +91,7 @@ class InlineEngine:
             if hop.batch:
                 stream = enumerate(batched((v for _, v in stream), hop.batch))
             stream = self._run_hop(stream, stages, hop.index, options, numbering)
+        yield PRIMED  # nothing runs ahead of the caller here
         bar = bars[-1] if bars else None
         for index, value in stream:
             if bar is not None:

@@ -41,8 +41,8 @@ from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import ChunkSizer
 from easycore._exec.sources import Source
-from easycore._exec.workers import DEPTH, Worker, WorkerSet
-from easycore._options import RunOptions
+from easycore._exec.workers import Worker, WorkerSet
+from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import (
     BadOutput,
     Done,
@@ -98,6 +98,8 @@ class Run:
         self.source = source
         self.options = options
         self.tolerant = tolerant
+        # chunks each worker may hold: queued, running, or done and waiting for us (prefetch)
+        self.depth = options.prefetch or DEFAULT_PREFETCH
         self.bars = bars
         self.is_current = is_current
         n = options.numbering
@@ -224,7 +226,8 @@ class Run:
         results just received still wait to be yielded.
         """
         n = len(self.workers.workers)
-        return max((DEPTH + 1) * n * self.chunk_size, 2 * DEPTH * n * self.align)
+        depth = self.depth
+        return max((depth + 1) * n * self.chunk_size, 2 * depth * n * self.align)
 
     def _floor(self) -> int:
         return min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
@@ -267,7 +270,7 @@ class Run:
         self._give_back()
         timed = self.options.timeout is not None
         for w in self.workers.of_hop(self.hops[0]):
-            while w.has_room():
+            while w.has_room(self.depth):
                 taken = self._take()
                 if taken is None:
                     return
@@ -326,7 +329,7 @@ class Run:
             held = self.ledger.waiting[h]
             targets = self.workers.of_hop(self.hops[h + 1])
             while held:
-                room = [t for t in targets if t.has_room()]
+                room = [t for t in targets if t.has_room(self.depth)]
                 if not room:
                     break
                 dst = min(room, key=lambda t: len(t.outstanding))

@@ -19,15 +19,16 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
-from easycore._exec.engine import Engine, ProcessEngine
+from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
 from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
 from easycore._exec.sources import LiveSource, batched
+from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
-from easycore._options import RunOptions
+from easycore._options import DEFAULT_PREFETCH, RunOptions, check_prefetch
 
-__all__ = ["ABORT_GRACE", "Runner"]
+__all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 
@@ -58,9 +59,13 @@ class Runner:
         *,
         cfg: Mapping[str, Any] | None = None,
         start_method: str | None = None,
+        prefetch: int | None = None,
         _wait: bool = True,
     ) -> None:
+        check_prefetch(prefetch)
         self.pipeline = pipeline
+        # chunks each worker may hold for a run (queued, running, or done and waiting)
+        self.prefetch = prefetch or DEFAULT_PREFETCH
         self._chain = plan_chain(pipeline, devices)
         self.devices: tuple[str, ...] = self._chain.devices
         self.cfg = frozen_cfg(cfg)
@@ -75,6 +80,7 @@ class Runner:
         if self._inline or not pipeline.producers:
             self._engine = InlineEngine(self._chain, self.cfg)
         else:
+            check_capacity(len(self.devices))
             # _wait False: the runner a one-shot map opens sends work to each worker as soon
             # as it is ready instead of after the slowest one (init errors surface in the map)
             self._engine = ProcessEngine(self._chain, self.cfg, start_method, _wait)
@@ -174,8 +180,11 @@ class Runner:
         seed: int | None = None,
         timeout: float | None = None,
         retries: int = 0,
+        prefetch: int | None = None,
     ) -> Any:
         """Run ``data`` through the pipeline on this runner's workers.
+
+        ``prefetch`` overrides the runner's for this run (see :meth:`imap`).
 
         Returns:
             The consumer's result, or a list of the producers' results without a consumer.
@@ -184,13 +193,29 @@ class Runner:
             RuntimeError: the runner is closed (call ``activate()``) or busy.
             WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
         """
-        options = RunOptions(ordered, batch_size, progress, timeout, retries, seed)
+        options = RunOptions(
+            ordered=ordered,
+            batch_size=batch_size,
+            progress=progress,
+            timeout=timeout,
+            retries=retries,
+            seed=seed,
+            prefetch=prefetch,
+        )
         return self.run_map(data, options)
+
+    def _settle(self, options: RunOptions) -> RunOptions:
+        """The run's options with the runner's defaults filled in."""
+        return attrs.evolve(
+            options,
+            batch_size=first_batch(self.pipeline, options.batch_size),
+            prefetch=options.prefetch or self.prefetch,
+        )
 
     def run_map(self, data: Iterable[Any], options: RunOptions) -> Any:
         """:meth:`map` with its options as one value."""
-        options = attrs.evolve(options, batch_size=first_batch(self.pipeline, options.batch_size))
-        stream = self._results(data, options)
+        options = self._settle(options)
+        stream = self._results(options, data)
         consumer = self.pipeline.consumer
         if consumer is None:
             return collect(stream)
@@ -205,21 +230,38 @@ class Runner:
         seed: int | None = None,
         timeout: float | None = None,
         retries: int = 0,
+        prefetch: int | None = None,
     ) -> Iterator[Any]:
-        """Yield the producers' results lazily, with bounded memory (no consumer allowed)."""
+        """Yield the producers' results lazily, with bounded memory (no consumer allowed).
+
+        Work starts now, not at the first ``next()``. ``prefetch=k`` (the runner's by
+        default, 2 unless ``open(prefetch=...)`` said otherwise): each worker may hold ``k``
+        chunks, queued, running, or finished and waiting for the caller, so a caller busy
+        elsewhere (a training step, a checkpoint) finds up to ``k`` chunks per worker ready
+        when it comes back. A chunk is one item when items take 50 ms or more, else as many
+        items as take about 50 ms or make about 1 MiB of results; at most about
+        ``n_workers * (k + 1)`` chunks are in flight or waiting, and with tensors or arrays
+        the waiting results stay in shared memory (they are not copied again when taken).
+        """
         if self.pipeline.consumer is not None:
             msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
             raise TypeError(msg)
-        options = RunOptions(ordered, batch_size, progress, timeout, retries, seed)
+        options = RunOptions(
+            ordered=ordered,
+            batch_size=batch_size,
+            progress=progress,
+            timeout=timeout,
+            retries=retries,
+            seed=seed,
+            prefetch=prefetch,
+        )
         return self.run_imap(data, options)
 
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
         """:meth:`imap` with its options as one value."""
-        options = attrs.evolve(options, batch_size=first_batch(self.pipeline, options.batch_size))
-        stream = self._results(data, options)
-        return (y for _, values in stream for y in values)
+        return _Items(self._results(self._settle(options), data))
 
-    def _results(self, data: Iterable[Any], options: RunOptions) -> _Claimed:
+    def _results(self, options: RunOptions, data: Iterable[Any]) -> _Claimed:
         """Segments ``(index of first item, results)`` in the requested order.
 
         The runner is taken for this run now (a second run raises ``RuntimeError``) and
@@ -241,7 +283,10 @@ class Runner:
         stream = self._engine.stream(
             source, options, bars=bars, is_current=lambda: self._is_current(generation)
         )
-        return self._supervised(stream, bars)
+        supervised = self._supervised(stream, bars)
+        primed = next(supervised)  # work starts now (an error here has closed the runner)
+        assert primed is PRIMED
+        return supervised
 
     def _supervised(self, stream: Segments, bars: list[Any] | None = None) -> Segments:
         """Any error or interrupt inside a run closes the runner (an early stop does not)."""
@@ -305,16 +350,19 @@ class Runner:
         generation = self._generation
         stream = self._engine.stream(
             source,
-            RunOptions(ordered=False),
+            RunOptions(ordered=False, prefetch=self.prefetch),
             tolerant=True,
             is_current=lambda: self._is_current(generation),
         )
-        return self._supervised(stream)
+        supervised = self._supervised(stream)
+        next(supervised)  # PRIMED
+        return supervised
 
     def _submit_inline(self, item: Any, future: concurrent.futures.Future[Any]) -> None:
         token = self._seat.claim(lambda: self._active)
         try:
             stream = self._engine.stream([item], RunOptions())
+            next(stream)  # PRIMED
             future.set_result(next(stream)[1][0])
         except EasycoreError as exc:  # fails only its own future: the runner stays up
             future.set_exception(exc)
@@ -356,5 +404,70 @@ class _Claimed:
 
     def __del__(self) -> None:
         if self._seat is not None:
+            with contextlib.suppress(Exception):
+                self.close()
+
+
+class _Items:
+    """A run's results one by one (its segments flattened); ``close()`` stops the run early:
+    what is in flight is waited for and dropped, and the runner stays usable."""
+
+    def __init__(self, segments: _Claimed) -> None:
+        self._segments = segments
+        self._values: Iterator[Any] = iter(())
+
+    def __iter__(self) -> _Items:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            for value in self._values:
+                return value
+            self._values = iter(next(self._segments)[1])
+
+    def close(self) -> None:
+        self._values = iter(())
+        self._segments.close()
+
+
+class OwnedResults:
+    """The results of a one-shot ``Pipeline.imap``, owning its runner: the runner closes
+    when they are exhausted, closed or dropped, and aborts on an error."""
+
+    def __init__(self, runner: Runner, results: Iterator[Any]) -> None:
+        self._runner: Runner | None = runner
+        self._results = results
+
+    def __iter__(self) -> OwnedResults:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._results)
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException as exc:
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                runner.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def close(self) -> None:
+        """Stop early: what is in flight is waited for and dropped, then every ``end`` runs."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        try:
+            close = getattr(self._results, "close", None)
+            if close is not None:
+                close()
+        except BaseException as exc:
+            runner.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        runner.close()
+
+    def __del__(self) -> None:
+        if self._runner is not None:
             with contextlib.suppress(Exception):
                 self.close()

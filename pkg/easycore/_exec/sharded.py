@@ -163,6 +163,7 @@ def sharded_map(
             timeout=options.timeout,
             retries=options.retries,
             seed=options.seed,
+            prefetch=options.prefetch,
             numbering=Numbering(me, world, size),
         )
         producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)

@@ -15,12 +15,15 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.forkserver
 import multiprocessing.spawn
+import os
+import resource
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = [
+    "check_capacity",
     "context",
     "hidden_main",
     "kill_all",
@@ -33,6 +36,43 @@ _START_LOCK = threading.Lock()
 _PRELOAD_SET = False
 _LIGHT_SERVER: Any = None  # the forkserver without torch (see light_wanted)
 _TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fork with it
+
+
+# Descriptors the caller keeps per worker: its end of the pipe, the process sentinel, and one
+# spare for a socket pair to a worker of another pool or a start-up in flight.
+FDS_PER_WORKER = 3
+
+
+def check_capacity(n_workers: int) -> None:
+    """Refuse, before any process starts, a worker count this process cannot start.
+
+    Counts far above the cores are fine (I/O-bound work); what is refused is what the
+    open-file limit (``ulimit -n``) or the process limit (``ulimit -u``) cannot hold.
+
+    Raises:
+        ValueError: naming the limit and what it allows.
+    """
+    files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if files != resource.RLIM_INFINITY:
+        try:
+            in_use = len(os.listdir("/proc/self/fd"))
+        except OSError:  # pragma: no cover - not Linux
+            in_use = 0
+        room = max(0, files - in_use) // FDS_PER_WORKER
+        if n_workers > room:
+            msg = (
+                f"{n_workers} workers need about {FDS_PER_WORKER * n_workers} open files, "
+                f"but this process may open {files} (ulimit -n) and has {in_use} open: at "
+                f"most {room} workers fit; ask for fewer, or raise the limit"
+            )
+            raise ValueError(msg)
+    procs, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if procs != resource.RLIM_INFINITY and n_workers >= procs:
+        msg = (
+            f"{n_workers} workers are more processes than this user may run "
+            f"({procs}, ulimit -u); ask for fewer, or raise the limit"
+        )
+        raise ValueError(msg)
 
 
 def light_wanted(method: str, devices: Sequence[str]) -> bool:

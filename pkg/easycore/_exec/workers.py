@@ -42,9 +42,7 @@ from easycore._protocol import (
 from easycore._transport import Channel
 from easycore._worker import WorkerSpec, worker_main
 
-__all__ = ["DEPTH", "Worker", "WorkerSet"]
-
-DEPTH = 2  # chunks outstanding per worker: one running, one queued behind it
+__all__ = ["Worker", "WorkerSet"]
 
 
 def poller(fds: Sequence[int]) -> Any:
@@ -67,7 +65,7 @@ class Worker:
     chan: Channel
     ready: bool = False
     alive: bool = True
-    # chunks it runs or will run (counted against DEPTH), by chunk id
+    # chunks it runs or will run, or has run and not yet been read back, by chunk id
     outstanding: dict[int, Any] = attrs.Factory(dict)
     # chunks whose results it holds for the next hop, or is sending there
     holding: dict[int, Any] = attrs.Factory(dict)
@@ -79,8 +77,10 @@ class Worker:
     def conn(self) -> Any:
         return self.chan.conn
 
-    def has_room(self) -> bool:
-        return self.alive and self.ready and len(self.outstanding) < DEPTH
+    def has_room(self, depth: int) -> bool:
+        """Whether it may take another chunk: it holds fewer than ``depth`` (a worker that
+        is still starting queues them; it runs them once its ``init`` is done)."""
+        return self.alive and len(self.outstanding) < depth
 
     def exited(self) -> bool:
         """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
