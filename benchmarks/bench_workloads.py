@@ -55,7 +55,13 @@ def square(x: int) -> int:
     return x * x
 
 
-def _spin(seed: int, iters: int) -> int:
+def w2_iters() -> int:
+    """Pure-Python iterations that take ``W2_SECONDS`` here (calibrated by the harness)."""
+    return _W2_ITERS
+
+
+def spin(seed: int, iters: int) -> int:
+    """``iters`` iterations of pure-Python arithmetic (holds the GIL)."""
     v = seed
     for _ in range(iters):
         v = (v * 1103515245 + 12345) & 0x7FFFFFFF
@@ -64,7 +70,7 @@ def _spin(seed: int, iters: int) -> int:
 
 def busy_5ms(x: int) -> int:
     """W2: about 5 ms of pure-Python CPU work (holds the GIL); the result depends on ``x``."""
-    return _spin(x, _W2_ITERS)
+    return spin(x, _W2_ITERS)
 
 
 def make_tensor(i: int) -> Any:
@@ -181,9 +187,9 @@ def calibrate_w2(target: float = W2_SECONDS, trials: int = 7) -> int:
     iters = 20_000
     deadline = time.perf_counter() + 0.2
     while time.perf_counter() < deadline:
-        _spin(1, iters)
+        spin(1, iters)
     for _ in range(5):
-        best = min(_timed(lambda n=iters: _spin(1, n)) for _ in range(trials))
+        best = min(_timed(lambda n=iters: spin(1, n)) for _ in range(trials))
         estimate = max(1_000, round(iters * target / best))
         if abs(estimate - iters) <= 0.02 * iters:
             return estimate
@@ -193,7 +199,7 @@ def calibrate_w2(target: float = W2_SECONDS, trials: int = 7) -> int:
 
 def w2_item_seconds(iters: int, trials: int = 7) -> float:
     """Fastest measured duration of one W2 item with ``iters`` iterations."""
-    return min(_timed(lambda: _spin(1, iters)) for _ in range(trials))
+    return min(_timed(lambda: spin(1, iters)) for _ in range(trials))
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -337,6 +343,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "W3b": (200, 20),
     "W4": (1, 1),
     "W5": (3_000, 300),
+    "W6": (100, 100),  # batches per epoch (bench_training.CASES has each case's own)
 }
 
 #: Correctness check per workload: ``check(result, n_items)``.

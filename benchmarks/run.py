@@ -116,6 +116,15 @@ GROUPS: dict[str, Group] = {
         Group("W4 cold", "W4", "create 2 workers, 1 item, shut down: fresh process", "s", False),
         Group("W4 warm", "W4", "create 2 workers, 1 item, shut down: second time", "s", False),
         Group("W5", "W5", "items: 0.6 ms decode, then a 16 MiB model; 3 processes", "items/s"),
+        Group("W6 fast", "W6", "steps of 15 ms, batches of 10 ms per worker", "x ideal", False),
+        Group("W6 slow", "W6", "steps of 10 ms, batches of 40 ms per worker", "x ideal", False),
+        Group(
+            "W6 pause",
+            "W6",
+            "steps of 12 ms + 1 s pauses, batches of 30 ms per worker",
+            "x ideal",
+            False,
+        ),
     ]
 }
 
@@ -269,6 +278,29 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             f"easycore decode.on({workers}) >> model.on(1, batch_size=64)",
         ),
     ]
+    # W6: a training loop fed by easycore's imap on an open runner against DataLoader
+    # (batch_size=None, persistent workers), each at its default prefetch and a deeper one.
+    for g in ("W6 fast", "W6 slow", "W6 pause"):
+        case = g.split()[1]
+        cases += [
+            Case(
+                g, "dataloader", f"case={case}", "peer", "DataLoader, prefetch_factor=2 (default)"
+            ),
+            Case(
+                g, "dataloader", f"case={case},prefetch=8", "peer", "DataLoader, prefetch_factor=8"
+            ),
+            Case(
+                g,
+                "dataloader",
+                f"case={case},prefetch=32",
+                "peer",
+                "DataLoader, prefetch_factor=32",
+            ),
+            Case(g, "easycore", f"case={case}", "easycore", "easycore imap, prefetch=2 (default)"),
+            Case(
+                g, "easycore", f"case={case},prefetch=32", "easycore", "easycore imap, prefetch=32"
+            ),
+        ]
     return cases
 
 
@@ -378,6 +410,10 @@ def measure_all(cases: list[Case], args: argparse.Namespace, env: dict[str, str]
 
 def finish_group(group: Group, rows: list[Row]) -> None:
     """Turn seconds into the group's figures (W2: speed-up over the sequential median)."""
+    if group.unit == "x ideal":  # W6: the epoch against the best any feeder could do
+        for r in rows:
+            r.values = [s / e["ideal"] for s, e in zip(r.seconds, r.extra, strict=True)]
+        return
     if group.unit == "x seq":
         base = [r for r in rows if r.case.role == "baseline" and r.ok]
         if not base:
@@ -404,7 +440,7 @@ def fmt(group: Group, v: float) -> str:
         return f"{v / 1e3:.1f} k" if v >= 1e4 else f"{v:,.0f}"
     if group.unit == "GB/s":
         return f"{v:.3f}" if v < 1 else f"{v:.2f}"
-    if group.unit == "x seq":
+    if group.unit in ("x seq", "x ideal"):
         return f"{v:.2f}x"
     return f"{v:.3f}" if v < 10 else f"{v:.1f}"
 
@@ -448,6 +484,8 @@ def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed
         rat = ratio(group, r, best)
         rtxt = f"{rat:.2f}x" if rat is not None else "-"
         fails = f"  ({len(r.errors)} failed: {r.errors[0]})" if r.errors else ""
+        if group.unit == "x ideal":
+            fails = f"  {_waits(r)}{fails}"
         print(
             f"{mark} {label:<62} {fmt(group, r.median):>9} "
             f"{fmt(group, lo) + ' - ' + fmt(group, hi):>19} {rtxt:>13}{fails}"
@@ -455,6 +493,16 @@ def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed
     if best is not None:
         print(f"  (+ best peer: {best.case.label}; * easycore; 'vs best peer' > 1 is better)")
     sys.stdout.flush()
+
+
+def _waits(r: Row) -> str:
+    """W6: the median share of the epoch the loop waited for data, and after pauses."""
+    share = statistics.median(e["wait"] / s for s, e in zip(r.seconds, r.extra, strict=True))
+    text = f"waited {share:.0%}"
+    if any(e["after_pause"] or "pause" in r.case.variant for e in r.extra):
+        after = statistics.median(e["after_pause"] for e in r.extra)
+        text += f", {after * 1000:.0f} ms in the 10 steps after pauses"
+    return text
 
 
 @dataclass
@@ -535,6 +583,25 @@ def targets(rows: list[Row]) -> list[Target]:
             out.append(Target(g, what, extra, 0.5, False))
         elif g == "W5":
             out.append(Target(g, "pools / best fused run, items/s", rat, 1.0, True))
+        elif g.startswith("W6"):
+            best_ec = min(ecs, key=lambda r: r.median, default=None)
+            out.append(
+                Target(
+                    g,
+                    "best easycore epoch / best DataLoader's",
+                    (best_ec.median / best.median if best_ec and best else None),
+                    1.0,
+                    False,
+                )
+            )
+            for r in ecs:
+                what = f"easycore ({r.case.label.split(', ')[1]}) epoch / ideal"
+                out.append(Target(g, what, r.median, 1.10, False))
+            deep = next((r for r in ecs if "prefetch=" in r.case.variant), None)
+            if g == "W6 pause" and deep is not None:
+                after = statistics.median(e["after_pause"] for e in deep.extra)
+                what = "easycore (prefetch=32) wait after pauses (s)"
+                out.append(Target(g, what, after, 0.005, False))
     return out
 
 
@@ -674,7 +741,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 repeat, small sizes: a smoke test")
     p.add_argument(
         "--only",
-        help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5",
+        help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5,"
+        "W6 ('W6 fast', 'W6 slow', 'W6 pause')",
     )
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(

@@ -1,0 +1,133 @@
+"""W6: feeding a training loop, easycore's ``imap`` against torch's ``DataLoader``.
+
+A loop in the caller takes one batch per step and spends a fixed time on it (a sleep that
+stands for a GPU step, so the CPU is free); two workers make each batch (pure-Python
+"decoding", then a 64x3x32x32 float tensor). Both feeders stay up across epochs
+(``pipeline.open()``, ``DataLoader(persistent_workers=True)``); epoch 1 warms up, epoch 2 is
+timed. Three cases:
+
+``fast``   the workers make batches faster than the loop takes them
+``slow``   the workers are slower than the loop (the loop waits whatever the feeder)
+``pause``  the workers are a little slower than the loop, but the loop pauses 1 s every 50
+           steps (a checkpoint, an evaluation): a feeder that keeps working through the
+           pause has a stock of batches after it, and the steps after a pause wait for none
+
+``ideal`` is the epoch no feeder can beat: the larger of the loop's own time (steps and
+pauses) and the workers' time (batches x make time / workers). Reported per sample: the
+epoch time, the time the loop waited in ``next()`` (all steps) and the wait of the 10 steps
+after each pause.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import bench_workloads as wl
+
+#: case -> (batches per epoch, seconds to make a batch (one worker), seconds per step,
+#: pauses after these steps)
+CASES: dict[str, tuple[int, float, float, tuple[int, ...]]] = {
+    "fast": (100, 0.010, 0.015, ()),
+    "slow": (100, 0.040, 0.010, ()),
+    "pause": (150, 0.030, 0.012, (50, 100)),
+}
+PAUSE_SECONDS = 1.0
+AFTER_PAUSE = 10  # steps after a pause whose wait is reported on its own
+SHAPE = (64, 3, 32, 32)
+_SPINS_PER_SECOND = wl.w2_iters() / wl.W2_SECONDS  # pure-Python work, calibrated as W2's
+
+
+def make_batch(i: int, make: float) -> Any:
+    """A batch: ``make`` seconds of pure-Python work, then a float tensor filled with ``i``."""
+    import torch
+
+    wl.spin(i, int(make * _SPINS_PER_SECOND))
+    return torch.full(SHAPE, float(i), dtype=torch.float32)
+
+
+def ideal(case: str, workers: int) -> float:
+    n, make, step, pauses = CASES[case]
+    return max(n * step + len(pauses) * PAUSE_SECONDS, n * make / workers)
+
+
+def _train(batches: Iterable[Any], case: str) -> dict[str, float]:
+    """The loop: per step, take a batch (the wait), check it, spend the step."""
+    n, _, step, pauses = CASES[case]
+    waits: list[float] = []
+    it: Iterator[Any] = iter(batches)
+    t0 = time.perf_counter()
+    for k in range(n):
+        w0 = time.perf_counter()
+        batch = next(it)
+        waits.append(time.perf_counter() - w0)
+        if tuple(batch.shape) != SHAPE or float(batch[0, 0, 0, 0]) != float(k):
+            got = f"{float(batch.flatten()[0])}, shape {tuple(batch.shape)}"
+            raise wl.WrongResult(f"step {k} got batch {got}")
+        del batch
+        time.sleep(step)
+        if k + 1 in pauses:
+            time.sleep(PAUSE_SECONDS)
+    seconds = time.perf_counter() - t0
+    after = [w for p in pauses for w in waits[p : p + AFTER_PAUSE]]
+    return {"seconds": seconds, "wait": sum(waits), "after_pause": sum(after)}
+
+
+def measure(lib: str, opts: dict[str, str], workers: int) -> dict[str, Any]:
+    """One sample: epoch 1 untimed, epoch 2 timed. ``opts``: ``case``, ``prefetch``."""
+    import torch
+
+    case = opts["case"]
+    n, make, _, _ = CASES[case]
+    prefetch = int(opts["prefetch"]) if "prefetch" in opts else None
+    if lib == "easycore":
+        from easycore import producer
+
+        runner = producer(_Maker(make)).open(devices=workers, prefetch=prefetch)
+        try:
+            _train(runner.imap(range(n)), case)
+            out = _train(runner.imap(range(n)), case)
+        finally:
+            runner.close()
+    elif lib == "dataloader":
+        loader = torch.utils.data.DataLoader(
+            _Batches(n, make),
+            batch_size=None,
+            num_workers=workers,
+            persistent_workers=True,
+            prefetch_factor=prefetch or 2,
+        )
+        _train(loader, case)
+        out = _train(loader, case)
+        del loader
+    else:  # pragma: no cover - the harness names only these two
+        raise ValueError(lib)
+    seconds = out.pop("seconds")
+    return {"seconds": seconds, "extra": {**out, "ideal": ideal(case, workers)}}
+
+
+class _Maker:
+    """easycore's work function for a case (carries the make time to the workers)."""
+
+    __name__ = "make_batch"
+
+    def __init__(self, make: float) -> None:
+        self.make = make
+
+    def __call__(self, i: int) -> Any:
+        return make_batch(i, self.make)
+
+
+class _Batches:
+    """The DataLoader's map-style dataset: batch ``i`` is ``make_batch(i)``."""
+
+    def __init__(self, n: int, make: float) -> None:
+        self.n = n
+        self.make = make
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return make_batch(i, self.make)
