@@ -20,6 +20,7 @@ CASES = [
     ("cpu_speedup.py", ["20"], "speed-up"),
     ("demo.py", [], "inline run agrees: OK"),
     ("decode_then_predict.py", ["300"], "inline run agrees: OK"),
+    ("train_loop.py", ["300"], "going down: OK"),
 ]
 
 
