@@ -24,6 +24,7 @@ __version__ = "0.5.0"
 from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
+    Failure,
     FrozenError,
     ItemTimeout,
     SerializationError,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CfgNode",
     "EasycoreError",
+    "Failure",
     "FrozenError",
     "ItemTimeout",
     "Pipeline",

@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "EasycoreError",
+    "Failure",
     "FrozenError",
     "ItemTimeout",
     "RemoteTraceback",
@@ -135,6 +136,36 @@ class WorkerDied(EasycoreError):
         self.worker = worker
         self.exitcode = exitcode
         self.index = index
+
+
+class Failure:
+    """An item set aside by ``errors="skip"``: it failed after its retries, and the run went on.
+
+    Attributes:
+        index: its index in the input (a batch's index with ``batch_size``).
+        item: the item (a batch: the list of its items), as the caller gave it.
+        stage: the name of the stage it failed in.
+        error: the exception ``errors="raise"`` would have raised (``WorkerError``,
+            ``WorkerDied``, ``ItemTimeout``, ``SerializationError``).
+    """
+
+    __slots__ = ("error", "index", "item", "stage")
+
+    def __init__(self, index: int, item: Any, stage: str, error: BaseException) -> None:
+        self.index = index
+        self.item = item
+        self.stage = stage
+        self.error = error
+
+    def __repr__(self) -> str:
+        first = str(self.error).split("\n", 1)[0]
+        return (
+            f"Failure(index={self.index}, item={short_repr(self.item, 60)}, "
+            f"stage={self.stage!r}, error={type(self.error).__name__}: {first})"
+        )
+
+    def __reduce__(self) -> Any:
+        return (Failure, (self.index, self.item, self.stage, self.error))
 
 
 def describe_exitcode(exitcode: int | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
@@ -444,6 +445,13 @@ class Pipeline:
         start_method: str | None = None,
         distributed: bool = False,
         prefetch: int | None = None,
+        errors: str = "raise",
+        on_error: Callable[[Any], Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        retry_failed: bool = False,
+        max_items_per_worker: int | None = None,
+        max_worker_memory: int | str | None = None,
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
 
@@ -458,6 +466,21 @@ class Pipeline:
         result, equal to a single-process run with the same ``seed`` and ``batch_size``. An
         error on any rank raises ``WorkerError`` on every rank. See
         :mod:`easycore.distributed`.
+
+        Long jobs: ``errors="skip"`` sets aside an item that still fails after its retries
+        (an exception, its worker's death, a timeout, an item or result that does not
+        pickle): it is left out of the results, the consumer never sees it, and it is
+        reported as an :class:`~easycore.Failure` to ``on_error`` (called in this process),
+        or else in one warning per run. ``resume="run.db"`` keeps every finished item's key
+        (its index, or ``key(item)``), a digest of the item and its result in that SQLite
+        file; the same call after a crash computes only what the file lacks (items set
+        aside are tried again only with ``retry_failed=True``); an item that differs from
+        the one recorded under its key is a ``ValueError``. Results are stored pickled:
+        jobs with big outputs should write them to files and return the paths.
+        ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
+        ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its
+        resident memory has passed that; both act between chunks, never in the middle of
+        an item, and nothing is lost or doubled.
 
         Returns:
             The consumer's result, or a list of results when there is no consumer.
@@ -483,6 +506,13 @@ class Pipeline:
             retries=retries,
             seed=seed,
             prefetch=prefetch,
+            errors=errors,
+            on_error=on_error,
+            resume=resume,
+            key=key,
+            retry_failed=retry_failed,
+            max_items_per_worker=max_items_per_worker,
+            max_worker_memory=max_worker_memory,
         )
         return run_map(
             self,
@@ -508,6 +538,13 @@ class Pipeline:
         *,
         start_method: str | None = None,
         prefetch: int | None = None,
+        errors: str = "raise",
+        on_error: Callable[[Any], Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        retry_failed: bool = False,
+        max_items_per_worker: int | None = None,
+        max_worker_memory: int | str | None = None,
     ) -> Iterator[Any]:
         """Yield results lazily with bounded memory; for pipelines without a consumer.
 
@@ -533,6 +570,13 @@ class Pipeline:
             retries=retries,
             seed=seed,
             prefetch=prefetch,
+            errors=errors,
+            on_error=on_error,
+            resume=resume,
+            key=key,
+            retry_failed=retry_failed,
+            max_items_per_worker=max_items_per_worker,
+            max_worker_memory=max_worker_memory,
         )
         return run_imap(
             self, data, devices=devices, cfg=cfg, options=options, start_method=start_method

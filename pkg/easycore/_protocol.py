@@ -36,11 +36,13 @@ import cloudpickle
 from easycore._errors import RemoteTraceback, SerializationError, WorkerError, user_error
 
 __all__ = [
+    "CACHED",
     "PROTOCOL",
     "SLOT_WIDTH",
     "STOP",
     "AddPeer",
     "BadOutput",
+    "Cached",
     "Done",
     "Drop",
     "EndFailed",
@@ -54,6 +56,7 @@ __all__ = [
     "Slots",
     "Task",
     "Unreadable",
+    "is_cached",
 ]
 
 STOP = b"\x00easycore-stop"  # a bare frame: run `end` and exit
@@ -150,6 +153,28 @@ class Task(NamedTuple):
     retries: int
     spent: dict[tuple[int, int], int]  # runs already charged by deaths, {(hop, index): n}
     numbering: tuple[int, int] = (0, 1)  # unit i is unit first + i * step of the input
+    resumed: bool = False  # units may be CACHED: pass them on without running the stages
+
+
+class Cached:
+    """Stands in for the items of a unit whose result the run's ledger holds already
+    (``resume=``): workers pass it on untouched, the caller puts the stored result back."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "CACHED"  # the module's one instance, by reference
+
+    def __repr__(self) -> str:
+        return "CACHED"
+
+
+CACHED = Cached()
+
+
+def is_cached(unit: Any) -> bool:
+    """A CACHED marker, or a batch of them (a later hop groups what came in as markers)."""
+    return unit is CACHED or (type(unit) is list and len(unit) > 0 and unit[0] is CACHED)
 
 
 class AddPeer(NamedTuple):

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 from easycore._errors import WorkerError, user_error
 from easycore._inject import call_with, injected
-from easycore._protocol import AT_INDEX, AT_STARTED, ErrorReport, Task
+from easycore._protocol import AT_INDEX, AT_STARTED, CACHED, ErrorReport, Task, is_cached
 from easycore._seeding import derive_seed, drop_hooks, seed_loaded, seed_on_import
 
 __all__ = ["PreparedStages", "StageDef", "StageFailure"]
@@ -199,7 +199,7 @@ class PreparedStages:
         errors: list[tuple[int, ErrorReport]] = []
         only = self.prepared[0] if len(self.prepared) == 1 else None
         if only is not None and not (
-            only.kwargs or task.seed is not None or task.timed or task.retries
+            only.kwargs or task.seed is not None or task.timed or task.retries or task.resumed
         ):
             # the hot path: one stage, nothing injected, no per-item seed, clock or retry
             fast = only.fn
@@ -217,6 +217,10 @@ class PreparedStages:
             return values, errors
         index = base
         for item in units:
+            if task.resumed and is_cached(item):
+                values.append(CACHED)
+                index += 1
+                continue
             allowed = self.retries_left(task, index)
             attempt = 0
             while True:

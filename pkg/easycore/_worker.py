@@ -23,6 +23,7 @@ A worker runs one hop of a chain of pools. Its threads::
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import pickle
@@ -91,7 +92,26 @@ class _PeerClosed(NamedTuple):
 
 
 def _exit_quietly() -> None:
+    """The caller is gone: end this worker and every process it started (its group)."""
+    with contextlib.suppress(OSError):
+        os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
     os._exit(0)
+
+
+def _lead_a_group() -> None:
+    """Make this worker a process group of its own, free to start processes.
+
+    Whatever the work starts (multiprocessing, a DataLoader with workers, subprocess)
+    joins the group, and the caller kills the group when this worker dies, is killed or
+    closes: nothing it started outlives it. Ctrl-C in a terminal goes to the caller's
+    group only, and the caller decides what happens (it ignored SIGINT here anyway).
+    """
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    # multiprocessing refuses children to a daemonic process; this one's children die with
+    # its group, which is what the daemon flag was there for.
+    with contextlib.suppress(Exception):
+        mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
 
 
 def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
@@ -406,6 +426,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     entered = time.monotonic()
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _lead_a_group()
     chan = Channel(conn)
     tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()

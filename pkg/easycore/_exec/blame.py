@@ -119,13 +119,16 @@ def requeue(
     lost: Sequence[Chunk], blame: Blame, unit: int, align: int, spared: set[int]
 ) -> list[tuple[int, Sequence[Any]]]:
     """What to run again, in input order: every lost chunk, the culprit's units alone (so
-    it is pinned down), without the items ``spared`` (failed instead, in tolerant runs)."""
+    it is pinned down), without the output units ``spared`` (failed instead, in tolerant
+    runs; an output unit is ``align`` first-hop items), the others one per chunk."""
     out: list[tuple[int, Sequence[Any]]] = []
     for chunk in sorted(lost, key=lambda c: c.start):
         start, items = chunk.start, chunk.items
         if spared:
             out.extend(
-                (start + k, [item]) for k, item in enumerate(items) if start + k not in spared
+                (start + a, items[a : a + align])
+                for a in range(0, len(items), align)
+                if (start + a) // align not in spared
             )
         elif chunk is blame.holder and blame.culprit is not None:
             a = (blame.culprit * unit) // align * align

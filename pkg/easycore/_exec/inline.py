@@ -15,8 +15,10 @@ from easycore._config import CfgNode
 from easycore._errors import item_label
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, StageStats
+from easycore._exec.run import Failed
 from easycore._exec.sources import batched
 from easycore._options import RunOptions
+from easycore._protocol import CACHED, is_cached
 from easycore._seeding import seed_loaded
 from easycore._stages import PreparedStages
 
@@ -90,7 +92,7 @@ class InlineEngine:
         for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
             if hop.batch:
                 stream = enumerate(batched((v for _, v in stream), hop.batch))
-            stream = self._run_hop(stream, stages, hop.index, options, numbering)
+            stream = self._run_hop(stream, stages, hop.index, options, numbering, tolerant)
         yield PRIMED  # nothing runs ahead of the caller here
         bar = bars[-1] if bars else None
         for index, value in stream:
@@ -105,8 +107,16 @@ class InlineEngine:
         hop: int,
         options: RunOptions,
         numbering: tuple[int, int],
+        tolerant: bool,
     ) -> Iterator[tuple[int, Any]]:
         for index, item in stream:
+            if is_cached(item):  # resume=: the ledger has its result
+                yield index, CACHED
+                continue
+            failed_before = _failed_in(item)
+            if failed_before is not None:  # a unit of a batch failed in an earlier hop
+                yield index, failed_before
+                continue
             value, failed = stages.run_retrying(
                 item, index, options.seed, options.retries, numbering
             )
@@ -115,5 +125,18 @@ class InlineEngine:
                     label, at = options.label(index), options.global_index(index)
                 else:
                     label, at = item_label(index, self.chain.hops[hop].batch), index
-                raise failed.to_error(f"while running {label}", at) from failed.error
+                error = failed.to_error(f"while running {label}", at)
+                if not tolerant:
+                    raise error from failed.error
+                error.__cause__ = failed.error
+                value = Failed(error, item, failed.stage)
             yield index, value
+
+
+def _failed_in(unit: Any) -> Failed | None:
+    """The failure a unit carries: itself, or the first failed member of a batch."""
+    if type(unit) is Failed:
+        return unit
+    if type(unit) is list:
+        return next((v for v in unit if type(v) is Failed), None)
+    return None

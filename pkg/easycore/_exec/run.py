@@ -59,12 +59,15 @@ __all__ = ["Failed", "Run"]
 
 
 class Failed:
-    """An item's error in a tolerant run (``submit``): delivered in place of its result."""
+    """A unit that failed in a tolerant run (``submit``, ``errors="skip"``), delivered in place
+    of its result: the error it would have raised, its first-hop item(s), its stage."""
 
-    __slots__ = ("exc",)
+    __slots__ = ("exc", "item", "stage")
 
-    def __init__(self, exc: BaseException) -> None:
+    def __init__(self, exc: BaseException, item: Any = None, stage: str = "") -> None:
         self.exc = exc
+        self.item = item
+        self.stage = stage
 
 
 class Run:
@@ -75,7 +78,9 @@ class Run:
         source: the items (batches already formed when the first hop takes batches).
         options: the run's options.
         ids: chunk ids, shared by every run of the runner.
-        tolerant: ``submit``: a failed item fails its own future, the run goes on.
+        tolerant: a failed unit (an output of the last hop: an item, or a batch) is delivered
+            as a :class:`Failed` in place of its result and the run goes on (``submit``:
+            it fails its own future; ``errors="skip"``: it is set aside).
         bars: one progress bar per hop, or None.
         is_current: False once the runner was closed (or re-activated) under this run.
     """
@@ -119,7 +124,6 @@ class Run:
         self.busy_seconds = [0.0] * len(self.hops)
         self.started = time.monotonic()
         self.finished: float | None = None
-        self.failures: dict[int, Failed] = {}  # tolerant runs: index -> its error
         self.idle_deaths: dict[int, int] = {}  # slot -> deaths that charged no item
 
     # -- insight -----------------------------------------------------------------------------
@@ -182,9 +186,10 @@ class Run:
     def _check_stalled(self) -> None:
         if self.source.wakeup() is not None and not self.source.exhausted:
             return  # idle until the next submit
-        if all(w.ready for w in self.workers.workers):
+        if all(w.ready and not w.retiring for w in self.workers.workers):
             # Nothing in flight, every worker idle, yet work remains: waiting would hang
-            # forever, so fail loudly instead (this is a bug in easycore).
+            # forever, so fail loudly instead (this is a bug in easycore). (A worker being
+            # replaced comes back: its goodbye wakes us.)
             msg = f"easycore internal error: stalled with {self.taken} item(s) pending"
             raise EasycoreError(msg)
 
@@ -242,10 +247,13 @@ class Run:
         size = min(s.size for s in self.sizers)
         self.chunk_size = max(self.align, size - size % self.align)
 
-    def _take(self) -> tuple[int, Sequence[Any]] | None:
+    def _take(self, limit: int | None = None) -> tuple[int, Sequence[Any]] | None:
+        """The next chunk: one to re-run, or new items (``limit``: at most that many)."""
         if self.redo:
             return self.redo.popleft()
         room = min(self.chunk_size, self.window() - self.taken)
+        if limit is not None:
+            room = min(room, max(limit, self.align))
         total = self.source.total
         if total is not None:
             # A known length: chunks shrink as the input runs out ("guided" scheduling), so
@@ -265,13 +273,23 @@ class Run:
         return start, items
 
     def dispatch(self) -> None:
-        """Route held chunks on, give releases back, then send new chunks to the first hop."""
+        """Route held chunks on, give releases back, replace workers due for it (once they
+        hold no chunk), then send new chunks to the first hop."""
         self._route()
         self._give_back()
+        for w in self.workers.workers:
+            if w.retiring and not (w.stopping or w.outstanding or w.holding):
+                self.workers.retire(w)
         timed = self.options.timeout is not None
+        most = self.options.max_items_per_worker
         for w in self.workers.of_hop(self.hops[0]):
             while w.has_room(self.depth):
-                taken = self._take()
+                limit = None
+                if most is not None:  # a worker takes no more than it may still run
+                    limit = most - w.units_done - sum(len(c.items) for c in w.outstanding.values())
+                    if limit <= 0:
+                        break
+                taken = self._take(limit)
                 if taken is None:
                     return
                 start, items = taken
@@ -285,6 +303,7 @@ class Run:
                     self.options.retries,
                     self._spent(start, len(items)),
                     self.numbering,
+                    self.options.resume is not None,
                 )
                 try:
                     frame = w.chan.encode(task)
@@ -351,19 +370,44 @@ class Run:
                         os.close(fd)
                 self.ledger.move(chunk, src, dst)
 
+    # -- tolerant runs: failures by output unit ----------------------------------------------
+    # An output unit is what the last hop makes of `align` consecutive first-hop items (one
+    # item without batching pools); it is what a tolerant run delivers or fails as a whole.
+    def _unit_items(self, items: Sequence[Any], start: int, unit: int) -> Any:
+        """The first-hop item(s) of output unit ``unit`` among ``items`` (from ``start``)."""
+        a = unit * self.align - start
+        return items[a] if self.align == 1 else list(items[a : a + self.align])
+
+    def _fail_unit(self, unit: int, error: BaseException, item: Any, stage: str) -> None:
+        """Deliver output unit ``unit`` as a failure, in its place in the stream."""
+        self._store(unit * self.align, [Failed(error, item, stage)], self.align)
+
+    def _rerun_units(
+        self, items: Sequence[Any], start: int, failed: dict[int, Failed] | set[int]
+    ) -> None:
+        """Run the output units of ``items`` not in ``failed`` again, one unit per chunk."""
+        for a in range(0, len(items), self.align):
+            if (start + a) // self.align not in failed:
+                self.redo.append((start + a, items[a : a + self.align]))
+
     def _fail_unpicklable(self, start: int, items: Sequence[Any]) -> None:
-        """Tolerant runs: the items that do not pickle fail; the others go again one by one."""
-        for k, item in enumerate(items):
-            try:
-                cloudpickle.dumps(item)
-            except Exception as inner:
-                msg = f"item {start + k} cannot be pickled to reach a worker: {inner}"
-                error = SerializationError(msg, "<item pickling>", None, None, start + k)
-                error.__cause__ = inner
-                self.failures[start + k] = Failed(error)
-                self._deliver_failure(start + k)
+        """Tolerant runs: the units whose items do not pickle fail; the others go again."""
+        for a in range(0, len(items), self.align):
+            unit = (start + a) // self.align
+            for k in range(a, min(a + self.align, len(items))):
+                try:
+                    cloudpickle.dumps(items[k])
+                except Exception as inner:
+                    msg = f"item {start + k} cannot be pickled to reach a worker: {inner}"
+                    index = self._index(0, start + k)
+                    error = SerializationError(msg, "<item pickling>", None, None, index)
+                    error.__cause__ = inner
+                    self._fail_unit(
+                        unit, error, self._unit_items(items, start, unit), self.hops[0].name
+                    )
+                    break
             else:
-                self.redo.append((start + k, [item]))
+                self.redo.append((start + a, items[a : a + self.align]))
 
     def _unpicklable(self, start: int, items: Sequence[Any], exc: Exception) -> NoReturn:
         for k, item in enumerate(items):
@@ -418,33 +462,42 @@ class Run:
         if self.bars is not None:
             self.bars[h].update(n)
         self._resize(h, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
+        self._check_health(w, n)
         errors = msg.errors
         if errors and not self.tolerant:
             k, report = min(errors, key=lambda e: e[0])
             index = chunk.start // self.hops[h].unit + k
             what = f"while running {self._label(h, index)}{after_retries(self.options.retries)}"
             self._raise_report(w, report, h, index, what)
-        if errors:
-            self._fail_items(w, chunk, errors, held)
         if isinstance(msg, Held):
-            if not errors:
+            if errors:
+                self._fail_held(w, chunk, errors)
+            else:
                 self.ledger.hold(chunk, w)
             return
         values = msg.values
-        if errors:
+        if errors:  # (the last hop's units are output units)
             values = list(values)
-            for k, _ in errors:
-                values[k] = self.failures.pop(chunk.start + k)
+            for unit, failed in self._failures(w, chunk, errors).items():
+                values[unit - chunk.start // self.align] = failed
         self.ledger.finish(chunk)
         self._store(chunk.start, values, len(chunk.items))
+
+    def _check_health(self, w: Worker, n: int) -> None:
+        """Mark a worker for replacement after ``max_items_per_worker`` units, or once its
+        resident memory passed ``max_worker_memory`` (it finishes the chunks it has)."""
+        w.units_done += n
+        most, memory = self.options.max_items_per_worker, self.options.max_worker_memory
+        due = most is not None and w.units_done >= most
+        w.retiring = due or (memory is not None and w.resident_bytes() > memory)
 
     def _on_bad_output(self, w: Worker, msg: BadOutput) -> None:
         chunk = self.ledger.live.get(msg.chunk_id)
         if chunk is None:
             return
-        if self.tolerant:  # fail that item; the chunk's others run again
+        if self.tolerant:  # fail that unit; the chunk's others run again
             self.ledger.untrack(chunk)
-            self._fail_items(w, chunk, [(msg.position, msg.error)], held=True)
+            self._fail_held(w, chunk, [(msg.position, msg.error)])
             return
         index = chunk.start // self.hops[w.hop].unit + msg.position
         what = f"while sending {self._label(w.hop, index)} to the next stage"
@@ -470,34 +523,40 @@ class Run:
         )
         if not self.tolerant:
             raise error
-        # tolerant: the chunk's items fail (which one is unknown), the run goes on
+        # tolerant: the chunk's units fail (which one is unknown), the run goes on
         self.ledger.untrack(chunk)
-        for k in range(len(chunk.items)):
-            self.failures[chunk.start + k] = Failed(error)
-            self._deliver_failure(chunk.start + k)
+        for a in range(0, len(chunk.items), self.align):
+            unit = (chunk.start + a) // self.align
+            items = self._unit_items(chunk.items, chunk.start, unit)
+            self._fail_unit(unit, error, items, self.hops[w.hop].name)
 
-    def _fail_items(
-        self, w: Worker, chunk: Chunk, errors: list[tuple[int, ErrorReport]], held: bool
-    ) -> None:
-        """Tolerant runs (one item, one unit in every hop): turn errors into failures."""
+    def _failures(
+        self, w: Worker, chunk: Chunk, errors: list[tuple[int, ErrorReport]]
+    ) -> dict[int, Failed]:
+        """Tolerant runs: what ``w`` reported for units of ``chunk`` (at its hop), as
+        failures of the output units they belong to."""
+        per = self.hops[w.hop].unit
+        out: dict[int, Failed] = {}
         for k, report in errors:
-            index = chunk.start + k
+            index = chunk.start // per + k  # a unit of w's hop
             what = f"while running {self._label(w.hop, index)}"
-            error = report.to_error(what=what, device=w.device, worker=w.index, index=index)
-            self.failures[index] = Failed(error)
-        if held:
-            # The other items of the chunk did not move on: re-run them from the start.
-            self.ledger.live.pop(chunk.id, None)
-            failed = {k for k, _ in errors}
-            for k, item in enumerate(chunk.items):
-                index = chunk.start + k
-                if k in failed:
-                    self._deliver_failure(index)
-                else:
-                    self.redo.append((index, [item]))
+            error = report.to_error(
+                what=what, device=w.device, worker=w.index, index=self._index(w.hop, index)
+            )
+            unit = index * per // self.align
+            stage = self.hops[w.hop].name if report.stage.startswith("<") else report.stage
+            item = self._unit_items(chunk.items, chunk.start, unit)
+            out.setdefault(unit, Failed(error, item, stage))
+        return out
 
-    def _deliver_failure(self, index: int) -> None:
-        self._store(index, [self.failures.pop(index)], 1)
+    def _fail_held(self, w: Worker, chunk: Chunk, errors: list[tuple[int, ErrorReport]]) -> None:
+        """Tolerant runs: units of a chunk failed before its last hop; the other output units
+        of the chunk did not move on: they run again from the start."""
+        failed = self._failures(w, chunk, errors)
+        self.ledger.live.pop(chunk.id, None)
+        for unit, failure in failed.items():
+            self._store(unit * self.align, [failure], self.align)
+        self._rerun_units(chunk.items, chunk.start, failed)
 
     # -- deaths ----------------------------------------------------------------------------
     def on_death(self, w: Worker) -> None:
@@ -514,7 +573,7 @@ class Run:
         if not blame.charged:
             self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
             exhausted = self.idle_deaths[w.slot] > self.options.retries
-        spared: set[int] = set()  # tolerant: first-hop items failed instead of re-run
+        spared: set[int] = set()  # tolerant: output units failed instead of re-run
         if exhausted:
             held = sum(len(c.items) for c in lost)
             error = death_error(w, blame, held, self.chain, self.options)
@@ -522,9 +581,13 @@ class Run:
                 raise error
             culprit = blame.culprit
             for index in [culprit] if culprit is not None else blame.charged:
-                self.failures[index] = Failed(error)
-                self._deliver_failure(index)
-                spared.add(index)
+                out = index * unit // self.align
+                if out in spared:
+                    continue
+                spared.add(out)
+                chunk = next(c for c in lost if c.start <= out * self.align < c.end)
+                items = self._unit_items(chunk.items, chunk.start, out)
+                self._fail_unit(out, error, items, self.hops[w.hop].name)
         # Re-run what it had ahead of new input.
         self.redo.extendleft(reversed(requeue(lost, blame, unit, self.align, spared)))
         self.workers.respawn(w.slot)
@@ -600,7 +663,6 @@ class Run:
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()
-        self.failures.clear()
         self.ledger.clear()
 
 

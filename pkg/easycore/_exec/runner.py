@@ -11,18 +11,21 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
+import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
 from easycore._devices import INLINE
-from easycore._errors import EasycoreError
+from easycore._errors import EasycoreError, Failure
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
 from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
+from easycore._exec.policy import set_aside
+from easycore._exec.resume import RunLedger
 from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
@@ -181,10 +184,20 @@ class Runner:
         timeout: float | None = None,
         retries: int = 0,
         prefetch: int | None = None,
+        *,
+        errors: str = "raise",
+        on_error: Callable[[Failure], Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        retry_failed: bool = False,
+        max_items_per_worker: int | None = None,
+        max_worker_memory: int | str | None = None,
     ) -> Any:
         """Run ``data`` through the pipeline on this runner's workers.
 
-        ``prefetch`` overrides the runner's for this run (see :meth:`imap`).
+        ``prefetch`` overrides the runner's for this run (see :meth:`imap`); ``errors``,
+        ``on_error``, ``resume``, ``key``, ``retry_failed``, ``max_items_per_worker`` and
+        ``max_worker_memory`` are those of :meth:`Pipeline.map <easycore.Pipeline.map>`.
 
         Returns:
             The consumer's result, or a list of the producers' results without a consumer.
@@ -201,6 +214,13 @@ class Runner:
             retries=retries,
             seed=seed,
             prefetch=prefetch,
+            errors=errors,
+            on_error=on_error,
+            resume=resume,
+            key=key,
+            retry_failed=retry_failed,
+            max_items_per_worker=max_items_per_worker,
+            max_worker_memory=max_worker_memory,
         )
         return self.run_map(data, options)
 
@@ -231,6 +251,14 @@ class Runner:
         timeout: float | None = None,
         retries: int = 0,
         prefetch: int | None = None,
+        *,
+        errors: str = "raise",
+        on_error: Callable[[Failure], Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        retry_failed: bool = False,
+        max_items_per_worker: int | None = None,
+        max_worker_memory: int | str | None = None,
     ) -> Iterator[Any]:
         """Yield the producers' results lazily, with bounded memory (no consumer allowed).
 
@@ -254,6 +282,13 @@ class Runner:
             retries=retries,
             seed=seed,
             prefetch=prefetch,
+            errors=errors,
+            on_error=on_error,
+            resume=resume,
+            key=key,
+            retry_failed=retry_failed,
+            max_items_per_worker=max_items_per_worker,
+            max_worker_memory=max_worker_memory,
         )
         return self.run_imap(data, options)
 
@@ -278,11 +313,23 @@ class Runner:
     def _open_stream(self, data: Iterable[Any], options: RunOptions) -> Segments:
         size = options.batch_size
         source: Iterable[Any] = batched(data, size) if size else data
+        ledger = None
+        if options.resume is not None:
+            ledger = RunLedger(options.resume, options, self._chain.align)
+            source = ledger.source(source)
         bars = self._progress_bars(data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
-            source, options, bars=bars, is_current=lambda: self._is_current(generation)
+            source,
+            options,
+            bars=bars,
+            tolerant=options.skip,
+            is_current=lambda: self._is_current(generation),
         )
+        if ledger is not None:
+            stream = ledger.record(stream)
+        if options.skip:
+            stream = set_aside(stream, options, self._chain.align)
         supervised = self._supervised(stream, bars)
         primed = next(supervised)  # work starts now (an error here has closed the runner)
         assert primed is PRIMED

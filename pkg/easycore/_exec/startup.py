@@ -17,6 +17,7 @@ import multiprocessing.forkserver
 import multiprocessing.spawn
 import os
 import resource
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "context",
     "hidden_main",
     "kill_all",
+    "kill_group",
     "light_forkserver_pid",
     "light_wanted",
     "note_torch",
@@ -178,8 +180,15 @@ def hidden_main(light: bool = False) -> Iterator[None]:
                 forkserver.connect_to_new_process = connect
 
 
+def kill_group(pid: int | None) -> None:
+    """Kill what a worker started: its process group (a worker leads one; see _worker)."""
+    if pid:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def kill_all(procs: list[Any]) -> None:
-    """Kill and reap processes (a finaliser's last resort: nothing graceful left to do)."""
+    """Kill and reap processes and what they started (a finaliser's last resort)."""
     for p in procs:
         with contextlib.suppress(Exception):
             if p.is_alive():
@@ -187,3 +196,4 @@ def kill_all(procs: list[Any]) -> None:
     for p in procs:
         with contextlib.suppress(Exception):
             p.join(1.0)
+        kill_group(p.pid)

@@ -27,7 +27,14 @@ from easycore._config import CfgNode
 from easycore._devices import cpu_count
 from easycore._errors import SerializationError, WorkerDied, WorkerError, describe_exitcode
 from easycore._exec.plan import Chain, Hop
-from easycore._exec.startup import context, hidden_main, kill_all, light_wanted, note_torch
+from easycore._exec.startup import (
+    context,
+    hidden_main,
+    kill_all,
+    kill_group,
+    light_wanted,
+    note_torch,
+)
 from easycore._protocol import (
     PROTOCOL,
     SLOT_WIDTH,
@@ -43,6 +50,9 @@ from easycore._transport import Channel
 from easycore._worker import WorkerSpec, worker_main
 
 __all__ = ["Worker", "WorkerSet"]
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def poller(fds: Sequence[int]) -> Any:
@@ -70,6 +80,9 @@ class Worker:
     # chunks whose results it holds for the next hop, or is sending there
     holding: dict[int, Any] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the unit we killed it for
+    units_done: int = 0  # units it finished (max_items_per_worker)
+    retiring: bool = False  # takes no more chunks: it is replaced once it holds none
+    stopping: bool = False  # told to end (retiring): its goodbye brings a fresh worker
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
     _exit_poll: Any = None
 
@@ -80,7 +93,15 @@ class Worker:
     def has_room(self, depth: int) -> bool:
         """Whether it may take another chunk: it holds fewer than ``depth`` (a worker that
         is still starting queues them; it runs them once its ``init`` is done)."""
-        return self.alive and len(self.outstanding) < depth
+        return self.alive and not self.retiring and len(self.outstanding) < depth
+
+    def resident_bytes(self) -> int:
+        """Its resident memory now (0 when it cannot be read)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/statm", "rb") as f:
+                return int(f.read().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return 0
 
     def exited(self) -> bool:
         """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
@@ -299,6 +320,18 @@ class WorkerSet:
                     raise msg.error.to_error(
                         what="while starting", device=w.device, worker=w.slot, index=None
                     )
+                elif w.stopping and isinstance(msg, Ended | EndFailed):
+                    note_torch(isinstance(msg, Ended) and msg.torch_loaded)
+                    if isinstance(msg, EndFailed):
+                        self._bury(w)
+                        raise msg.error.to_error(
+                            what="while ending (the worker was being replaced)",
+                            device=w.device,
+                            worker=w.slot,
+                            index=None,
+                        )
+                    self._replace(w)
+                    return
                 elif handler is not None:
                     w.last_nbytes = len(frame) + w.chan.shm_in
                     w.chan.shm_in = 0
@@ -307,6 +340,16 @@ class WorkerSet:
             broken = True
         if broken or w.exited():
             self._bury(w)
+            if w.stopping:
+                code = w.proc.exitcode
+                if code == 0:  # it ended before we read its goodbye
+                    self.respawn(w.slot)
+                    return
+                msg = (
+                    f"worker {w.slot} on {w.device} died while ending (it was being "
+                    f"replaced): {describe_exitcode(code)}"
+                )
+                raise WorkerDied(msg, w.device, w.slot, code)
             if not w.ready:
                 code = w.proc.exitcode
                 msg = (
@@ -326,9 +369,24 @@ class WorkerSet:
         if w.proc.is_alive():  # pipe broke but the process lingers: finish it
             w.proc.kill()
             w.proc.join(1.0)
+        kill_group(w.proc.pid)  # and whatever it started
         w.alive = False
         with contextlib.suppress(Exception):
             w.chan.close()
+
+    # -- replacing a healthy worker (max_items_per_worker, max_worker_memory) ---------------
+    def retire(self, w: Worker) -> None:
+        """Ask ``w`` (holding no chunk) to run ``end`` and exit; a fresh worker replaces it
+        when it has (see :meth:`_read`)."""
+        w.stopping = True
+        with contextlib.suppress(OSError, ValueError):  # dying anyway: its sentinel tells us
+            w.conn.send_bytes(STOP)
+
+    def _replace(self, w: Worker) -> None:
+        """A retired worker said goodbye: bury it and start a fresh one in its slot."""
+        w.proc.join(5.0)
+        self._bury(w)
+        self.respawn(w.slot)
 
     # -- stop --------------------------------------------------------------------------------
     def stop(self, grace: float | None) -> BaseException | None:
@@ -368,6 +426,7 @@ class WorkerSet:
                 if w.proc.is_alive():
                     w.proc.kill()
                 w.proc.join(2.0)
+                kill_group(w.proc.pid)  # what it started ends with it
                 with contextlib.suppress(Exception):
                     w.chan.close()
                 w.alive = False

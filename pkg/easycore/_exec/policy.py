@@ -1,0 +1,61 @@
+"""``errors="skip"``: failures set aside, reported, and left out of the results.
+
+A tolerant run delivers a failed output unit as a :class:`~easycore._exec.run.Failed` in its
+place in the stream; :func:`set_aside` takes those out (so neither the caller nor the consumer
+sees them), reports each as an :class:`easycore.Failure` to ``on_error`` (in the calling
+process), or, without one, warns once per run with the count and the first failure.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from easycore._errors import Failure
+from easycore._exec.run import Failed
+from easycore._options import RunOptions
+
+__all__ = ["SkippedItemsWarning", "set_aside"]
+
+
+class SkippedItemsWarning(RuntimeWarning):
+    """Items failed and were left out of a run with ``errors="skip"`` and no ``on_error``."""
+
+
+def set_aside(stream: Iterator[Any], options: RunOptions, align: int) -> Iterator[Any]:
+    """Pass ``stream``'s segments on without their failed units, reporting each."""
+    count = 0
+    first: Failure | None = None
+    try:
+        yield next(stream)  # PRIMED
+        for start, values in stream:
+            if not any(type(v) is Failed for v in values):
+                yield start, values
+                continue
+            kept: list[Any] = []
+            at = start
+            for k, value in enumerate(values):
+                if type(value) is not Failed:
+                    kept.append(value)
+                    continue
+                if kept:
+                    yield at, kept
+                    kept = []
+                at = start + (k + 1) * align
+                unit = start // align + k
+                failure = Failure(options.global_index(unit), value.item, value.stage, value.exc)
+                count += 1
+                if options.on_error is not None:
+                    options.on_error(failure)
+                elif first is None:
+                    first = failure
+            if kept:
+                yield at, kept
+    finally:
+        if count and options.on_error is None:
+            msg = (
+                f"{count} item(s) failed and were left out of the results (errors='skip'); "
+                f"the first: {first!r}. Pass on_error= to see every one."
+            )
+            warnings.warn(msg, SkippedItemsWarning, stacklevel=2)

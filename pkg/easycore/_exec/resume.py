@@ -1,0 +1,181 @@
+"""``resume=path``: a run's finished units kept in an SQLite file, so a run killed half-way
+computes only what is missing when called again.
+
+The ledger lives in the calling process (``sqlite3``, WAL mode) and works on *output units*:
+what the last hop makes of ``align`` consecutive first-hop items (an item; a batch with
+``batch_size``). Per unit it keeps a key (its index in the input, or ``key(item)``), a
+digest of its items, and its pickled result, or the error it was set aside with
+(``errors="skip"``). Two pieces wrap a run:
+
+* :meth:`RunLedger.source` reads the input: a unit the ledger holds is replaced by
+  ``CACHED`` markers, which workers pass on without running anything, so every other item
+  keeps its index (and its seed, its place in the order); a unit whose digest differs from
+  the ledger's is a ``ValueError`` (the input changed);
+* :meth:`RunLedger.record` reads the results: it puts stored results back in place of the
+  markers and writes what was computed, one transaction per chunk of results.
+
+SQLite commits are atomic: a caller killed at any moment leaves the file as it was after
+the last whole chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import os
+import pickle
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import cloudpickle
+
+from easycore._errors import WorkerError, short_repr
+from easycore._exec.run import Failed
+from easycore._options import RunOptions
+from easycore._protocol import CACHED
+
+__all__ = ["RunLedger"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS units (
+    key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<repr(key(item))>'
+    digest BLOB NOT NULL,    -- blake2b of the unit's items, pickled
+    error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
+    stage TEXT,
+    result BLOB              -- the pickled result (NULL when set aside)
+)
+"""
+_LOOKUP = 256  # units looked up in the file at once
+
+
+class RunLedger:
+    """The finished units of one run (and of the runs before it) in an SQLite file."""
+
+    def __init__(self, path: str | os.PathLike[str], options: RunOptions, align: int) -> None:
+        self.path = os.fspath(path)
+        self.options = options
+        self.align = align
+        self.key_fn: Callable[[Any], Any] | None = options.key
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
+        self.db.execute(_SCHEMA)
+        # per output unit taken from the input and not yet delivered: (key, digest, state,
+        # items) with state "new", "done" (the result is in the file) or "failed"
+        self.pending: dict[int, tuple[str, bytes, str, Any]] = {}
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+
+    # -- the input ---------------------------------------------------------------------------
+    def _key(self, index: int, items: Any) -> str:
+        if self.key_fn is None:
+            return f"i:{self.options.global_index(index)}"
+        return f"k:{self.key_fn(items)!r}"
+
+    def source(self, units: Iterable[Any]) -> Iterator[Any]:
+        """The first-hop items of ``units`` (items, or batches), with ``CACHED`` markers in
+        place of every unit the ledger holds.
+
+        Raises:
+            ValueError: a unit's items differ from what the ledger recorded under its key.
+        """
+        it = iter(units)
+        index = itertools.count()
+        while True:
+            block = []
+            for _ in range(_LOOKUP):
+                items = list(itertools.islice(it, self.align))
+                if not items:
+                    break
+                block.append((next(index), items))
+            if not block:
+                return
+            keyed = []
+            for j, items in block:
+                unit = items[0] if self.align == 1 else items
+                digest = hashlib.blake2b(cloudpickle.dumps(unit), digest_size=16).digest()
+                keyed.append((j, items, unit, self._key(j, unit), digest))
+            marks = ",".join("?" * len(keyed))
+            rows = {
+                k: (d, e)
+                for k, d, e in self.db.execute(
+                    f"SELECT key, digest, error FROM units WHERE key IN ({marks})",
+                    [k for *_, k, _ in keyed],
+                )
+            }
+            for j, items, unit, key, digest in keyed:
+                row = rows.get(key)
+                if row is not None and row[0] != digest:
+                    msg = (
+                        f"{self.options.label(j)} ({short_repr(unit)}) differs from the one "
+                        f"{self.path} recorded under key {key[2:]}: the input changed since "
+                        "that run; use another file, or the same input"
+                    )
+                    raise ValueError(msg)
+                if row is None or (row[1] is not None and self.options.retry_failed):
+                    cached, state = False, "new"
+                else:
+                    cached, state = True, ("done" if row[1] is None else "failed")
+                self.pending[j] = (key, digest, state, unit)
+                if cached:
+                    yield from [CACHED] * len(items)
+                else:
+                    yield from items
+
+    # -- the results -------------------------------------------------------------------------
+    def record(self, stream: Iterator[Any]) -> Iterator[Any]:
+        """Pass ``stream``'s segments on with stored results in place of ``CACHED``, writing
+        each segment's new results (or failures) in one transaction."""
+        try:
+            yield next(stream)  # PRIMED
+            for start, values in stream:
+                yield start, self._settle(start // self.align, values)
+        finally:
+            self.close()
+
+    def _settle(self, first: int, values: list[Any]) -> list[Any]:
+        rows: list[tuple[str, bytes, str | None, str | None, bytes | None]] = []
+        stored: list[tuple[int, str, Any]] = []
+        for k, value in enumerate(values):
+            key, digest, state, unit = self.pending.pop(first + k)
+            if state != "new":
+                stored.append((k, key, unit))
+            elif isinstance(value, Failed):
+                error = str(value.exc).split("\n", 1)[0]
+                rows.append((key, digest, error or type(value.exc).__name__, value.stage, None))
+            else:
+                rows.append((key, digest, None, None, cloudpickle.dumps(value)))
+        if stored:
+            values = list(values)
+            marks = ",".join("?" * len(stored))
+            found = {
+                key: (error, stage, blob)
+                for key, error, stage, blob in self.db.execute(
+                    f"SELECT key, error, stage, result FROM units WHERE key IN ({marks})",
+                    [key for _, key, _ in stored],
+                )
+            }
+            for k, key, unit in stored:
+                error, stage, blob = found[key]
+                if error is None:
+                    values[k] = pickle.loads(blob)
+                    continue
+                index = self.options.global_index(first + k)
+                msg = f"{self.options.label(first + k)} was set aside by an earlier run: {error}"
+                exc = WorkerError(msg, stage, None, None, index)
+                if not self.options.skip:
+                    raise exc
+                values[k] = Failed(exc, unit, stage or "")
+        if rows:  # one transaction per chunk of results, never one per item
+            self.db.execute("BEGIN")
+            try:
+                self.db.executemany("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?)", rows)
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        return values
