@@ -100,3 +100,101 @@ def test_soak_random_faults_in_every_pool(tmp_path: Path, capsys, ordered):
     tags = dict(zip("abc", faults, strict=True))
     what = f"3 pools: 1 + 2 + 1 workers, ordered={ordered}"
     report(capsys, what, tags, tmp_path, wall)
+
+
+RESUMED_SOAK = """
+import os, random, signal, sys, time
+from easycore import consumer, producer
+
+n, db, marks = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+rng = random.Random(77)
+plan = {i: rng.choice(["raise", "exit", "sigkill"]) for i in range(n) if rng.random() < 0.01}
+poison = set(sorted(plan)[::3])  # a third of the faults fail every time: set aside
+
+def work(x):
+    time.sleep(0.001)
+    how = plan.get(x)
+    if how is not None and x not in poison:  # the others fail once (a marker file each)
+        try:
+            os.close(os.open(os.path.join(marks, str(x)), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            how = None
+    if how == "raise":
+        raise RuntimeError(f"fault at {x}")
+    if how == "exit":
+        os._exit(7)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+total = consumer(init=0)(lambda acc, y: acc + y)
+failed = []
+out = (producer(work) >> total).map(
+    range(n), devices=2, retries=2, errors="skip", on_error=failed.append, resume=db
+)
+print("RESULT", out, ",".join(str(f.index) for f in failed), ",".join(map(str, sorted(poison))))
+"""
+
+
+def _ledger_rows(db: Path) -> int:
+    import contextlib
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        try:
+            return int(con.execute("SELECT count(*) FROM units").fetchone()[0])
+        except sqlite3.OperationalError:  # not created yet
+            return 0
+
+
+@pytest.mark.timeout(900)
+def test_soak_killed_and_resumed(tmp_path: Path, capsys):
+    """~1% faults (a third of them poison: set aside), the caller killed three times and
+    resumed each time: the fault-free sum over the items that are not poison."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    script = tmp_path / "soak.py"
+    script.write_text(RESUMED_SOAK)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    db = tmp_path / "run.db"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, str(script), str(ITEMS), str(db), str(marks)]
+    t0 = time.perf_counter()
+    kills = 0
+    while True:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        if kills < 3:
+            # kill once the ledger holds more than it did: mid-run, after real progress
+            before = _ledger_rows(db)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                if _ledger_rows(db) >= before + max(1, ITEMS // 8):
+                    break
+                time.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                kills += 1
+                proc.communicate(timeout=30)
+                with sqlite3.connect(db) as con:
+                    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+                continue
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0
+        break
+    wall = time.perf_counter() - t0
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT"))
+    _, total, failed, poison = line.split(" ")
+    poison_set = {int(x) for x in poison.split(",") if x}
+    assert {int(x) for x in failed.split(",") if x} == poison_set
+    assert int(total) == sum(x * x for x in range(ITEMS) if x not in poison_set)
+    assert kills == 3
+    with capsys.disabled():
+        print(
+            f"\nsoak (killed {kills} times, resumed): {ITEMS} items, {len(poison_set)} set "
+            f"aside, {wall:.2f} s wall"
+        )
