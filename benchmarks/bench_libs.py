@@ -285,12 +285,20 @@ class Easycore:
             pipeline = pipeline >> consumer(init=wl.FOLD_INIT)(wl.FOLDS[opts["stream"]])
         self.pipeline, self.workers = pipeline, workers
         self.runner = pipeline.open(devices=workers) if keep else None
+        # "resume=1": a run ledger in a fresh SQLite file per run (its overhead is measured)
+        self.ledger = "resume" in opts
+        self.kwargs: dict[str, Any] = {}
 
     def run(self, items: Sequence[int]) -> Any:
+        if self.ledger:
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="easycore-bench-")
+            self.kwargs["resume"] = f"{folder}/run.db"
         if self.runner is not None:
-            out = self.runner.map(items)
+            out = self.runner.map(items, **self.kwargs)
         else:
-            out = self.pipeline.map(items, devices=self.workers)
+            out = self.pipeline.map(items, devices=self.workers, **self.kwargs)
         if self.sum:
             return sum(out)
         return [y for batch in out for y in batch] if self.flatten else out

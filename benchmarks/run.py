@@ -178,6 +178,7 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
         Case("W2", "joblib", "default", "peer", "joblib.Parallel (loky), batch_size=auto"),
         Case("W2", "mpire", "default", "peer", "mpire.WorkerPool, default chunk_size"),
         Case("W2", "easycore", "default", "easycore", ec),
+        Case("W2", "easycore", "resume=1", "easycore", f"{ec}, resume= (a run ledger)"),
     ]
 
     for w, kind in (("W3", ", 1 torch thread/worker"), ("W3b", "")):
@@ -276,6 +277,13 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             f"pools={workers}+1",
             "easycore",
             f"easycore decode.on({workers}) >> model.on(1, batch_size=64)",
+        ),
+        Case(
+            "W5",
+            "easycore",
+            f"pools={workers}+1,resume=1",
+            "easycore",
+            f"easycore decode.on({workers}) >> model.on(1, ...), resume= (a run ledger)",
         ),
     ]
     # W6: a training loop fed by easycore's imap on an open runner against DataLoader
@@ -554,9 +562,17 @@ def targets(rows: list[Row]) -> list[Target]:
                 what = f"easycore ({how}) / best peer, items/s"
                 out.append(Target(g, what, ratio(group, r, best), 1.0, True))
         elif g == "W2":
+            plain = next((r for r in ecs if "resume" not in r.case.variant), None)
             out.append(
-                Target(g, "easycore speed-up over sequential", ec.median if ec else None, 1.9, True)
+                Target(
+                    g,
+                    "easycore speed-up over sequential",
+                    plain.median if plain else None,
+                    1.9,
+                    True,
+                )
             )
+            out += _ledger_targets(g, ecs)
         elif g in ("W3", "W3b", "W3 stream", "W3b stream"):
             ref = role(group.workload, "reference")  # the streamed groups share it
             out.append(Target(g, "easycore / best peer, GB/s", rat, 10.0, True))
@@ -582,7 +598,10 @@ def targets(rows: list[Row]) -> list[Target]:
             what = "easycore (torch caller) - `import torch` (s)"
             out.append(Target(g, what, extra, 0.5, False))
         elif g == "W5":
+            pools = next((r for r in ecs if "resume" not in r.case.variant), None)
+            rat = ratio(group, pools, best) if pools else None
             out.append(Target(g, "pools / best fused run, items/s", rat, 1.0, True))
+            out += _ledger_targets(g, ecs)
         elif g.startswith("W6"):
             best_ec = min(ecs, key=lambda r: r.median, default=None)
             out.append(
@@ -603,6 +622,17 @@ def targets(rows: list[Row]) -> list[Target]:
                 what = "easycore (prefetch=32) wait after pauses (s)"
                 out.append(Target(g, what, after, 0.005, False))
     return out
+
+
+def _ledger_targets(g: str, ecs: list[Row]) -> list[Target]:
+    """A run ledger (resume=) costs at most 10%: its row against the same row without."""
+    ledger = next((r for r in ecs if "resume=1" in r.case.variant), None)
+    if ledger is None:
+        return []
+    base = ledger.case.variant.replace(",resume=1", "").replace("resume=1", "default")
+    plain = next((r for r in ecs if r.case.variant == base), None)
+    frac = ledger.median / plain.median if plain else None
+    return [Target(g, "easycore with a run ledger / without, same work", frac, 0.90, True)]
 
 
 def print_targets(ts: list[Target], quick: bool) -> None:
