@@ -15,3 +15,17 @@ def first_time(marker: Path) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def ledger_rows(db: Path) -> int:
+    """How many units a run ledger (``resume=``) holds; 0 before it exists."""
+    import contextlib
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        try:
+            return int(con.execute("SELECT count(*) FROM units").fetchone()[0])
+        except sqlite3.OperationalError:  # the table is not created yet
+            return 0

@@ -489,3 +489,17 @@ class TestWorkersChildren:
         proc.kill()
         proc.communicate(timeout=10)
         assert wait_for(lambda: gone(pids), 15), "orphans left behind"
+
+
+class TestDataLoaderInAWorker:
+    def test_a_dataloader_with_workers_inside_a_worker(self):
+        """A producer may run a DataLoader with num_workers (processes of its own)."""
+
+        @producer
+        def load(n):
+            import torch
+
+            loader = torch.utils.data.DataLoader(list(range(n)), batch_size=4, num_workers=2)
+            return int(sum(int(b.sum()) for b in loader))
+
+        assert load.map([8, 12], devices=1) == [sum(range(8)), sum(range(12))]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from easycore import consumer, producer
+from helpers import ledger_rows
 
 ITEMS = int(os.environ.get("EASYCORE_SOAK", "2000"))
 
@@ -136,19 +137,6 @@ print("RESULT", out, ",".join(str(f.index) for f in failed), ",".join(map(str, s
 """
 
 
-def _ledger_rows(db: Path) -> int:
-    import contextlib
-    import sqlite3
-
-    if not db.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(db)) as con:
-        try:
-            return int(con.execute("SELECT count(*) FROM units").fetchone()[0])
-        except sqlite3.OperationalError:  # not created yet
-            return 0
-
-
 @pytest.mark.timeout(900)
 def test_soak_killed_and_resumed(tmp_path: Path, capsys):
     """~1% faults (a third of them poison: set aside), the caller killed three times and
@@ -170,10 +158,10 @@ def test_soak_killed_and_resumed(tmp_path: Path, capsys):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         if kills < 3:
             # kill once the ledger holds more than it did: mid-run, after real progress
-            before = _ledger_rows(db)
+            before = ledger_rows(db)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and proc.poll() is None:
-                if _ledger_rows(db) >= before + max(1, ITEMS // 8):
+                if ledger_rows(db) >= before + max(1, ITEMS // 8):
                     break
                 time.sleep(0.05)
             if proc.poll() is None:

@@ -12,11 +12,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from helpers import ledger_rows
 
 N = 60
 
@@ -48,16 +49,6 @@ JOB = textwrap.dedent(
 )
 
 
-def _rows(db: Path) -> int:
-    if not db.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(db)) as con:
-        try:
-            return int(con.execute("SELECT count(*) FROM units").fetchone()[0])
-        except sqlite3.OperationalError:
-            return 0
-
-
 @pytest.mark.timeout(300)
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
@@ -75,7 +66,7 @@ def test_killed_anywhere_then_resumed(tmp_path_factory, faults, kill_after):
     cmd = [sys.executable, str(script), json.dumps(faults), str(db), str(N)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
-    while proc.poll() is None and _rows(db) < kill_after and time.monotonic() < deadline:
+    while proc.poll() is None and ledger_rows(db) < kill_after and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.kill()
     proc.communicate(timeout=30)
