@@ -164,3 +164,39 @@ class TestTargets:
         )
         both = got[("W4 warm", "easycore / Pool fork, both callers with torch")]
         assert both == pytest.approx(24.0)
+
+
+def _row(group: str, lib: str, variant: str, role: str, seconds, extra=None) -> run.Row:
+    case = next(c for c in CASES if (c.group, c.lib, c.variant) == (group, lib, variant))
+    row = run.Row(case, 100, seconds=list(seconds), extra=list(extra or [{}] * len(seconds)))
+    assert case.role == role
+    return row
+
+
+class TestTrainingAndLedgerRows:
+    def test_w6_selects_its_three_cases(self):
+        assert {g for g, _ in groups_and_roles("W6")} == {"W6 fast", "W6 slow", "W6 pause"}
+
+    def test_w6_figure_is_the_epoch_against_its_ideal(self):
+        """Lower is better: 3 s for an ideal of 2 s is 1.5x; DataLoader is the peer."""
+        ideal = {"ideal": 2.0, "wait": 0.3, "after_pause": 0.0}
+        ec = _row("W6 fast", "easycore", "case=fast", "easycore", [3.0, 2.2, 2.4], [ideal] * 3)
+        dl = _row("W6 fast", "dataloader", "case=fast", "peer", [2.6, 2.6, 2.6], [ideal] * 3)
+        group = run.GROUPS["W6 fast"]
+        run.finish_group(group, [ec, dl])
+        assert ec.values == [1.5, 1.1, 1.2]
+        assert run.best_peer(group, [ec, dl]) is dl
+        assert run.ratio(group, ec, dl) == pytest.approx(1.3 / 1.2)
+
+    def test_the_ledger_target_compares_the_same_work(self):
+        """W5's ledger row is compared with the pools row, not the fused one."""
+        rows = [
+            _row("W5", "easycore", "pools=2+1", "easycore", [1.0]),
+            _row("W5", "easycore", "pools=2+1,resume=1", "easycore", [1.0]),
+            _row("W5", "easycore", "procs=3", "peer", [1.0]),
+        ]
+        for r, v in zip(rows, [5000.0, 4600.0, 2000.0], strict=True):
+            r.values = [v]
+        (target,) = run._ledger_targets("W5", [r for r in rows if r.case.role == "easycore"])
+        assert target.value == pytest.approx(0.92)
+        assert target.passed
