@@ -44,8 +44,11 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     sources.py   where items come from (iterable, range, submitted one at a time)
     sizing.py    adaptive chunk sizes, per hop
     ledger.py    where every chunk is (queued / held / moving), for exactly-once delivery
-    run.py       Run: the loop of named steps over the chain, blame after deaths
+    run.py       Run: the loop of named steps over the chain
+    blame.py     after a death: the unit to charge, the error naming it, what re-runs
     fold.py      the consumer, in the calling process
+    policy.py    errors="skip": failed units set aside and reported
+    resume.py    resume=: the run ledger in SQLite (finished units sent as CACHED markers)
     submit.py    Seat and SubmitFeeder behind Runner.submit
     sharded.py   map(distributed=True): a Runner per rank of a torchrun/Slurm job
 
