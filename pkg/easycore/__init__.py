@@ -28,6 +28,7 @@ from easycore._errors import (
     FrozenError,
     ItemTimeout,
     SerializationError,
+    SkippedItemsWarning,
     WorkerDied,
     WorkerError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "Registry",
     "Runner",
     "SerializationError",
+    "SkippedItemsWarning",
     "Stage",
     "StageStats",
     "WorkerDied",

@@ -30,6 +30,7 @@ __all__ = [
     "ItemTimeout",
     "RemoteTraceback",
     "SerializationError",
+    "SkippedItemsWarning",
     "WorkerDied",
     "WorkerError",
     "after_retries",
@@ -136,6 +137,11 @@ class WorkerDied(EasycoreError):
         self.worker = worker
         self.exitcode = exitcode
         self.index = index
+
+
+class SkippedItemsWarning(RuntimeWarning):
+    """Items failed and were left out of a run with ``errors="skip"`` and no ``on_error``
+    (one warning per run, with the count and the first :class:`Failure`)."""
 
 
 class Failure:

@@ -20,12 +20,12 @@ from easycore import (
     Failure,
     ItemTimeout,
     SerializationError,
+    SkippedItemsWarning,
     WorkerDied,
     WorkerError,
     consumer,
     producer,
 )
-from easycore._exec.policy import SkippedItemsWarning
 from helpers import first_time
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,15 +12,11 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from easycore._errors import Failure
+from easycore._errors import Failure, SkippedItemsWarning
 from easycore._exec.run import Failed
 from easycore._options import RunOptions
 
 __all__ = ["SkippedItemsWarning", "set_aside"]
-
-
-class SkippedItemsWarning(RuntimeWarning):
-    """Items failed and were left out of a run with ``errors="skip"`` and no ``on_error``."""
 
 
 def set_aside(stream: Iterator[Any], options: RunOptions, align: int) -> Iterator[Any]:
