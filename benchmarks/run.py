@@ -116,12 +116,12 @@ GROUPS: dict[str, Group] = {
         Group("W4 cold", "W4", "create 2 workers, 1 item, shut down: fresh process", "s", False),
         Group("W4 warm", "W4", "create 2 workers, 1 item, shut down: second time", "s", False),
         Group("W5", "W5", "items: 0.6 ms decode, then a 16 MiB model; 3 processes", "items/s"),
-        Group("W6 fast", "W6", "steps of 15 ms, batches of 10 ms per worker", "x ideal", False),
-        Group("W6 slow", "W6", "steps of 10 ms, batches of 40 ms per worker", "x ideal", False),
+        Group("W6 fast", "W6", "100 steps of 15 ms, batches of 10 ms", "x ideal", False),
+        Group("W6 slow", "W6", "100 steps of 10 ms, batches of 40 ms", "x ideal", False),
         Group(
             "W6 pause",
             "W6",
-            "steps of 12 ms + 1 s pauses, batches of 30 ms per worker",
+            "150 steps of 12 ms, 1 s pauses after 50 and 100, batches of 30 ms",
             "x ideal",
             False,
         ),
@@ -475,7 +475,7 @@ def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed
     unit = {"x seq": "speed-up over sequential", "s": "seconds"}.get(group.unit, group.unit)
     head = (
         f"{group.name}: {n:,} {group.title}"
-        if group.workload != "W4"
+        if group.workload not in ("W4", "W6")
         else (f"{group.name}: {group.title}")
     )
     print(f"\n{head}  [{unit}; {args.repeats} fresh process(es) per row; {elapsed:.0f} s]")
