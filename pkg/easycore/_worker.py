@@ -91,7 +91,7 @@ class _PeerClosed(NamedTuple):
     chan: Channel
 
 
-def _exit_quietly() -> None:
+def _die_with_caller() -> None:
     """The caller is gone: end this worker and every process it started (its group)."""
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
@@ -122,7 +122,7 @@ def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
         else:
             chan.send(obj)
     except (BrokenPipeError, ConnectionResetError, EOFError):
-        _exit_quietly()
+        _die_with_caller()
 
 
 def _or_die(target: Callable[..., None], *args: Any) -> None:
@@ -181,7 +181,7 @@ class _Reader:
             frame, fds = ch.recv_frame()
         except (EOFError, OSError):
             if role == "caller":
-                _exit_quietly()  # the caller died or closed our pipe without STOP: no orphan
+                _die_with_caller()  # the caller died or closed our pipe without STOP: no orphan
             self._lost(role, key, ch)
             return False
         if role == "up":
@@ -252,7 +252,7 @@ class _ToCaller:
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
-            _exit_quietly()
+            _die_with_caller()
         self.cur[self.at + AT_SENDING] = NOT_SENDING
 
     def _make_picklable(

@@ -66,10 +66,6 @@ class Hop:
     def name(self) -> str:
         return " >> ".join(s.name for s in self.stages)
 
-    @property
-    def slots(self) -> range:
-        return range(self.first_slot, self.first_slot + len(self.devices))
-
 
 @attrs.define(eq=False)
 class Chain:

@@ -105,6 +105,10 @@ class Run:
         self.tolerant = tolerant
         # chunks each worker may hold: queued, running, or done and waiting for us (prefetch)
         self.depth = options.prefetch or DEFAULT_PREFETCH
+        # workers are replaced after n items or past a memory bound (long jobs)
+        self.recycling = (
+            options.max_items_per_worker is not None or options.max_worker_memory is not None
+        )
         self.bars = bars
         self.is_current = is_current
         n = options.numbering
@@ -277,9 +281,10 @@ class Run:
         hold no chunk), then send new chunks to the first hop."""
         self._route()
         self._give_back()
-        for w in self.workers.workers:
-            if w.retiring and not (w.stopping or w.outstanding or w.holding):
-                self.workers.retire(w)
+        if self.recycling:
+            for w in self.workers.workers:
+                if w.retiring and not (w.stopping or w.outstanding or w.holding):
+                    self.workers.retire(w)
         timed = self.options.timeout is not None
         most = self.options.max_items_per_worker
         for w in self.workers.of_hop(self.hops[0]):
@@ -486,6 +491,8 @@ class Run:
     def _check_health(self, w: Worker, n: int) -> None:
         """Mark a worker for replacement after ``max_items_per_worker`` units, or once its
         resident memory passed ``max_worker_memory`` (it finishes the chunks it has)."""
+        if not self.recycling:
+            return
         w.units_done += n
         most, memory = self.options.max_items_per_worker, self.options.max_worker_memory
         due = most is not None and w.units_done >= most

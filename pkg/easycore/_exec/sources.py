@@ -45,9 +45,6 @@ class Source:
     def drain_wakeups(self) -> None:
         """Empty the wake-up socket (live sources)."""
 
-    def close(self) -> None:
-        """Let go of the input."""
-
 
 class IterSource(Source):
     def __init__(self, data: Iterable[Any]) -> None:
@@ -60,9 +57,6 @@ class IterSource(Source):
         if len(items) < n:
             self.exhausted = True
         return items
-
-    def close(self) -> None:
-        self.it = iter(())
 
 
 class RangeSource(Source):
@@ -79,9 +73,6 @@ class RangeSource(Source):
         if len(items) < n:
             self.exhausted = True
         return items
-
-    def close(self) -> None:
-        self.data = range(0)
 
 
 def source_of(data: Iterable[Any] | Source) -> Source:
@@ -147,6 +138,7 @@ class LiveSource(Source):
                 pass
 
     def close(self) -> None:
+        """Close the wake-up socket pair (the feeder does, when its run is over)."""
         with contextlib.suppress(OSError):
             self.rx.close()
         with contextlib.suppress(OSError):
