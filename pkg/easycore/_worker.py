@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import multiprocessing.util
 import os
 import pickle
 import queue
@@ -112,6 +113,19 @@ def _lead_a_group() -> None:
     # its group, which is what the daemon flag was there for.
     with contextlib.suppress(Exception):
         mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
+
+
+def _release_multiprocessing_objects() -> None:
+    """Unlink the named semaphores of multiprocessing objects the work left alive.
+
+    A queue, lock or event the work made (a DataLoader's, say) owns a named semaphore in
+    /dev/shm that its finaliser unlinks; a queue's feeder thread can keep one alive past the
+    work's end, and ``os._exit`` skips finalisers. Run the ones multiprocessing itself runs
+    at a process's exit (priority >= 0: semaphores, queues, managers), but join no children:
+    the caller ends this worker's group.
+    """
+    with contextlib.suppress(Exception):  # (what multiprocessing's _exit_function runs)
+        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
 
 
 def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
@@ -462,6 +476,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     failed = stages.finish()  # every stage's end runs even when an earlier one fails
     goodbye = EndFailed(failed.report()) if failed is not None else None
     _send(chan, goodbye or Ended("torch" in sys.modules))
+    _release_multiprocessing_objects()
     # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
     sys.stdout.flush()
     sys.stderr.flush()

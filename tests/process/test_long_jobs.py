@@ -503,3 +503,19 @@ class TestDataLoaderInAWorker:
             return int(sum(int(b.sum()) for b in loader))
 
         assert load.map([8, 12], devices=1) == [sum(range(8)), sum(range(12))]
+
+    def test_multiprocessing_objects_a_worker_keeps_leave_no_semaphore(self):
+        """A queue the work keeps alive to the end owns named semaphores; they go at close."""
+
+        @producer
+        def keep(n):
+            import multiprocessing
+
+            q = multiprocessing.Queue()
+            q.put(n)
+            multiprocessing.kept_by_this_test = q  # alive when the worker ends
+            return n
+
+        before = set(os.listdir("/dev/shm"))
+        assert keep.map([1, 2], devices=1) == [1, 2]
+        assert not {e for e in set(os.listdir("/dev/shm")) - before if e.startswith("sem.")}
