@@ -4,6 +4,7 @@ directory on sys.path, and workers receive the caller's sys.path)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -29,3 +30,28 @@ def ledger_rows(db: Path) -> int:
             return int(con.execute("SELECT count(*) FROM units").fetchone()[0])
         except sqlite3.OperationalError:  # the table is not created yet
             return 0
+
+
+def our_actors() -> list:
+    """Live processes of easycore's Ray actors (Ray titles them ``ray::StageActor...``)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if (p.info["cmdline"] or [""])[0].startswith("ray::StageActor"):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def wait_for(condition, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()

@@ -404,6 +404,7 @@ class Pipeline:
         cfg: Mapping[str, Any] | None = None,
         start_method: str | None = None,
         prefetch: int | None = None,
+        engine: str = "local",
     ) -> Runner:
         """Start workers that stay up across calls; use as a context manager.
 
@@ -418,6 +419,9 @@ class Pipeline:
             start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
             prefetch: chunks each worker may hold for a run, queued, running or finished
                 and waiting for the caller (default 2; see :meth:`imap`).
+            engine: ``"local"`` (worker processes on this machine) or ``"ray"`` (every pool
+                a group of Ray actors on the cluster ``ray.init()`` connects to; see
+                :meth:`map`).
 
         Returns:
             An active :class:`~easycore.Runner`.
@@ -428,7 +432,9 @@ class Pipeline:
         """
         from easycore._exec import open_runner
 
-        return open_runner(self, devices, cfg=cfg, start_method=start_method, prefetch=prefetch)
+        return open_runner(
+            self, devices, cfg=cfg, start_method=start_method, prefetch=prefetch, engine=engine
+        )
 
     def map(
         self,
@@ -444,6 +450,7 @@ class Pipeline:
         *,
         start_method: str | None = None,
         distributed: bool = False,
+        engine: str = "local",
         prefetch: int | None = None,
         errors: str = "raise",
         on_error: Callable[[Any], Any] | None = None,
@@ -481,6 +488,13 @@ class Pipeline:
         ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its
         resident memory has passed that; both act between chunks, never in the middle of
         an item, and nothing is lost or doubled.
+
+        ``engine="ray"`` runs every pool as a group of Ray actors on the cluster that
+        ``ray.init()`` connects to (``RAY_ADDRESS``, else a local Ray started for the run and
+        shut down after it; a Ray this process initialised itself is used as it is and left
+        running). There ``devices=n`` means n actors of one CPU each and a GPU entry an
+        actor holding one GPU; results pass between pools as Ray object references.
+        Everything above holds the same (a seeded run gives the same results).
 
         Returns:
             The consumer's result, or a list of results when there is no consumer.
@@ -522,6 +536,7 @@ class Pipeline:
             options=options,
             start_method=start_method,
             distributed=distributed,
+            engine=engine,
         )
 
     def imap(
@@ -537,6 +552,7 @@ class Pipeline:
         retries: int = 0,
         *,
         start_method: str | None = None,
+        engine: str = "local",
         prefetch: int | None = None,
         errors: str = "raise",
         on_error: Callable[[Any], Any] | None = None,
@@ -579,7 +595,13 @@ class Pipeline:
             max_worker_memory=max_worker_memory,
         )
         return run_imap(
-            self, data, devices=devices, cfg=cfg, options=options, start_method=start_method
+            self,
+            data,
+            devices=devices,
+            cfg=cfg,
+            options=options,
+            start_method=start_method,
+            engine=engine,
         )
 
 

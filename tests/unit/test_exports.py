@@ -40,6 +40,19 @@ class TestExports:
         )
         assert out.stdout.strip() == "False"
 
+    def test_import_and_a_local_run_do_not_load_ray(self):
+        """Ray is optional: `import easycore` and the local engine never import it."""
+        code = (
+            "import sys, easycore\n"
+            "sq = easycore.producer(lambda x: x * x)\n"
+            "assert sq.map([1, 2], devices='inline') == [1, 4]\n"
+            "print('ray' in sys.modules)"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == "False"
+
     def test_version(self):
         """A version string is exposed."""
         assert easycore.__version__.count(".") >= 1

@@ -95,9 +95,12 @@ def open_runner(
     cfg: Mapping[str, Any] | None,
     start_method: str | None,
     prefetch: int | None = None,
+    engine: str = "local",
 ) -> Runner:
     """``Pipeline.open``: an active runner whose workers stay up."""
-    return Runner(pipeline, devices, cfg=cfg, start_method=start_method, prefetch=prefetch)
+    return Runner(
+        pipeline, devices, cfg=cfg, start_method=start_method, prefetch=prefetch, engine=engine
+    )
 
 
 def run_map(
@@ -109,8 +112,12 @@ def run_map(
     options: RunOptions,
     start_method: str | None,
     distributed: bool = False,
+    engine: str = "local",
 ) -> Any:
     """``Pipeline.map``: fresh workers for one run, closed after it."""
+    if distributed and engine != "local":
+        msg = f"distributed=True runs under torchrun on the local engine, not engine={engine!r}"
+        raise ValueError(msg)
     if distributed:
         from easycore._exec.sharded import sharded_map  # imports torch.distributed helpers
 
@@ -126,7 +133,9 @@ def run_map(
         return sharded_map(
             pipeline, data, devices=devices, cfg=cfg, options=options, start_method=start_method
         )
-    with Runner(pipeline, devices, cfg=cfg, start_method=start_method, _wait=False) as runner:
+    with Runner(
+        pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
+    ) as runner:
         return runner.run_map(data, options)
 
 
@@ -138,10 +147,13 @@ def run_imap(
     cfg: Mapping[str, Any] | None,
     options: RunOptions,
     start_method: str | None,
+    engine: str = "local",
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
-    runner = Runner(pipeline, devices, cfg=cfg, start_method=start_method, _wait=False)
+    runner = Runner(
+        pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
+    )
     try:
         results = runner.run_imap(data, options)
     except BaseException as exc:

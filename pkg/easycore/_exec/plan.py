@@ -7,7 +7,7 @@ chain of one hop: there is no separate single-pool path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -112,13 +112,20 @@ class Chain:
         return text
 
 
-def plan_chain(pipeline: PipelineDef, devices: Any) -> Chain:
-    """Cut the producers into hops and give each its devices (raises ValueError early)."""
+def plan_chain(
+    pipeline: PipelineDef,
+    devices: Any,
+    parse: Callable[[Any], list[str]] = parse_devices,
+) -> Chain:
+    """Cut the producers into hops and give each its devices (raises ValueError early).
+
+    ``parse`` turns a ``devices`` argument into device strings (an engine's own meaning).
+    """
     cache: list[tuple[str, ...]] = []
 
     def run_devices() -> tuple[str, ...]:
         if not cache:
-            cache.append(tuple(parse_devices(devices)))
+            cache.append(tuple(parse(devices)))
         return cache[0]
 
     groups = pipeline.pools
@@ -133,7 +140,7 @@ def plan_chain(pipeline: PipelineDef, devices: Any) -> Chain:
         elif binding is None:
             devs = run_devices()
         else:
-            devs = tuple(parse_devices(binding.devices))
+            devs = tuple(parse(binding.devices))
         batch = binding.batch_size if binding is not None and i > 0 else None
         unit *= batch or 1
         hops.append(Hop(i, tuple(stages), devs, batch, unit, slot))

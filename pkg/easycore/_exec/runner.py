@@ -34,6 +34,7 @@ from easycore._options import DEFAULT_PREFETCH, RunOptions, check_prefetch
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
+ENGINES = ("local", "ray")
 
 Segments = Iterator[tuple[int, list[Any]]]
 
@@ -63,24 +64,41 @@ class Runner:
         cfg: Mapping[str, Any] | None = None,
         start_method: str | None = None,
         prefetch: int | None = None,
+        engine: str = "local",
         _wait: bool = True,
     ) -> None:
         check_prefetch(prefetch)
+        if engine not in ENGINES:
+            msg = f"engine must be one of {ENGINES}, got {engine!r}"
+            raise ValueError(msg)
         self.pipeline = pipeline
+        self.engine = engine
         # chunks each worker may hold for a run (queued, running, or done and waiting)
         self.prefetch = prefetch or DEFAULT_PREFETCH
-        self._chain = plan_chain(pipeline, devices)
-        self.devices: tuple[str, ...] = self._chain.devices
         self.cfg = frozen_cfg(cfg)
+        self._engine: Engine
+        if engine == "ray" and pipeline.producers:
+            if isinstance(devices, str) and devices == INLINE:
+                msg = "devices='inline' runs in this process; it does not go with engine='ray'"
+                raise ValueError(msg)
+            from easycore._exec.ray_engine import RayEngine  # imports ray: only here
+
+            ray_engine = RayEngine(pipeline, devices, self.cfg)  # connects: "auto" counts it
+            self._engine = ray_engine
+            self._chain = ray_engine.chain
+        else:
+            self._chain = plan_chain(pipeline, devices)
+        self.devices: tuple[str, ...] = self._chain.devices
         self._inline = INLINE in self.devices
-        if self._chain.named and start_method == "fork":
+        if self._chain.named and start_method == "fork" and engine == "local":
             msg = (
                 "a pipeline with several pools (.on) needs start_method 'forkserver' or "
                 "'spawn': with 'fork', workers inherit each other's pipes"
             )
             raise ValueError(msg)
-        self._engine: Engine
-        if self._inline or not pipeline.producers:
+        if engine == "ray" and pipeline.producers:
+            pass  # (made above)
+        elif self._inline or not pipeline.producers:
             self._engine = InlineEngine(self._chain, self.cfg)
         else:
             check_capacity(len(self.devices))

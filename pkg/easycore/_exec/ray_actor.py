@@ -1,0 +1,180 @@
+"""The Ray actor of ``engine="ray"``: one hop's prepared stages in a Ray worker process.
+
+The same :class:`~easycore._stages.PreparedStages` as a local worker runs (``init`` once,
+units with injection, seeds and retries, ``end`` at close). The driver (``ray_engine``)
+sends it chunks; a chunk's results go to the next hop's actor as an object reference, never
+through the driver, so a unit that failed here travels on as a :class:`Broken` marker that
+later hops pass through.
+
+This module is imported in Ray's worker processes, and by the driver only once a run asks for
+``engine="ray"``: ``import easycore`` never imports it (nor ray).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from easycore._protocol import CACHED, ErrorReport, is_cached
+from easycore._seeding import seed_loaded, setup_torch
+from easycore._stages import PreparedStages
+
+__all__ = ["Broken", "Meta", "Placement", "StageActor", "rss_bytes"]
+
+
+class Broken(NamedTuple):
+    """A unit that failed in an actor, in place of its result (later hops pass it on)."""
+
+    hop: int
+    unit: int  # the unit's index at that hop
+    report: ErrorReport
+
+
+class Placement(NamedTuple):
+    """Where an actor runs, for messages: its node and process."""
+
+    node_ip: str
+    node_id: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"Ray node {self.node_ip} ({self.node_id[:8]}), pid {self.pid}"
+
+
+class Meta(NamedTuple):
+    """What the driver learns from a chunk besides its results (small: no data)."""
+
+    n: int  # units run
+    elapsed: float  # seconds the actor spent on them
+    rss: int  # the actor's resident memory afterwards, in bytes (0 when unknown)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory, in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class StageActor:
+    """One hop's producers on one Ray actor (made a Ray actor class by the driver).
+
+    Args:
+        payload: the hop's producers and ``cfg``, cloudpickled by the driver.
+        paths: the driver's ``sys.path``; those that exist here and are missing go at the end
+            of the actor's, so that functions importable in the driver (a test module, a
+            project not installed) import here too, as in a local worker.
+        worker, hop: as for a local worker.
+        device: ``"cpu"``, or ``"cuda"`` for an actor holding one GPU (Ray has set
+            ``CUDA_VISIBLE_DEVICES`` to it, so torch sees it as ``cuda:0``).
+        entropy: seeds the actor's random streams when a run has no seed.
+        batch: this hop groups the previous hop's results by this many (None: one each).
+    """
+
+    def __init__(
+        self,
+        payload: bytes,
+        paths: Sequence[str],
+        device: str,
+        worker: int,
+        hop: int,
+        entropy: int,
+        batch: int | None,
+    ) -> None:
+        self.payload = payload
+        self.paths = paths
+        self.device = "cuda:0" if device.startswith("cuda") else "cpu"
+        self.worker = worker
+        self.hop = hop
+        self.batch = batch
+        self.entropy = entropy
+        self.stages = PreparedStages((), device=self.device, cfg=None, worker=worker, hop=hop)
+        self.lock = threading.Lock()
+        self.current: tuple[int, float] | None = None  # (unit index, monotonic start)
+
+    def start(self) -> tuple[ErrorReport | None, Placement]:
+        """Bind the device and run every ``init``: (the failure or None, where it runs)."""
+        import ray
+
+        ray_: Any = ray
+        ctx = ray_.get_runtime_context()
+        where = Placement(ray_.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
+        sys.path.extend(p for p in self.paths if p not in sys.path and os.path.isdir(p))
+        seed_loaded(self.entropy)
+        # Ray gives an actor's torch one thread per CPU it holds (OMP_NUM_THREADS); bind the
+        # GPU before anything can touch CUDA.
+        setup_torch(self.device, None)
+        try:
+            stages, cfg = pickle.loads(self.payload)
+        except BaseException as exc:
+            return ErrorReport.of("<payload>", exc), where
+        self.stages = PreparedStages(
+            stages, device=self.device, cfg=cfg, worker=self.worker, hop=self.hop
+        )
+        failed = self.stages.start()
+        return (failed.report() if failed is not None else None), where
+
+    def run(
+        self,
+        units: Sequence[Any],
+        base: int,
+        seed: int | None,
+        retries: int,
+        spent: Mapping[int, int],
+        numbering: tuple[int, int],
+    ) -> tuple[list[Any], Meta]:
+        """Run unit ``base + k`` for each ``units[k]`` (grouped first by ``batch`` when this
+        hop takes batches of the previous hop's results); failures come back as Broken."""
+        t0 = time.perf_counter()
+        if self.batch is not None:
+            units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
+        out: list[Any] = []
+        n = 0
+        for k, unit in enumerate(units):
+            index = base + k
+            if is_cached(unit):  # resume=: the driver has its result already
+                out.append(CACHED)
+                continue
+            broken = _broken_in(unit)
+            if broken is not None:
+                out.append(broken)
+                continue
+            with self.lock:
+                self.current = (index, time.monotonic())
+            allowed = retries - spent.get(index, 0)
+            value, failed = self.stages.run_retrying(unit, index, seed, max(allowed, 0), numbering)
+            with self.lock:
+                self.current = None
+            n += 1
+            out.append(value if failed is None else Broken(self.hop, index, failed.report()))
+        return out, Meta(n, time.perf_counter() - t0, rss_bytes())
+
+    def now(self) -> tuple[int, float] | None:
+        """(The unit in hand, seconds it has run), or None between units (for ``timeout``;
+        runs in its own thread while ``run`` works)."""
+        with self.lock:
+            current = self.current
+        if current is None:
+            return None
+        return current[0], time.monotonic() - current[1]
+
+    def finish(self) -> ErrorReport | None:
+        """Run every ``end``; the first failure, or None."""
+        failed = self.stages.finish()
+        return failed.report() if failed is not None else None
+
+
+def _broken_in(unit: Any) -> Broken | None:
+    """The failure a unit carries: itself, or the first failed member of a batch."""
+    if type(unit) is Broken:
+        return unit
+    if type(unit) is list:
+        return next((v for v in unit if type(v) is Broken), None)
+    return None

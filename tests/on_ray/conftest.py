@@ -1,0 +1,30 @@
+"""Ray tests: one real Ray per module (2 CPUs), and a leak check that knows Ray's processes.
+
+The suite's leak check (no process of ours left, no new /dev/shm entry) would count Ray's own
+long-lived processes (raylet, GCS, idle workers, object store files); here the check is that
+no easycore actor is left alive after a test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from helpers import our_actors, wait_for
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray with 2 CPUs for the module (the user's own: easycore leaves it running)."""
+    if ray.is_initialized():  # pragma: no cover - a previous module's
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """After every test: no easycore actor process alive."""
+    yield
+    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"

@@ -1,0 +1,384 @@
+"""engine="ray" on a real local Ray with 2 CPUs: API.md section 7, with sections 2, 3 and 8
+holding as on the local engine."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+from easycore import (
+    Failure,
+    ItemTimeout,
+    SkippedItemsWarning,
+    WorkerDied,
+    WorkerError,
+    consumer,
+    producer,
+)
+from helpers import first_time, our_actors, wait_for
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
+
+
+@producer
+def square(x):
+    return x * x
+
+
+@producer
+def noisy(x):
+    """A seeded result: random, numpy and torch streams as the worker seeded them."""
+    import torch
+
+    return (x, random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+
+@consumer(init=0)
+def total(acc, y):
+    return acc + y
+
+
+class TestResults:
+    def test_map_ordered_unordered_and_batches(self):
+        data = list(range(200))
+        assert square.map(data, devices=2, engine="ray") == [x * x for x in data]
+        got = square.map(data, devices=2, engine="ray", ordered=False)
+        assert sorted(got) == [x * x for x in data]
+
+        @producer
+        def size(batch):
+            return len(batch), sum(batch)
+
+        got = size.map(range(10), devices=2, engine="ray", batch_size=4)
+        assert got == [(4, 6), (4, 22), (2, 17)]
+
+    def test_consumer_fold_and_imap(self):
+        assert (square >> total).map(range(100), devices=2, engine="ray") == sum(
+            x * x for x in range(100)
+        )
+        assert list(square.imap(range(30), devices=1, engine="ray")) == [x * x for x in range(30)]
+
+    def test_a_seeded_run_equals_the_local_one(self):
+        """The same seed gives the same results on Ray as locally, whatever the counts."""
+        local = noisy.map(range(24), devices=2, seed=7)
+        assert noisy.map(range(24), devices=1, engine="ray", seed=7) == local
+        assert noisy.map(range(24), devices=2, engine="ray", seed=7, ordered=True) == local
+
+    def test_injection_and_init_once_per_actor_end_at_close(self, tmp_path):
+        def load(worker, device):
+            (tmp_path / f"init-{os.getpid()}").touch()
+            return (worker, device)
+
+        def bye(state):
+            (tmp_path / f"end-{os.getpid()}").touch()
+
+        @producer(init=load, end=bye)
+        def where(x, *, state, worker, device):
+            assert state == (worker, device)
+            return device
+
+        with where.open(devices=2, engine="ray") as runner:
+            assert runner.n_workers == 2
+            assert runner.map(range(10)) == ["cpu"] * 10
+            assert runner.map(range(10)) == ["cpu"] * 10
+            inits = sorted(p.name for p in tmp_path.glob("init-*"))
+            assert len(inits) == 2  # once per actor, not per map
+            stats = runner.stats()
+            assert stats[0].done == 10 and stats[0].devices == ("cpu", "cpu")
+        assert len(list(tmp_path.glob("end-*"))) == 2
+
+    def test_big_arrays_come_back_through_the_object_store(self):
+        @producer
+        def make(n):
+            return np.full((512, 1024), n, dtype=np.float32)  # 2 MiB each
+
+        got = make.map(range(6), devices=2, engine="ray")
+        assert [float(a[0, 0]) for a in got] == list(range(6))
+        assert all(a.shape == (512, 1024) for a in got)
+
+    def test_progress_bar(self, capsys):
+        assert square.map(range(20), devices=1, engine="ray", progress=True)[-1] == 361
+        assert "20/20" in capsys.readouterr().err
+
+
+class _Spy:
+    """An intermediate result that logs the pid of every process that unpickles it."""
+
+    def __init__(self, value: int, log: str) -> None:
+        self.value = value
+        self.log = log
+
+    def __reduce__(self):
+        return (_spy_arrives, (self.value, self.log))
+
+
+def _spy_arrives(value: int, log: str) -> _Spy:
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return _Spy(value, log)
+
+
+class TestPools:
+    def test_two_pools_pass_object_references_not_through_the_driver(self, tmp_path):
+        log = str(tmp_path / "unpickled")
+
+        @producer
+        def decode(x):
+            return _Spy(x, log)
+
+        @producer
+        def predict(batch):
+            return sum(s.value for s in batch)
+
+        pipeline = decode.on(1) >> predict.on(1, batch_size=3)
+        assert pipeline.map(range(10), engine="ray") == [3, 12, 21, 9]
+        pids = {int(p) for p in Path(log).read_text().split()}
+        assert pids, "the second pool never received the first pool's results"
+        assert os.getpid() not in pids  # the driver never unpickled an intermediate result
+
+    def test_a_failure_in_the_first_pool_names_its_stage(self):
+        @producer
+        def decode(x):
+            if x == 4:
+                raise ValueError("bad frame")
+            return x
+
+        @producer
+        def predict(x):
+            return x
+
+        with pytest.raises(WorkerError, match="bad frame") as info:
+            (decode.on(1) >> predict.on(1)).map(range(8), engine="ray")
+        assert info.value.stage == "decode" and info.value.index == 4
+
+
+class TestErrors:
+    def test_an_exception_is_a_worker_error_naming_stage_item_and_node(self):
+        @producer
+        def boom(x):
+            if x == 3:
+                raise KeyError("nope")
+            return x
+
+        with pytest.raises(WorkerError) as info:
+            boom.map(range(6), devices=2, engine="ray")
+        err = info.value
+        assert err.stage == "boom" and err.index == 3
+        assert isinstance(err.__cause__, KeyError)
+        assert "item 3" in str(err) and "Ray node" in str(err)
+
+    def test_retries_rerun_an_item_that_raised(self, tmp_path):
+        @producer
+        def flaky(x):
+            if x == 5 and first_time(tmp_path / "once"):
+                raise RuntimeError("transient")
+            return x * 2
+
+        assert flaky.map(range(10), devices=2, engine="ray", retries=1) == [
+            x * 2 for x in range(10)
+        ]
+
+    @pytest.mark.parametrize("how", ["exit", "sigkill"])
+    def test_a_dead_actor_is_replaced_and_its_items_rerun(self, tmp_path, how):
+        """Nothing lost or doubled: each item's result appears once, equal to fault-free."""
+
+        @producer
+        def fragile(x):
+            if x == 7 and first_time(tmp_path / "once"):
+                if how == "exit":
+                    os._exit(3)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return x + 100
+
+        data = list(range(40))
+        got = fragile.map(data, devices=2, engine="ray", retries=1)
+        assert got == [x + 100 for x in data]
+
+    def test_out_of_retries_a_dead_actor_is_worker_died(self):
+        @producer
+        def poison(x):
+            if x == 2:
+                os._exit(1)
+            return x
+
+        with pytest.raises(WorkerDied, match="Ray actor") as info:
+            poison.map(range(6), devices=1, engine="ray", retries=1)
+        assert info.value.index == 2
+        assert "item 2" in str(info.value)
+
+    def test_timeout_kills_the_actor(self, tmp_path):
+        @producer
+        def stuck(x):
+            if x == 1:
+                time.sleep(60)
+            return x
+
+        t0 = time.monotonic()
+        with pytest.raises(ItemTimeout) as info:
+            stuck.map(range(4), devices=1, engine="ray", timeout=1.0)
+        assert time.monotonic() - t0 < 30
+        assert info.value.index == 1
+
+        @producer
+        def slow_once(x):
+            if x == 1 and first_time(tmp_path / "once"):
+                time.sleep(60)
+            return x
+
+        assert slow_once.map(range(4), devices=1, engine="ray", timeout=1.0, retries=1) == [
+            0,
+            1,
+            2,
+            3,
+        ]
+
+    def test_an_init_error_is_a_worker_error_and_no_actor_is_left(self):
+        def load():
+            raise OSError("no weights")
+
+        @producer(init=load)
+        def predict(x, *, state):
+            return x
+
+        with pytest.raises(WorkerError, match="no weights") as info:
+            predict.map([1], devices=1, engine="ray")
+        assert info.value.stage == "predict (init)"
+
+    def test_bad_arguments_fail_before_any_actor_starts(self):
+        with pytest.raises(ValueError, match="Ray cluster has 2 CPU"):
+            square.map([1], devices=3, engine="ray")
+        with pytest.raises(ValueError, match="engine"):
+            square.map([1], devices=1, engine="spark")
+        with pytest.raises(ValueError, match="inline"):
+            square.map([1], devices="inline", engine="ray")
+        with pytest.raises(ValueError, match="no GPU"):
+            square.map([1], devices="cuda", engine="ray")
+
+
+class TestLongJobs:
+    def test_errors_skip_sets_aside_only_the_bad_items(self, tmp_path):
+        @producer
+        def picky(x):
+            if x == 3:
+                raise ValueError("three")
+            if x == 6:
+                os._exit(2)
+            return x
+
+        seen: list[Failure] = []
+        got = picky.map(
+            range(10), devices=2, engine="ray", errors="skip", on_error=seen.append, retries=1
+        )
+        assert got == [0, 1, 2, 4, 5, 7, 8, 9]
+        assert sorted(f.index for f in seen) == [3, 6]
+        assert {type(f.error) for f in seen} == {WorkerError, WorkerDied}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            picky.map([3, 4], devices=1, engine="ray", errors="skip")
+        assert any(issubclass(w.category, SkippedItemsWarning) for w in caught)
+
+    def test_resume_runs_only_what_the_ledger_lacks(self, tmp_path):
+        db = tmp_path / "run.db"
+        calls = tmp_path / "calls"
+        calls.mkdir()
+
+        @producer
+        def counted(x):
+            (calls / f"{x}-{time.monotonic_ns()}").touch()
+            return x * 3
+
+        first = counted.map(range(12), devices=2, engine="ray", resume=db)
+        n_first = len(list(calls.iterdir()))
+        again = counted.map(range(12), devices=2, engine="ray", resume=db)
+        assert first == again == [x * 3 for x in range(12)]
+        assert n_first == 12 and len(list(calls.iterdir())) == 12  # nothing recomputed
+
+    def test_max_items_per_worker_replaces_actors(self, tmp_path):
+        @producer(init=lambda: (tmp_path / f"init-{time.monotonic_ns()}").touch())
+        def pid(x, *, state):
+            return os.getpid()
+
+        got = pid.map(range(12), devices=1, engine="ray", max_items_per_worker=4)
+        assert len(got) == 12 and len(set(got)) >= 3
+        assert len(list(tmp_path.glob("init-*"))) >= 3
+
+
+class TestStreaming:
+    def test_imap_over_an_endless_generator_pulls_a_bounded_number(self):
+        pulled = itertools.count()
+
+        def endless():
+            for i in itertools.count():
+                next(pulled)
+                yield i
+
+        results = square.imap(endless(), devices=2, engine="ray")
+        first = [next(results) for _ in range(2000)]
+        results.close()
+        assert first == [x * x for x in range(2000)]
+        ahead = next(pulled) - 2000
+        assert ahead < 120_000, f"pulled {ahead} items ahead of the consumer"  # the window
+
+    def test_results_come_back_as_they_finish(self):
+        @producer
+        def slow_first(x):
+            time.sleep(3 if x == 0 else 0.01)
+            return x
+
+        t0 = time.monotonic()
+        it = slow_first.imap(range(10), devices=2, engine="ray", ordered=False)
+        first = next(it)
+        assert first != 0 and time.monotonic() - t0 < 2.5
+        assert sorted([first, *it]) == list(range(10))
+
+
+def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path):
+    """Ctrl-C in a script that let easycore start Ray: KeyboardInterrupt, nothing left."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            from easycore import producer
+
+            @producer
+            def slow(x):
+                time.sleep(0.2)
+                return x
+
+            try:
+                for i, _ in enumerate(slow.imap(range(10_000), devices=2, engine="ray")):
+                    if i == 3:
+                        print("running", flush=True)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                sys.exit(0)
+            """
+        )
+    )
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "running"
+    before = {p.pid for p in our_actors()}
+    assert before, "the script's actors should be running"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "interrupted" in out
+    assert wait_for(lambda: not ({p.pid for p in our_actors()} & before), 20)
+    assert ray.is_initialized()  # the module's own Ray is untouched
