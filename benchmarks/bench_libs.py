@@ -47,6 +47,7 @@ LIB_MODULES: dict[str, tuple[str, ...]] = {
     # for it): imported here as the rest of the library is, before any clock starts
     "easycore": ("easycore", "easycore._exec"),
     "dataloader": ("torch",),
+    "raydata": ("ray", "ray.data"),
     "reference": (),
 }
 
@@ -344,6 +345,10 @@ def measure(
         import bench_training
 
         return bench_training.measure(lib, opts, workers)
+    if lib == "raydata" or opts.get("engine") == "ray":  # on a local Ray: its own harness
+        import bench_ray
+
+        return bench_ray.measure(lib, workload, opts, n, workers)
     workers = int(opts.pop("procs", workers))
     caller = ("torch",) if opts.pop("caller", "") == "torch" else ()  # W4: a torch program
     if "stream" in opts:  # sessions fold with this workload's fold

@@ -116,6 +116,8 @@ GROUPS: dict[str, Group] = {
         Group("W4 cold", "W4", "create 2 workers, 1 item, shut down: fresh process", "s", False),
         Group("W4 warm", "W4", "create 2 workers, 1 item, shut down: second time", "s", False),
         Group("W5", "W5", "items: 0.6 ms decode, then a 16 MiB model; 3 processes", "items/s"),
+        Group("W2 ray", "W2", "items x 5 ms pure Python, on a local Ray", "x seq"),
+        Group("W5 ray", "W5", "items: 0.6 ms decode, then a 16 MiB model, on Ray", "items/s"),
         Group("W6 fast", "W6", "100 steps of 15 ms, batches of 10 ms", "x ideal", False),
         Group("W6 slow", "W6", "100 steps of 10 ms, batches of 40 ms", "x ideal", False),
         Group(
@@ -284,6 +286,30 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             f"pools={workers}+1,resume=1",
             "easycore",
             f"easycore decode.on({workers}) >> model.on(1, ...), resume= (a run ledger)",
+        ),
+    ]
+    # W2/W5 on a local Ray with `workers` CPUs: easycore's Ray engine against Ray Data's
+    # map_batches on actor pools (bench_ray.py), and against easycore's local engine
+    rd = f"Ray Data map_batches, {workers} actors"
+    cases += [
+        Case("W2 ray", "sequential", "default", "baseline", "in-process loop (1.00x)"),
+        Case("W2 ray", "raydata", "default", "peer", f"{rd}, default batch_size"),
+        Case("W2 ray", "raydata", "batch_size=10", "peer", f"{rd}, batch_size=10 (~50 ms)"),
+        Case("W2 ray", "easycore", "engine=ray", "easycore", f"{ec}, engine='ray'"),
+        Case("W2 ray", "easycore", "default", "local", f"{ec}, local engine"),
+    ]
+    two = f"decode.on({max(1, workers - 1)}) >> model.on(1, batch_size=64)"
+    rd5 = f"Ray Data decode ({max(1, workers - 1)} actor) then model (1 actor, batches of 64)"
+    cases += [
+        Case("W5 ray", "raydata", "default", "peer", f"{rd5}, default batch_size"),
+        Case("W5 ray", "raydata", "batch_size=64", "peer", f"{rd5}, decode batch_size=64"),
+        Case("W5 ray", "easycore", "engine=ray", "easycore", f"easycore {two}, engine='ray'"),
+        Case(
+            "W5 ray",
+            "easycore",
+            f"pools={max(1, workers - 1)}+1",
+            "local",
+            f"easycore {two}, local engine",
         ),
     ]
     # W6: a training loop fed by easycore's imap on an open runner against DataLoader
@@ -602,6 +628,9 @@ def targets(rows: list[Row]) -> list[Target]:
             rat = ratio(group, pools, best) if pools else None
             out.append(Target(g, "pools / best fused run, items/s", rat, 1.0, True))
             out += _ledger_targets(g, ecs)
+        elif g in ("W2 ray", "W5 ray"):
+            unit = "speed-up" if g == "W2 ray" else "items/s"
+            out.append(Target(g, f"easycore on Ray / best Ray Data, {unit}", rat, 1.0, True))
         elif g.startswith("W6"):
             best_ec = min(ecs, key=lambda r: r.median, default=None)
             out.append(

@@ -200,3 +200,20 @@ class TestTrainingAndLedgerRows:
         (target,) = run._ledger_targets("W5", [r for r in rows if r.case.role == "easycore"])
         assert target.value == pytest.approx(0.92)
         assert target.passed
+
+
+class TestRayRows:
+    def test_the_ray_groups_compare_easycore_on_ray_with_ray_data(self):
+        """The target is easycore's Ray engine against the best Ray Data row; the local
+        engine's row is shown beside them and is not a peer."""
+        rows = [
+            _row("W5 ray", "raydata", "default", "peer", [2.0]),
+            _row("W5 ray", "raydata", "batch_size=64", "peer", [1.5]),
+            _row("W5 ray", "easycore", "engine=ray", "easycore", [1.0]),
+            _row("W5 ray", "easycore", "pools=1+1", "local", [0.5]),
+        ]
+        run.finish_group(run.GROUPS["W5 ray"], rows)
+        assert run.best_peer(run.GROUPS["W5 ray"], rows) is rows[1]
+        got = {(t.group, t.what): t for t in run.targets(rows)}
+        target = got[("W5 ray", "easycore on Ray / best Ray Data, items/s")]
+        assert target.value == pytest.approx(1.5) and target.passed

@@ -648,14 +648,14 @@ class _RayRun:
         lost = list(actor.queue)
         for chunk in lost:
             self.forget(chunk)
-        self.engine.replace(actor)
         again: list[_Chunk] = []
         for n, chunk in enumerate(lost):
             self.outstanding -= 1
             if n > 0:  # queued behind the running one: innocent
                 again.append(chunk)
                 continue
-            again.extend(self.blame(actor, chunk, exc, culprit))
+            again.extend(self.blame(actor, chunk, exc, culprit))  # (raises when out of retries)
+        self.engine.replace(actor)
         for chunk in reversed(again):
             self.outstanding += 1
             self.redo.appendleft(chunk)
