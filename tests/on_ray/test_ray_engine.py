@@ -64,6 +64,41 @@ class TestResults:
         got = size.map(range(10), devices=2, engine="ray", batch_size=4)
         assert got == [(4, 6), (4, 22), (2, 17)]
 
+    def test_a_ray_the_user_started_is_left_running(self):
+        assert square.map(range(5), devices=1, engine="ray") == [0, 1, 4, 9, 16]
+        assert ray.is_initialized()
+        assert ray.get(ray.put(7)) == 7
+
+    def test_submit(self):
+        @producer
+        def picky(x):
+            if x == 3:
+                raise ValueError("three")
+            return x * x
+
+        with picky.open(devices=2, engine="ray") as runner:
+            futures = [runner.submit(i) for i in range(6)]
+            assert [f.result(timeout=60) for f in futures if f is not futures[3]] == [
+                0,
+                1,
+                4,
+                16,
+                25,
+            ]
+            with pytest.raises(WorkerError, match="three"):
+                futures[3].result(timeout=60)
+
+    @pytest.mark.gpu
+    def test_a_gpu_entry_is_an_actor_holding_one_gpu(self):
+        @producer
+        def where(x, *, device):
+            import torch
+
+            return device, torch.cuda.current_device(), os.environ["CUDA_VISIBLE_DEVICES"]
+
+        got = where.map([0, 1], devices=["cuda"], engine="ray")
+        assert got[0][:2] == ("cuda:0", 0) and got[0] == got[1]
+
     def test_consumer_fold_and_imap(self):
         assert (square >> total).map(range(100), devices=2, engine="ray") == sum(
             x * x for x in range(100)
@@ -368,17 +403,48 @@ def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path):
             """
         )
     )
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    env.pop("RAY_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    ours = ray_services()  # the module's own Ray
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "running"
-    before = {p.pid for p in our_actors()}
-    assert before, "the script's actors should be running"
+    actors = {p.pid for p in our_actors()}
+    theirs = ray_services() - ours  # the Ray easycore started for the script
+    assert actors and theirs, "the script's actors and Ray should be running"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert "interrupted" in out
-    assert wait_for(lambda: not ({p.pid for p in our_actors()} & before), 20)
-    assert ray.is_initialized()  # the module's own Ray is untouched
+    assert wait_for(lambda: not ({p.pid for p in our_actors()} & actors), 20)
+    assert wait_for(lambda: not (ray_services() & theirs), 20), "the script's Ray is still up"
+    assert ray.is_initialized() and ours <= ray_services()  # the module's Ray is untouched
+
+
+def ray_services() -> set[int]:
+    """Pids of Ray's per-cluster services (raylet, GCS) on this machine."""
+    import psutil
+
+    out = set()
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("raylet", "gcs_server"):
+            out.add(p.pid)
+    return out
+
+
+def test_a_ray_started_for_the_run_is_shut_down_after_it():
+    """No Ray running and no RAY_ADDRESS: map starts a local Ray and stops it afterwards."""
+    code = textwrap.dedent(
+        """
+        import ray
+        from easycore import producer
+
+        inc = producer(lambda x: x + 1)
+        print(inc.map([1, 2], devices=1, engine="ray"), ray.is_initialized())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[2, 3] False", out.stderr[-2000:]
