@@ -18,23 +18,14 @@ import easycore._exec.startup
 
 sys.path.insert(0, str(Path(__file__).parent))  # `from strategies import ...`
 
+from helpers import HAS_CUDA  # (test modules import it from helpers too)
+
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.register_profile("thorough", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-def _cuda_available() -> bool:
-    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-HAS_CUDA = _cuda_available()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,6 +8,17 @@ import time
 from pathlib import Path
 
 
+def _cuda_available() -> bool:
+    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+HAS_CUDA = _cuda_available()  # (test modules import it from here: every conftest is "conftest")
+
+
 def first_time(marker: Path) -> bool:
     """True the first time it is called for `marker` (across processes)."""
     try:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,6 +22,7 @@ import ray
 from easycore import (
     Failure,
     ItemTimeout,
+    SerializationError,
     SkippedItemsWarning,
     WorkerDied,
     WorkerError,
@@ -183,6 +185,24 @@ class TestPools:
         assert pids, "the second pool never received the first pool's results"
         assert os.getpid() not in pids  # the driver never unpickled an intermediate result
 
+    def test_deaths_in_either_pool_rerun_within_retries(self, tmp_path):
+        @producer
+        def first(x):
+            if x == 13 and first_time(tmp_path / "first"):
+                os._exit(1)
+            return x + 1
+
+        @producer
+        def second(xs):
+            if 40 in xs and first_time(tmp_path / "second"):
+                os._exit(1)
+            return sum(xs)
+
+        want = [sum(range(i * 4 + 1, min(i * 4 + 4, 60) + 1)) for i in range(15)]
+        got = (first.on(1) >> second.on(1, batch_size=4)).map(range(60), engine="ray", retries=1)
+        assert got == want
+        assert (tmp_path / "first").exists() and (tmp_path / "second").exists()
+
     def test_a_failure_in_the_first_pool_names_its_stage(self):
         @producer
         def decode(x):
@@ -291,6 +311,15 @@ class TestErrors:
             predict.map([1], devices=1, engine="ray")
         assert info.value.stage == "predict (init)"
 
+    def test_an_item_that_cannot_be_pickled_is_named(self):
+        with pytest.raises(SerializationError, match="item 1"):
+            square.map([1, threading.Lock(), 3], devices=1, engine="ray")
+        seen: list[Failure] = []
+        got = square.map(
+            [1, threading.Lock(), 3], devices=1, engine="ray", errors="skip", on_error=seen.append
+        )
+        assert got == [1, 9] and [f.index for f in seen] == [1]
+
     def test_bad_arguments_fail_before_any_actor_starts(self):
         with pytest.raises(ValueError, match="Ray cluster has 2 CPU"):
             square.map([1], devices=3, engine="ray")
@@ -348,6 +377,9 @@ class TestLongJobs:
         got = pid.map(range(12), devices=1, engine="ray", max_items_per_worker=4)
         assert len(got) == 12 and len(set(got)) >= 3
         assert len(list(tmp_path.glob("init-*"))) >= 3
+        # a bound every actor passes at once: each is replaced after its chunk
+        got = pid.map(range(4), devices=1, engine="ray", max_worker_memory=1)
+        assert len(got) == 4 and len(set(got)) >= 2
 
 
 class TestStreaming:

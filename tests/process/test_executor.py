@@ -276,7 +276,7 @@ class TestDevices:
     def test_impossible_devices(self, devices):
         """An impossible device is a ValueError before any process starts."""
         if devices == "cuda":
-            from conftest import HAS_CUDA
+            from helpers import HAS_CUDA
 
             if HAS_CUDA:
                 pytest.skip("this machine has a GPU")
@@ -297,7 +297,7 @@ class TestDevices:
 
     def test_auto(self):
         """'auto' without GPUs gives one CPU worker per core."""
-        from conftest import HAS_CUDA
+        from helpers import HAS_CUDA
 
         if HAS_CUDA:
             pytest.skip("GPU machine")
