@@ -39,6 +39,8 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     runner.py    Runner: lifecycle, one run at a time (submit.Seat), map/imap/submit
     plan.py      the pipeline cut into a Chain of Hops; StageStats
     engine.py    ProcessEngine (worker processes) beside inline.py's InlineEngine
+    ray_engine.py  RayEngine (engine="ray"): each hop a group of Ray actors (ray_actor.py),
+                 runs in ray_run.py; imported only when a run asks for Ray
     startup.py   forkservers and the process-global state, in one module that says so
     workers.py   WorkerSet: spawn, respawn, pair across hops, wait on pipes + sentinels, stop
     sources.py   where items come from (iterable, range, submitted one at a time)
