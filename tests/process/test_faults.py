@@ -165,6 +165,28 @@ class TestCrashMatrix:
         assert out == list(range(200))
         assert inits.read_text().split() == ["cpu"] * 3
 
+    def test_idle_deaths_spread_over_a_run_do_not_add_up(self, tmp_path):
+        """`retries` bounds deaths in a row, not over a whole run: a worker killed while idle
+        (it had delivered everything) three times, with work done between the kills, does
+        not exhaust retries=1 (a long run with rare deaths used to fail after retries+1)."""
+        pids = tmp_path / "pids"
+
+        def init():
+            with open(pids, "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+        def take(acc, x):
+            if x in (100, 200, 300):
+                time.sleep(0.3)  # the worker delivers what it has and waits for work
+                os.kill(int(pids.read_text().split()[-1]), signal.SIGKILL)
+                time.sleep(0.1)
+            acc.append(x)
+
+        work = producer(init=init)(lambda x: (time.sleep(0.001), x)[1])
+        out = (work >> consumer(init=list)(take)).map(range(400), devices=1, retries=1)
+        assert out == list(range(400))
+        assert len(pids.read_text().split()) == 4  # three kills, three replacements
+
     def test_poison_item_named(self):
         """An item that keeps killing workers is named with index and a short repr."""
 

@@ -128,7 +128,8 @@ class Run:
         self.busy_seconds = [0.0] * len(self.hops)
         self.started = time.monotonic()
         self.finished: float | None = None
-        self.idle_deaths: dict[int, int] = {}  # slot -> deaths that charged no item
+        # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
+        self.idle_deaths: dict[int, int] = {}
 
     # -- insight -----------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
@@ -460,6 +461,8 @@ class Run:
                 with contextlib.suppress(OSError):
                     w.chan.send_control(Drop(msg.chunk_id))
             return
+        if self.idle_deaths:  # retries bound deaths in a row, not deaths over a long run
+            self.idle_deaths.pop(w.slot, None)
         h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
         self.done[h] += n
