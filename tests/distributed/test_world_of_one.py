@@ -128,6 +128,27 @@ class TestWorldOfOne:
         with pytest.raises(ValueError, match="batch_size"):
             square.map(range(3), devices="inline", batch_size=0, distributed=True)
 
+    @pytest.mark.parametrize("option", [{"errors": "skip"}, {"resume": "run.db"}])
+    def test_long_job_ledgers_are_refused(self, option, tmp_path, monkeypatch):
+        """errors="skip" and resume= are not there yet with distributed=True: a clear
+        ValueError, nothing run and no ledger written."""
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(ValueError, match="not supported with distributed=True"):
+            square.map(range(3), devices="inline", distributed=True, **option)
+        assert not (tmp_path / "run.db").exists()
+
+    def test_workers_are_replaced_on_every_rank(self, tmp_path):
+        """max_items_per_worker reaches each rank's workers: 12 items, one worker replaced
+        every 3, so 4 worker processes ran them."""
+
+        @producer
+        def pid_of(x):
+            return os.getpid()
+
+        pids = pid_of.map(range(12), devices=1, distributed=True, max_items_per_worker=3)
+        assert len(pids) == 12
+        assert len(set(pids)) == 4
+
     def test_local_devices_share_the_cores(self, monkeypatch):
         """devices="local" without GPUs: cores // local_world_size CPU workers, at least 1."""
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -165,6 +165,8 @@ def sharded_map(
             seed=options.seed,
             prefetch=options.prefetch,
             numbering=Numbering(me, world, size),
+            max_items_per_worker=options.max_items_per_worker,
+            max_worker_memory=options.max_worker_memory,
         )
         producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)
         if isinstance(devices, str) and devices == "local":
