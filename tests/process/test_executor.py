@@ -449,6 +449,22 @@ class TestPrefetch:
             assert _count_lines(log) == 2 * k
             assert list(results) == [x * x for x in range(60)]
 
+    def test_a_deep_prefetch_feeds_an_ordered_stream_from_every_worker(self):
+        """Consecutive items go to different workers, however deep the prefetch: were the
+        first `prefetch` items all queued at one worker, an ordered stream would get them at
+        one worker's pace while the other's results waited behind them."""
+
+        @producer
+        def where(x):
+            time.sleep(0.02)
+            return os.getpid()
+
+        with where.open(devices=2) as runner:
+            pids = runner.map(range(16), prefetch=8)
+        assert len(set(pids[0:16:2])) == 1
+        assert len(set(pids[1:16:2])) == 1
+        assert pids[0] != pids[1]
+
     def test_open_sets_the_default(self, tmp_path):
         """open(prefetch=k) is the default of the runner's runs."""
         log = tmp_path / "done"

@@ -168,7 +168,10 @@ class Run:
             while True:
                 # Refill before yielding (the workers compute while the caller folds results)
                 # and after (yielding frees room): never wait with room and nothing in flight.
-                self.dispatch()
+                # With a result ready, only a chunk per worker goes out first: after a pause
+                # the caller finds many results at once, and the rest of the refill waits
+                # for its next call rather than delay the result it came for.
+                self.dispatch(len(self.workers.workers) if self._deliverable() else None)
                 yield from self.deliver()
                 if not self.is_current():
                     msg = "the runner was closed while this run had items pending"
@@ -183,6 +186,9 @@ class Run:
                 self.wait()
         finally:
             self.finished = time.monotonic()
+
+    def _deliverable(self) -> bool:
+        return self.next_out in self.segments if self.options.ordered else bool(self.ready)
 
     def _settled(self) -> bool:
         """Nothing in flight, to re-run, or to yield."""
@@ -277,9 +283,9 @@ class Run:
         self.taken += len(items)
         return start, items
 
-    def dispatch(self) -> None:
+    def dispatch(self, most_chunks: int | None = None) -> None:
         """Route held chunks on, give releases back, replace workers due for it (once they
-        hold no chunk), then send new chunks to the first hop."""
+        hold no chunk), then send new chunks to the first hop (at most ``most_chunks``)."""
         self._route()
         self._give_back()
         if self.recycling:
@@ -288,41 +294,52 @@ class Run:
                     self.workers.retire(w)
         timed = self.options.timeout is not None
         most = self.options.max_items_per_worker
-        for w in self.workers.of_hop(self.hops[0]):
-            while w.has_room(self.depth):
-                limit = None
-                if most is not None:  # a worker takes no more than it may still run
-                    limit = most - w.units_done - sum(len(c.items) for c in w.outstanding.values())
-                    if limit <= 0:
-                        break
-                taken = self._take(limit)
-                if taken is None:
-                    return
-                start, items = taken
-                chunk_id = next(self.ledger.ids)
-                task = Task(
-                    chunk_id,
-                    self.options.seed,
-                    start,
-                    items,
-                    timed,
-                    self.options.retries,
-                    self._spent(start, len(items)),
-                    self.numbering,
-                    self.options.resume is not None,
-                )
-                try:
-                    frame = w.chan.encode(task)
-                except Exception as exc:
-                    if not self.tolerant:
-                        self._unpicklable(start, items, exc)
-                    self._fail_unpicklable(start, items)
+        # One chunk at a time to the worker holding the fewest, so consecutive chunks go to
+        # different workers: an ordered stream is then fed by all of them at once, not by one
+        # worker working through a deep queue of consecutive chunks while the others' results
+        # wait behind it (a deep prefetch would otherwise starve the caller).
+        open_ = [w for w in self.workers.of_hop(self.hops[0]) if w.has_room(self.depth)]
+        sent = 0
+        while open_ and (most_chunks is None or sent < most_chunks):
+            w = min(open_, key=lambda w: len(w.outstanding))
+            limit = None
+            if most is not None:  # a worker takes no more than it may still run
+                limit = most - w.units_done - sum(len(c.items) for c in w.outstanding.values())
+                if limit <= 0:
+                    open_.remove(w)
                     continue
-                self.ledger.send(chunk_id, start, items, w)
-                try:
-                    w.chan.send_frame(frame)
-                except OSError:
-                    break  # the worker is dying; its sentinel will tell us and we re-queue
+            taken = self._take(limit)
+            if taken is None:
+                return
+            start, items = taken
+            chunk_id = next(self.ledger.ids)
+            task = Task(
+                chunk_id,
+                self.options.seed,
+                start,
+                items,
+                timed,
+                self.options.retries,
+                self._spent(start, len(items)),
+                self.numbering,
+                self.options.resume is not None,
+            )
+            try:
+                frame = w.chan.encode(task)
+            except Exception as exc:
+                if not self.tolerant:
+                    self._unpicklable(start, items, exc)
+                self._fail_unpicklable(start, items)
+                continue
+            self.ledger.send(chunk_id, start, items, w)
+            try:
+                w.chan.send_frame(frame)
+            except OSError:
+                open_.remove(w)  # it is dying; its sentinel will tell us and we re-queue
+                continue
+            sent += 1
+            if not w.has_room(self.depth):
+                open_.remove(w)
 
     def _give_back(self) -> None:
         """Tell last-hop workers which of their segments we are done with.
