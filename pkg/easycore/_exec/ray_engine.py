@@ -11,9 +11,11 @@ Ray object references instead of pipes::
 * Results of one pool reach the next as object references (Ray moves the bytes between
   nodes; the driver only sees each chunk's small :class:`~.ray_actor.Meta`), and a big array
   or tensor result lives in Ray's object store.
-* Each actor runs its chunks in the order sent (a sync actor), so the oldest chunk it has
-  not finished is the one it was running when it died: that one is blamed (charged a retry
-  once it holds a single output unit, split into units first), the rest re-run uncharged.
+* Each actor runs its chunks in the order sent (a sync actor), so when it dies holding one
+  unfinished chunk, that one was running: it is blamed (charged a retry once it holds a
+  single output unit, split into units first). Holding several, the oldest need not be the
+  one: replies of finished chunks can die with the actor. Then none is charged and each
+  runs again *solo* (alone on every actor of its path), where a death names it.
   The dead actor is replaced (its ``init`` runs) before more work goes to its pool.
 * ``timeout``: an actor reports the unit in hand from a second thread (a Ray concurrency
   group); one past the limit has its actor killed, then as for a death, blaming that unit.

@@ -71,6 +71,8 @@ class RayChunk:
     actors: list[Actor] = attrs.Factory(list)  # per hop, once sent
     values: Any = None  # the last hop's result reference
     metas: list[Any] = attrs.Factory(list)  # per hop
+    # runs alone on each actor of its path, so that a death while it runs names it
+    solo: bool = False
 
 
 class ActorPools(Protocol):
@@ -196,7 +198,10 @@ class RayRun:
         pools = self.engine.pools
         picks = []
         for pool in pools:
-            free = [a for a in pool if not a.retiring]
+            # an actor running a solo chunk takes nothing else; a solo chunk needs an idle one
+            free = [a for a in pool if not (a.retiring or any(c.solo for c in a.queue))]
+            if chunk.solo:
+                free = [a for a in free if not a.queue]
             if not free:
                 self.redo.appendleft(chunk)
                 return False
@@ -356,9 +361,20 @@ class RayRun:
         lost = list(actor.queue)
         for chunk in lost:
             self.forget(chunk)
+        # A sync actor runs its chunks in order, so the oldest it had was running, unless
+        # replies of chunks it finished died with it (a reply goes out on Ray's own thread,
+        # after the next task has started: an os._exit there loses it). With several chunks
+        # lost, which one was running is not known: none is charged and each runs again
+        # alone, where a death names it. (retries=0 raises at once, naming the oldest.)
+        ambiguous = (
+            culprit is None and len(lost) > 1 and (self.options.retries > 0 or self.tolerant)
+        )
         again: list[RayChunk] = []
         for n, chunk in enumerate(lost):
             self.outstanding -= 1
+            if ambiguous:
+                again.append(RayChunk(chunk.start, chunk.items, solo=True))
+                continue
             if n > 0:  # queued behind the running one: innocent
                 again.append(chunk)
                 continue
@@ -402,7 +418,7 @@ class RayRun:
         out = []
         for o in units:
             at = o * self.align - chunk.start
-            out.append(RayChunk(o * self.align, chunk.items[at : at + self.align]))
+            out.append(RayChunk(o * self.align, chunk.items[at : at + self.align], solo=chunk.solo))
         return out
 
     def death_error(
