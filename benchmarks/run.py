@@ -673,7 +673,7 @@ def print_targets(ts: list[Target], quick: bool) -> None:
             bound = f"{t.bound:.0%}"
         elif t.what.endswith("(s)"):
             val = f"{t.value:+.3f}" if t.value is not None else "n/a"
-            bound = f"{t.bound:.1f}"
+            bound = f"{t.bound:g}"
         else:
             val = f"{t.value:.2f}x" if t.value is not None else "n/a"
             bound = f"{t.bound:g}x"
