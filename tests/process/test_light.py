@@ -152,13 +152,15 @@ KILLED = textwrap.dedent(
     runner = producer(slow).open(devices=2)
     pids = [w.proc.pid for w in runner._engine.workers.workers]
     print(ex._LIGHT_SERVER._forkserver_pid, *pids, flush=True)
+    print(ex._LIGHT_SERVER._forkserver_address, flush=True)
     runner.map(range(4))
     """
 )
 
 
 def test_killed_caller_leaves_no_light_forkserver():
-    """SIGKILL of the caller: its workers and the light forkserver exit by themselves."""
+    """SIGKILL of the caller: its workers and the light forkserver exit by themselves, and
+    the forkserver's listening socket and its /tmp/pymp-* directory go with them."""
     env = {**os.environ, "PYTHONPATH": PKG + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED], stdout=subprocess.PIPE, text=True, env=env
@@ -166,6 +168,8 @@ def test_killed_caller_leaves_no_light_forkserver():
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 3  # printed once every worker is ready
+    listener = proc.stdout.readline().strip()
+    assert os.path.exists(listener)
     # both workers inside `slow` (they share the caller's stdout): busy, not idle, when killed
     assert [proc.stdout.readline(), proc.stdout.readline()] == ["busy\n", "busy\n"]
     os.kill(proc.pid, signal.SIGKILL)
@@ -180,6 +184,8 @@ def test_killed_caller_leaves_no_light_forkserver():
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     assert alive == [], "outlived the caller"
+    assert not os.path.exists(listener)
+    assert not os.path.exists(os.path.dirname(listener))
 
 
 def _running(pid: int) -> bool:
