@@ -158,15 +158,14 @@ def sharded_map(
         count = _count(data, size)
         if count is not None:
             share = _Sized(share, len(range(me, count, world)))
-        mine = RunOptions(
+        # The caller's options, but for what a rank does differently: units already
+        # batched here, kept in order (the shares interleave back), numbered globally.
+        mine = attrs.evolve(
+            options,
+            ordered=True,
+            batch_size=None,
             progress=options.progress and me == 0,
-            timeout=options.timeout,
-            retries=options.retries,
-            seed=options.seed,
-            prefetch=options.prefetch,
             numbering=Numbering(me, world, size),
-            max_items_per_worker=options.max_items_per_worker,
-            max_worker_memory=options.max_worker_memory,
         )
         producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)
         if isinstance(devices, str) and devices == "local":
