@@ -10,7 +10,6 @@ raised once a charged unit is out of retries; :func:`requeue` re-runs the rest.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 
@@ -22,6 +21,7 @@ from easycore._errors import (
     item_label,
     short_repr,
 )
+from easycore._exec.core import Work
 from easycore._exec.ledger import Chunk
 from easycore._exec.plan import Chain
 from easycore._exec.workers import Worker
@@ -117,16 +117,16 @@ def death_error(
 
 def requeue(
     lost: Sequence[Chunk], blame: Blame, unit: int, align: int, spared: set[int]
-) -> list[tuple[int, Sequence[Any]]]:
+) -> list[Work]:
     """What to run again, in input order: every lost chunk, the culprit's units alone (so
-    it is pinned down), without the output units ``spared`` (failed instead, in tolerant
-    runs; an output unit is ``align`` first-hop items), the others one per chunk."""
-    out: list[tuple[int, Sequence[Any]]] = []
+    it is pinned down), without the output units ``spared`` (failed instead, when the run
+    goes on; an output unit is ``align`` first-hop units), the others one per chunk."""
+    out: list[Work] = []
     for chunk in sorted(lost, key=lambda c: c.start):
         start, items = chunk.start, chunk.items
         if spared:
             out.extend(
-                (start + a, items[a : a + align])
+                Work(start + a, items[a : a + align])
                 for a in range(0, len(items), align)
                 if (start + a) // align not in spared
             )
@@ -134,11 +134,11 @@ def requeue(
             a = (blame.culprit * unit) // align * align
             b = a + align
             parts = [
-                (start, items[: a - start]),
-                (a, items[a - start : b - start]),
-                (b, items[b - start :]),
+                Work(start, items[: a - start]),
+                Work(a, items[a - start : b - start]),
+                Work(b, items[b - start :]),
             ]
-            out.extend(part for part in parts if len(part[1]))
+            out.extend(part for part in parts if len(part.items))
         else:
-            out.append((start, items))
+            out.append(Work(start, items))
     return out

@@ -4,9 +4,10 @@
 * ``InlineEngine`` (``inline.py``): everything in the calling process.
 
 An engine starts (``init`` everywhere), streams a run's results as segments
-``(index of the first item, [results])``, reports per-hop statistics, and stops (``end``
-everywhere). Another engine (say, actors of a cluster) implements the same four calls;
-the runner, the consumer fold, ``submit`` and the options stay as they are.
+(``core.Segment``), reports per-hop statistics, and stops (``end`` everywhere). Its run
+keeps its books in ``core.RunBooks``; what an engine adds is the transport (how chunks
+reach workers and what comes back). Another engine implements the same four calls; the
+runner, the consumer fold, ``submit`` and the options stay as they are.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from easycore._config import CfgNode
+from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.run import Run
 from easycore._exec.sources import Source, source_of
@@ -24,7 +26,7 @@ from easycore._options import RunOptions
 
 __all__ = ["PRIMED", "Engine", "ProcessEngine"]
 
-Segments = Iterator[Any]  # PRIMED, then segments (index of the first item, [results])
+Segments = Iterator[Any]  # PRIMED, then core.Segment values
 
 # The first thing an engine's stream yields, once its work has started: the runner takes it
 # at once, so work starts when imap() is called (and the stream's cleanup runs even if it is
@@ -44,7 +46,7 @@ class Engine(Protocol):
         options: RunOptions,
         *,
         bars: list[Any] | None = None,
-        tolerant: bool = False,
+        policy: ErrorPolicy = ...,
         is_current: Callable[[], bool] = ...,
     ) -> Segments: ...
     def stats(self) -> list[StageStats]: ...
@@ -93,7 +95,7 @@ class ProcessEngine:
         options: RunOptions,
         *,
         bars: list[Any] | None = None,
-        tolerant: bool = False,
+        policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Segments:
         run = Run(
@@ -101,7 +103,7 @@ class ProcessEngine:
             source_of(data),
             options,
             self.ids,
-            tolerant=tolerant,
+            policy=policy,
             bars=bars,
             is_current=is_current,
         )

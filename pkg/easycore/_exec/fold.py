@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._config import CfgNode
+from easycore._exec.plan import Chain
 from easycore._inject import call_with, injected
 from easycore._options import RunOptions
 from easycore._stages import StageFailure
@@ -26,7 +27,12 @@ def collect(stream: Segments) -> list[Any]:
 
 
 def fold(
-    stream: Segments, consumer: Any, cfg: CfgNode, options: RunOptions, abort: Callable[[], None]
+    stream: Segments,
+    consumer: Any,
+    cfg: CfgNode,
+    options: RunOptions,
+    chain: Chain,
+    abort: Callable[[], None],
 ) -> Any:
     """Fold ``stream`` with ``consumer`` (``init``, the fold, ``end``) and return the result.
 
@@ -44,7 +50,7 @@ def fold(
         fn = functools.partial(fn, **kw)
     failure: tuple[Exception, int] | None = None
     try:
-        for index, values in stream:
+        for start, values in stream:
             folded = iter(values)
             try:
                 for y in folded:
@@ -53,7 +59,8 @@ def fold(
                         acc = new
             except Exception as exc:
                 # `folded` stopped just after the failing result: what is left names it
-                failure = (exc, index + len(values) - 1 - sum(1 for _ in folded))
+                unit = start // chain.align + len(values) - 1 - sum(1 for _ in folded)
+                failure = (exc, unit)
                 break
     except Exception:
         raise  # the run's own error (the runner is closed) or the input's, as raised
@@ -64,10 +71,10 @@ def fold(
     if failure is not None:
         abort()
         stream.close()  # type: ignore[attr-defined]
-        error, at = failure
-        what = f"while folding {options.label(at)}"
+        error, unit = failure
+        label, index = chain.name_output(unit, options)
         failed = StageFailure(consumer.name, error)
-        raise failed.to_error(what, options.global_index(at), device=None) from error
+        raise failed.to_error(f"while folding {label}", index, device=None) from error
     if consumer.end is None:
         return acc
     try:

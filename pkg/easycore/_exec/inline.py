@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from easycore._config import CfgNode
-from easycore._errors import item_label
+from easycore._errors import after_retries
+from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.run import Failed
-from easycore._exec.sources import batched
+from easycore._exec.sources import batched, source_of
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
 from easycore._seeding import seed_loaded
@@ -76,61 +76,65 @@ class InlineEngine:
         options: RunOptions,
         *,
         bars: list[Any] | None = None,
-        tolerant: bool = False,
+        policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Iterator[Any]:
-        """Yield PRIMED, then ``(index, [result])`` per unit of the last hop, in input order.
+        """Yield PRIMED, then one segment per output unit, in input order.
 
-        ``bars``: the last one counts results. A failure raises, ``tolerant`` or not: a
-        one-item ``submit`` turns it into its future's exception.
+        ``bars``: the last one counts results.
         """
         if options.seed is None and self.chain.hops[0].stages:
             seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)
-        n = options.numbering
-        numbering = (0, 1) if n is None else (n.first, n.step)
-        stream: Iterator[tuple[int, Any]] = enumerate(data)
+        books = RunBooks(self.chain, source_of(()), options, policy)
+        # (index of the unit at this hop, value, its first-hop units)
+        units: Iterator[tuple[int, Any, list[Any]]] = (
+            (i, item, [item]) for i, item in enumerate(data)
+        )
         for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
             if hop.batch:
-                stream = enumerate(batched((v for _, v in stream), hop.batch))
-            stream = self._run_hop(stream, stages, hop.index, options, numbering, tolerant)
+                units = _batched(units, hop.batch)
+            units = self._run_hop(units, stages, hop.index, books)
         yield PRIMED  # nothing runs ahead of the caller here
         bar = bars[-1] if bars else None
-        for index, value in stream:
+        for index, value, _ in units:
             if bar is not None:
                 bar.update(1)
-            yield index, [value]
+            yield Segment(index * books.align, [value])
 
     def _run_hop(
         self,
-        stream: Iterator[tuple[int, Any]],
+        units: Iterator[tuple[int, Any, list[Any]]],
         stages: PreparedStages,
         hop: int,
-        options: RunOptions,
-        numbering: tuple[int, int],
-        tolerant: bool,
-    ) -> Iterator[tuple[int, Any]]:
-        for index, item in stream:
-            if is_cached(item):  # resume=: the ledger has its result
-                yield index, CACHED
+        books: RunBooks,
+    ) -> Iterator[tuple[int, Any, list[Any]]]:
+        options = books.options
+        for index, unit, origin in units:
+            if is_cached(unit):  # resume=: the ledger has its result
+                yield index, CACHED, origin
                 continue
-            failed_before = _failed_in(item)
-            if failed_before is not None:  # a unit of a batch failed in an earlier hop
-                yield index, failed_before
+            item = origin[0] if books.align == 1 else origin
+            failed_before = _failed_in(unit)
+            if failed_before is not None:  # (a unit of) an earlier hop failed: this one does
+                yield index, Failed(failed_before.exc, item, failed_before.stage), origin
                 continue
             value, failed = stages.run_retrying(
-                item, index, options.seed, options.retries, numbering
+                unit, index, options.seed, options.retries, books.numbering
             )
             if failed is not None:
-                if hop == 0:
-                    label, at = options.label(index), options.global_index(index)
-                else:
-                    label, at = item_label(index, self.chain.hops[hop].batch), index
-                error = failed.to_error(f"while running {label}", at)
-                if not tolerant:
-                    raise error from failed.error
+                what = f"while running {books.label(hop, index)}{after_retries(options.retries)}"
+                error = failed.to_error(what, books.index(hop, index))
                 error.__cause__ = failed.error
-                value = Failed(error, item, failed.stage)
-            yield index, value
+                value = books.policy.settle(error, item, failed.stage)
+            yield index, value, origin
+
+
+def _batched(
+    units: Iterator[tuple[int, Any, list[Any]]], size: int
+) -> Iterator[tuple[int, Any, list[Any]]]:
+    """Batches of ``size`` consecutive units (the last may be shorter), as units."""
+    for j, batch in enumerate(batched(units, size)):
+        yield j, [v for _, v, _ in batch], [o for _, _, origin in batch for o in origin]
 
 
 def _failed_in(unit: Any) -> Failed | None:

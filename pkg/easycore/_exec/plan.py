@@ -104,6 +104,12 @@ class Chain:
             text = f"{text} of stage {self.hops[hop].name!r}"
         return text
 
+    def name_output(self, unit: int, options: RunOptions) -> tuple[str, int]:
+        """Output unit ``unit`` as the consumer's errors name it: (label, index)."""
+        if self.last.index == 0:
+            return options.label(unit), options.global_index(unit)
+        return item_label(unit, self.last.batch), unit
+
     def who(self, hop: int, index: int) -> str:
         """Name a worker in messages: ``"worker 1"``, with its stage when there are hops."""
         text = f"worker {index}"

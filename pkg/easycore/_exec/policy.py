@@ -1,9 +1,10 @@
 """``errors="skip"``: failures set aside, reported, and left out of the results.
 
-A tolerant run delivers a failed output unit as a :class:`~easycore._exec.run.Failed` in its
-place in the stream; :func:`set_aside` takes those out (so neither the caller nor the consumer
-sees them), reports each as an :class:`easycore.Failure` to ``on_error`` (in the calling
-process), or, without one, warns once per run with the count and the first failure.
+Under the ``skip`` policy (``core.SKIP``) a run delivers a failed output unit as a
+:class:`~easycore._exec.core.Failed` in its place in the stream; :func:`set_aside` takes
+those out (so neither the caller nor the consumer sees them), reports each as an
+:class:`easycore.Failure` to ``on_error`` (in the calling process), or, without one, warns
+once per run with the count and the first failure.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from easycore._errors import Failure, SkippedItemsWarning
-from easycore._exec.run import Failed
+from easycore._exec.core import Failed
 from easycore._options import RunOptions
 
 __all__ = ["SkippedItemsWarning", "set_aside"]

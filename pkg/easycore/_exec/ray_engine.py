@@ -38,6 +38,7 @@ from easycore._errors import (
     SerializationError,
     WorkerDied,
 )
+from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, PipelineDef, StageStats, plan_chain
 from easycore._exec.ray_actor import StageActor
@@ -46,7 +47,7 @@ from easycore._exec.sources import Source, source_of
 from easycore._options import RunOptions
 from easycore._protocol import PROTOCOL
 
-__all__ = ["RayEngine", "ray_devices"]
+__all__ = ["RayEngine", "check_fits", "ray_devices"]
 
 #: Seconds an actor may take to be placed and run its ``init`` before the run fails (a
 #: cluster without room for it would otherwise wait forever).
@@ -126,6 +127,25 @@ def ray_devices(devices: Any, resources: dict[str, float]) -> list[str]:
     return out
 
 
+def check_fits(chain: Chain, resources: dict[str, float]) -> None:
+    """Every pool's actors at once: pools run together, so together they must fit.
+
+    Raises:
+        ValueError: the pools together ask for more CPUs or GPUs than the cluster has (Ray
+            would wait forever for an actor it cannot place).
+    """
+    devices = chain.devices
+    for kind, unit in (("cpu", "CPU"), ("cuda", "GPU")):
+        need, have = devices.count(kind), int(resources.get(unit, 0))
+        if need > have:
+            each = ", ".join(f"{h.name}: {h.devices.count(kind)}" for h in chain.hops)
+            msg = (
+                f"the pools together ask for {need} {unit} actor(s) ({each}), and the Ray "
+                f"cluster has {have} {unit}(s): ask for fewer, or add nodes"
+            )
+            raise ValueError(msg)
+
+
 def _one(device: Any) -> str:
     text = str(device)
     if text == "cpu":
@@ -165,6 +185,7 @@ class RayEngine:
             self.chain: Chain = plan_chain(
                 pipeline, devices, parse=lambda d: ray_devices(d, resources)
             )
+            check_fits(self.chain, resources)
         except BaseException:
             _disconnect()
             raise
@@ -313,11 +334,11 @@ class RayEngine:
         options: RunOptions,
         *,
         bars: list[Any] | None = None,
-        tolerant: bool = False,
+        policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Iterator[Any]:
-        """PRIMED, then segments ``(index of the first unit, [results])`` of the last hop."""
-        run = RayRun(self, source_of(data), options, bars, tolerant)
+        """PRIMED, then the run's segments (``core.Segment``)."""
+        run = RayRun(self, source_of(data), options, bars, policy)
         self.last_run = run
         try:
             run.dispatch()

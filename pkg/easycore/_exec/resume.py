@@ -32,7 +32,7 @@ from typing import Any
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr
-from easycore._exec.run import Failed
+from easycore._exec.core import Failed
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
 

@@ -20,6 +20,7 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError, Failure
+from easycore._exec.core import RAISE, SKIP
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
@@ -257,7 +258,7 @@ class Runner:
         consumer = self.pipeline.consumer
         if consumer is None:
             return collect(stream)
-        return fold(stream, consumer, self.cfg, options, self._abort)
+        return fold(stream, consumer, self.cfg, options, self._chain, self._abort)
 
     def imap(
         self,
@@ -341,7 +342,7 @@ class Runner:
             source,
             options,
             bars=bars,
-            tolerant=options.skip,
+            policy=SKIP if options.skip else RAISE,
             is_current=lambda: self._is_current(generation),
         )
         if ledger is not None:
@@ -416,7 +417,7 @@ class Runner:
         stream = self._engine.stream(
             source,
             RunOptions(ordered=False, prefetch=self.prefetch),
-            tolerant=True,
+            policy=SKIP,
             is_current=lambda: self._is_current(generation),
         )
         supervised = self._supervised(stream)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from easycore._exec.run import Failed
+from easycore._exec.core import Failed
 from easycore._exec.sources import LiveSource
 
 __all__ = ["Seat", "SubmitFeeder"]

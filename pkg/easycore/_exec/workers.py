@@ -318,7 +318,7 @@ class WorkerSet:
                     note_torch(msg.torch_loaded)
                 elif isinstance(msg, InitFailed):
                     raise msg.error.to_error(
-                        what="while starting", device=w.device, worker=w.slot, index=None
+                        what="while starting", device=w.device, worker=w.index, index=None
                     )
                 elif w.stopping and isinstance(msg, Ended | EndFailed):
                     note_torch(isinstance(msg, Ended) and msg.torch_loaded)
@@ -327,7 +327,7 @@ class WorkerSet:
                         raise msg.error.to_error(
                             what="while ending (the worker was being replaced)",
                             device=w.device,
-                            worker=w.slot,
+                            worker=w.index,
                             index=None,
                         )
                     self._replace(w)
@@ -435,8 +435,7 @@ class WorkerSet:
                 self._finalizer = None
         return failure
 
-    @staticmethod
-    def _read_goodbye(w: Worker) -> tuple[bool, BaseException | None]:
+    def _read_goodbye(self, w: Worker) -> tuple[bool, BaseException | None]:
         """Read what a stopping worker sends; (finished?, error from its `end`)."""
         try:
             while w.chan.poll():
@@ -450,7 +449,7 @@ class WorkerSet:
                 elif isinstance(msg, EndFailed | InitFailed):
                     what = "while ending" if isinstance(msg, EndFailed) else "while starting"
                     error: WorkerError = msg.error.to_error(
-                        what=what, device=w.device, worker=w.slot, index=None
+                        what=what, device=w.device, worker=w.index, index=None
                     )
                     return True, error
                 # replies of chunks that no longer matter are dropped
@@ -462,9 +461,10 @@ class WorkerSet:
             if code not in (0, None):
                 when = "while ending" if w.ready else "while starting (during init)"
                 return True, WorkerDied(
-                    f"worker {w.slot} on {w.device} died {when}: {describe_exitcode(code)}",
+                    f"{self.chain.who(w.hop, w.index)} on {w.device} died {when}: "
+                    f"{describe_exitcode(code)}",
                     w.device,
-                    w.slot,
+                    w.index,
                     code,
                 )
             return True, None

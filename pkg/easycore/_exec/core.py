@@ -1,0 +1,310 @@
+"""The run core: one run's books, whatever runs the work (no processes, no Ray, no I/O).
+
+Every engine is a transport under this core: it starts a hop's workers, sends them chunks
+and reports what came back (done, held, died holding these chunks, timed out); the books
+say what is taken from the input, what re-runs, what is charged, how failures become
+results, and what is yielded in which order. So an option acts the same on every engine.
+
+Units and segments, defined once:
+
+* a run's *stream* is the input as the first hop sees it (items, or ``map``'s batches);
+  a *first-hop unit* is one element of it, numbered from 0;
+* a hop's unit is ``hop.unit`` consecutive first-hop units (a pool with ``batch_size``
+  groups the previous hop's results); an *output unit* is the last hop's (``chain.align``
+  first-hop units): what the caller receives as one result, or fails as a whole;
+* a :class:`Segment` is ``(start, values)``: the results of consecutive output units, the
+  first of which begins at first-hop unit ``start``. The runner's wrappers (``resume=``,
+  ``errors="skip"``, the consumer's fold) read segments and nothing else.
+
+A failed output unit is settled by the run's :class:`ErrorPolicy`: ``raise`` raises its
+error, ``skip`` (and ``submit``) deliver a :class:`Failed` in its place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import attrs
+
+from easycore._exec.plan import Chain, StageStats
+from easycore._exec.sizing import ChunkSizer
+from easycore._exec.sources import Source
+from easycore._options import DEFAULT_PREFETCH, RunOptions
+
+__all__ = [
+    "RAISE",
+    "SKIP",
+    "Charges",
+    "ErrorPolicy",
+    "Failed",
+    "RunBooks",
+    "Segment",
+    "Work",
+]
+
+
+class Failed:
+    """An output unit that failed, delivered in place of its result when the policy keeps
+    the run going: the error ``raise`` would have raised, its first-hop item(s), its stage."""
+
+    __slots__ = ("exc", "item", "stage")
+
+    def __init__(self, exc: BaseException, item: Any = None, stage: str = "") -> None:
+        self.exc = exc
+        self.item = item
+        self.stage = stage
+
+
+class Segment(NamedTuple):
+    """Results of consecutive output units; the first begins at first-hop unit ``start``."""
+
+    start: int
+    values: list[Any]
+
+
+@attrs.frozen
+class ErrorPolicy:
+    """What a failed output unit becomes: its error raised, or a :class:`Failed` result.
+
+    ``isolates``: before a unit whose fault is not pinned down fails, run it alone (a run
+    that goes on must not fail an innocent neighbour; one that raises names the chunk).
+    """
+
+    name: str
+    isolates: bool
+
+    def settle(self, error: BaseException, item: Any, stage: str) -> Failed:
+        """The failed unit's result; raises ``error`` under ``raise``."""
+        if not self.isolates:
+            raise error
+        return Failed(error, item, stage)
+
+
+RAISE = ErrorPolicy("raise", isolates=False)
+SKIP = ErrorPolicy("skip", isolates=True)  # errors="skip", and submit's futures
+
+
+@attrs.define(eq=False, slots=True)
+class Work:
+    """Consecutive first-hop units to send: new input, or a re-run (``solo``: alone on each
+    worker of its path, so that a death while it runs names it)."""
+
+    start: int
+    items: Sequence[Any]
+    solo: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.items)
+
+
+class Charges:
+    """Runs charged to units by deaths and timeouts, keyed ``(hop, unit of that hop)``."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.hops = chain.hops
+        self.runs: dict[tuple[int, int], int] = {}
+
+    def charge(self, hop: int, unit: int) -> int:
+        """One more run charged to ``unit`` of ``hop``; the runs charged so far."""
+        key = (hop, unit)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        return self.runs[key]
+
+    def spent(self, start: int, end: int) -> dict[tuple[int, int], int]:
+        """Runs charged to units within first-hop units ``[start, end)``, for a worker's own
+        retries (a unit may retry ``retries`` minus what deaths used)."""
+        if not self.runs:
+            return {}
+        return {
+            (h, i): k for (h, i), k in self.runs.items() if start <= i * self.hops[h].unit < end
+        }
+
+
+class RunBooks:
+    """One run's books: input taken, re-runs, order of delivery, chunk sizes, counters.
+
+    Args:
+        chain: the pipeline's hops.
+        source: the stream's units.
+        options: the run's options.
+        policy: what a failed output unit becomes.
+        bars: one progress bar per hop, or None.
+    """
+
+    def __init__(
+        self,
+        chain: Chain,
+        source: Source,
+        options: RunOptions,
+        policy: ErrorPolicy,
+        bars: list[Any] | None = None,
+    ) -> None:
+        self.chain = chain
+        self.hops = chain.hops
+        self.align = chain.align  # chunks hold whole output units
+        self.source = source
+        self.options = options
+        self.policy = policy
+        self.bars = bars
+        # chunks each worker may hold: queued, running, or done and waiting (prefetch)
+        self.depth = options.prefetch or DEFAULT_PREFETCH
+        n = options.numbering
+        self.numbering = (0, 1) if n is None else (n.first, n.step)
+        self.charges = Charges(chain)
+        self.pulled = 0  # first-hop units taken from the source (the next one's index)
+        self.taken = 0  # first-hop units taken and not yet yielded
+        self.redo: deque[Work] = deque()  # to run again, ahead of new input
+        self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start
+        self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
+        self.next_out = 0
+        self.sizers = [ChunkSizer() for _ in self.hops]
+        self.chunk_size = self.align
+        self.done = [0] * len(self.hops)
+        self.busy = [0.0] * len(self.hops)
+        self.started = time.monotonic()
+        self.finished: float | None = None
+
+    # -- names and numbers -------------------------------------------------------------------
+    def label(self, hop: int, index: int) -> str:
+        """Unit ``index`` of ``hop`` in messages: ``"batch 2 (items 8..11) of stage 'f'"``."""
+        return self.chain.label(hop, index, self.options)
+
+    def index(self, hop: int, index: int) -> int:
+        """A unit's index as errors report it (of the whole input, for the first hop)."""
+        return self.options.global_index(index) if hop == 0 else index
+
+    def unit_items(self, items: Sequence[Any], start: int, out: int) -> Any:
+        """The first-hop unit(s) of output unit ``out`` among ``items`` (from ``start``)."""
+        a = out * self.align - start
+        return items[a] if self.align == 1 else list(items[a : a + self.align])
+
+    def stage_of(self, hop: int, stage: str) -> str:
+        """The stage a failure names: the hop's own name for a transport's ``<...>``."""
+        return self.hops[hop].name if stage.startswith("<") else stage
+
+    # -- what goes out -----------------------------------------------------------------------
+    def window(self, n_workers: int) -> int:
+        """First-hop units that may be taken and not yet yielded (backpressure): what the
+        workers may hold, and a chunk per worker more, so new work goes out while results
+        just received still wait to be yielded."""
+        depth = self.depth
+        return max((depth + 1) * n_workers * self.chunk_size, 2 * depth * n_workers * self.align)
+
+    def take(self, room: int, limit: int | None = None) -> Work | None:
+        """The next chunk: a re-run, or new input (at most ``room`` units; ``limit``: at most
+        that many for the worker it goes to)."""
+        if self.redo:
+            return self.redo.popleft()
+        room = min(self.chunk_size, room)
+        if limit is not None:
+            room = min(room, max(limit, self.align))
+        total = self.source.total
+        if total is not None:
+            # A known length: chunks shrink as the input runs out ("guided" scheduling), so
+            # the workers finish together instead of one waiting on the other's last chunk.
+            share = -(-(total - self.pulled) // (2 * len(self.hops[0].devices)))
+            room = min(room, max(share, self.floor()))
+        if room <= 0 or self.source.exhausted:
+            return None
+        if self.align > 1:
+            room = max(self.align, room - room % self.align)
+        items = self.source.take(room)
+        if not items:
+            return None
+        work = Work(self.pulled, items)
+        self.pulled += len(items)
+        self.taken += len(items)
+        return work
+
+    def rerun(self, work: Work, skip: Collection[int] = ()) -> list[Work]:
+        """``work``'s output units not in ``skip``, one chunk each (to run again)."""
+        a = self.align
+        return [
+            Work(s, work.items[s - work.start : s - work.start + a], work.solo)
+            for s in range(work.start, work.end, a)
+            if s // a not in skip
+        ]
+
+    def again(self, works: Sequence[Work]) -> None:
+        """Run ``works`` again, in this order, before anything else."""
+        self.redo.extendleft(reversed(works))
+
+    def floor(self) -> int:
+        return min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
+
+    def measured(self, hop: int, n: int, elapsed: float, nbytes: int = 0) -> None:
+        """A chunk of ``n`` first-hop units took ``elapsed`` s at ``hop`` (``nbytes`` back)."""
+        self.sizers[hop].update(n, elapsed, nbytes)
+        self.resize()
+
+    def resize(self) -> None:
+        if any(s.per_item is None for s in self.sizers):
+            return  # a hop not yet measured may be the slow one: no big chunks before then
+        size = min(s.size for s in self.sizers)
+        self.chunk_size = max(self.align, size - size % self.align)
+
+    def count(self, hop: int, n: int, elapsed: float) -> None:
+        """``hop`` finished ``n`` of its units in ``elapsed`` seconds of work."""
+        self.done[hop] += n
+        self.busy[hop] += elapsed
+        if self.bars is not None:
+            self.bars[hop].update(n)
+
+    # -- what comes back ---------------------------------------------------------------------
+    def store(self, start: int, values: list[Any], n: int) -> None:
+        """Results of output units from first-hop unit ``start``, standing for ``n`` units."""
+        if self.options.ordered:
+            self.segments[start] = (values, n)
+        else:
+            self.ready.append((start, values, n))
+
+    def fail(self, out: int, error: BaseException, item: Any, stage: str) -> None:
+        """Output unit ``out`` failed: settled by the policy, in its place in the stream."""
+        self.store(out * self.align, [self.policy.settle(error, item, stage)], self.align)
+
+    def deliverable(self) -> bool:
+        return self.next_out in self.segments if self.options.ordered else bool(self.ready)
+
+    def deliver(self) -> Iterator[Segment]:
+        """What is ready, in input order with ``ordered``."""
+        if self.options.ordered:
+            while self.next_out in self.segments:
+                start = self.next_out
+                values, n = self.segments.pop(start)
+                self.taken -= n
+                self.next_out += n
+                yield Segment(start, values)
+        else:
+            while self.ready:
+                start, values, n = self.ready.popleft()
+                self.taken -= n
+                yield Segment(start, values)
+
+    def unsettled(self) -> bool:
+        """Something waits to be re-run or yielded."""
+        return bool(self.redo or self.segments or self.ready)
+
+    def stats(self, queued: Sequence[int], waiting: Sequence[int]) -> list[StageStats]:
+        """Per hop: done, busy (of its workers' time), queued and waiting units."""
+        wall = max((self.finished or time.monotonic()) - self.started, 1e-9)
+        return [
+            StageStats(
+                hop.name,
+                hop.devices,
+                done=self.done[h],
+                busy=min(1.0, self.busy[h] / (wall * len(hop.devices))),
+                queued=queued[h],
+                waiting=waiting[h],
+            )
+            for h, hop in enumerate(self.hops)
+        ]
+
+    def clear(self) -> None:
+        """The run is over: drop its input and results (the counters stay, for stats)."""
+        self.redo.clear()
+        self.segments.clear()
+        self.ready.clear()
