@@ -44,7 +44,10 @@ _MISSING: Any = object()
 def _close_matches(word: str, candidates: Iterable[Any]) -> str:
     """Return ``"; did you mean 'A' or 'B'?"`` for near misses, or ``""``."""
     names = [c for c in candidates if isinstance(c, str)]
-    matches = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    return _did_you_mean(difflib.get_close_matches(word, names, n=3, cutoff=0.6))
+
+
+def _did_you_mean(matches: Sequence[str]) -> str:
     if not matches:
         return ""
     quoted = [repr(m) for m in matches]
@@ -413,7 +416,8 @@ class CfgNode(dict[str, Any]):
 
         Raises:
             ValueError: an odd number of items.
-            KeyError: a key that does not exist (the message names close matches).
+            KeyError: a key that does not exist (the message names close matches among the
+                keys of the node addressed).
             TypeError: a value of another type than the current one.
             FrozenError: this node is frozen.
 
@@ -442,25 +446,22 @@ class CfgNode(dict[str, Any]):
             msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {key!r}"
             raise TypeError(msg)
         *path, leaf = key.split(".")
-        node: Any = self
+        node: CfgNode = self
         for depth, part in enumerate(path):
-            node = dict.get(node, part, _MISSING)
-            if not isinstance(node, CfgNode):
+            child = dict.get(node, part, _MISSING)
+            if not isinstance(child, CfgNode):
                 prefix = ".".join(path[: depth + 1])
-                problem = "does not exist" if node is _MISSING else "is not a config node"
-                msg = f"unknown config key {key!r}: {prefix!r} {problem}"
-                raise KeyError(msg + _close_matches(key, self._dotted_keys()))
+                if child is _MISSING:
+                    msg = f"unknown config key {key!r}: {prefix!r} does not exist"
+                    msg += _suggest(node, path[:depth], part, [*path[depth + 1 :], leaf])
+                else:
+                    msg = f"unknown config key {key!r}: {prefix!r} is not a config node"
+                raise KeyError(msg)
+            node = child
         if leaf not in node:
-            msg = f"unknown config key {key!r}"
-            raise KeyError(msg + _close_matches(key, self._dotted_keys()))
+            msg = f"unknown config key {key!r}" + _suggest(node, path, leaf, [])
+            raise KeyError(msg)
         return node, leaf
-
-    def _dotted_keys(self, prefix: str = "") -> Iterator[str]:
-        for key, value in self.items():
-            dotted = f"{prefix}{key}"
-            yield dotted
-            if isinstance(value, CfgNode):
-                yield from value._dotted_keys(dotted + ".")
 
     # ------------------------------------------------------------------ YAML
 
@@ -613,6 +614,23 @@ class CfgNode(dict[str, Any]):
             return str(self.dump())
         except TypeError:
             return repr(self)
+
+
+def _suggest(node: CfgNode, parents: list[str], part: str, rest: list[str]) -> str:
+    """``"; did you mean 'A.B.C'?"`` for ``part``, missing from ``node`` (at ``parents``).
+
+    Only ``node``'s own keys are compared: a tree built from YAML aliases can have more
+    dotted keys than memory holds. A match under which ``rest`` (the key's remaining parts)
+    exists is shown with it, so ``MODLE.DEPTH`` suggests ``'MODEL.DEPTH'``.
+    """
+    names = [k for k in node if isinstance(k, str)]
+    found = []
+    for match in difflib.get_close_matches(part, names, n=3, cutoff=0.6):
+        below: Any = dict.get(node, match)
+        for name in rest:
+            below = dict.get(below, name, _MISSING) if isinstance(below, CfgNode) else _MISSING
+        found.append(".".join([*parents, match, *(rest if below is not _MISSING else [])]))
+    return _did_you_mean(found)
 
 
 def _coerce(key: str, current: Any, raw: Any) -> Any:

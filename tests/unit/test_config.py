@@ -28,6 +28,16 @@ def sample() -> dict[str, Any]:
     }
 
 
+def alias_tree() -> CfgNode:
+    """Nine levels of nine YAML aliases: small in memory, 9**9 dotted keys to walk."""
+    lines = ["L0: &L0 {" + ", ".join(f"K{j}: {j}" for j in range(9)) + "}"]
+    for i in range(1, 9):
+        refs = ", ".join(f"K{j}: *L{i - 1}" for j in range(9))
+        lines.append(f"L{i}: &L{i} {{{refs}}}")
+    lines.append("MODEL: {DEPTH: 50, TREE: *L8}")
+    return CfgNode.load("\n".join(lines)).copy()
+
+
 class TestConstruction:
     def test_frozen_by_default(self) -> None:
         """A new CfgNode is frozen unless frozen=False is given."""
@@ -423,6 +433,19 @@ class TestMergeFromList:
             cfg.merge_from_list(["MODLE.DEPTH", "1"])
         with pytest.raises(KeyError, match="'LR' is not a config node"):
             cfg.merge_from_list(["LR.X", "1"])
+
+    @pytest.mark.timeout(20)
+    def test_typo_in_an_alias_tree_answers_at_once(self) -> None:
+        """In a tree of YAML aliases too big to walk, a typo is a KeyError naming matches."""
+        cfg = alias_tree()
+        with cfg.unfrozen(), pytest.raises(KeyError, match=r"did you mean 'MODEL\.DEPTH'"):
+            cfg.merge_from_list(["MODEL.DEPHT", "101"])
+        with cfg.unfrozen(), pytest.raises(KeyError, match=r"did you mean 'MODEL\.TREE\.K1'"):
+            cfg.merge_from_list(["MODEL.TREE.KK1", "1"])
+        with cfg.unfrozen(), pytest.raises(KeyError, match=r"did you mean 'MODEL\.DEPTH'"):
+            cfg.merge_from_list(["MODLE.DEPTH", "1"])
+        with pytest.raises(AttributeError, match="did you mean 'K1'"):
+            cfg.MODEL.TREE.K1.KK1  # noqa: B018
 
     def test_odd_length(self) -> None:
         """An odd number of items is a ValueError."""
