@@ -25,7 +25,9 @@ import difflib
 import math
 import os
 import re
+import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import IO, Any, TypeVar
 
 import yaml
@@ -54,6 +56,50 @@ def _did_you_mean(matches: Sequence[str]) -> str:
     if len(quoted) > 1:
         quoted[-2:] = [f"{quoted[-2]} or {quoted[-1]}"]
     return f"; did you mean {', '.join(quoted)}?"
+
+
+class _BriefRepr(reprlib.Repr):
+    """``repr`` for messages: a few items of a few levels, in the tree's own key order.
+
+    Bounded in time as well as in length, unlike cutting a full ``repr``: a tree built from
+    YAML aliases can be far too big to print.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 4
+        self.maxstring = self.maxother = self.maxlong = 60
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, dict):  # CfgNode and other dict subclasses too
+            return self.repr_dict(x, level)
+        return super().repr1(x, level)
+
+    def repr_dict(self, x: Any, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [
+            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+            for k, v in islice(dict.items(x), self.maxdict)
+        ]
+        if len(x) > self.maxdict:
+            pieces.append("...")
+        return "{" + ", ".join(pieces) + "}"
+
+
+_BRIEF = _BriefRepr()
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A short ``repr`` of ``value`` for an error message, at most ``limit`` characters."""
+    try:
+        text = _BRIEF.repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
@@ -110,7 +156,7 @@ class CfgNode(dict[str, Any]):
         if init_dict is None:
             return
         if not isinstance(init_dict, Mapping):
-            msg = f"CfgNode needs a mapping, got {type(init_dict).__name__}: {init_dict!r}"
+            msg = f"CfgNode needs a mapping, got {type(init_dict).__name__}: {_show(init_dict)}"
             raise TypeError(msg)
         memo: dict[int, Any] = {}
         convert = type(self)._convert
@@ -429,7 +475,7 @@ class CfgNode(dict[str, Any]):
         if isinstance(overrides, (str, bytes)) or len(overrides) % 2:
             msg = (
                 "merge_from_list needs a list of KEY, VALUE pairs "
-                f"(an even number of items), got {overrides!r}"
+                f"(an even number of items), got {_show(overrides)}"
             )
             raise ValueError(msg)
         self._check_mutable("merge_from_list")
@@ -443,7 +489,7 @@ class CfgNode(dict[str, Any]):
     def _find(self, key: Any) -> tuple[CfgNode, str]:
         """The node holding dotted ``key`` and the last part of it."""
         if not isinstance(key, str):
-            msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {key!r}"
+            msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {_show(key)}"
             raise TypeError(msg)
         *path, leaf = key.split(".")
         node: CfgNode = self
@@ -452,14 +498,17 @@ class CfgNode(dict[str, Any]):
             if not isinstance(child, CfgNode):
                 prefix = ".".join(path[: depth + 1])
                 if child is _MISSING:
-                    msg = f"unknown config key {key!r}: {prefix!r} does not exist"
+                    msg = f"unknown config key {_show(key)}: {_show(prefix)} does not exist"
                     msg += _suggest(node, path[:depth], part, [*path[depth + 1 :], leaf])
                 else:
-                    msg = f"unknown config key {key!r}: {prefix!r} is not a config node"
+                    msg = (
+                        f"unknown config key {_show(key)}: {_show(prefix)} is not a config "
+                        f"node, it holds {_show(child)}"
+                    )
                 raise KeyError(msg)
             node = child
         if leaf not in node:
-            msg = f"unknown config key {key!r}" + _suggest(node, path, leaf, [])
+            msg = f"unknown config key {_show(key)}" + _suggest(node, path, leaf, [])
             raise KeyError(msg)
         return node, leaf
 
@@ -574,7 +623,7 @@ class CfgNode(dict[str, Any]):
         except yaml.representer.RepresenterError as err:
             value = err.args[1] if len(err.args) > 1 else None
             msg = (
-                f"cannot write {value!r} (type {type(value).__name__}) as YAML; a config "
+                f"cannot write {_show(value)} (type {type(value).__name__}) as YAML; a config "
                 "holds str, int, float, bool, None, lists, tuples and dicts"
             )
             raise TypeError(msg) from err
@@ -654,8 +703,8 @@ def _coerce(key: str, current: Any, raw: Any) -> Any:
     if isinstance(current, dict) and isinstance(value, dict):
         return value
     msg = (
-        f"cannot override {key!r} with {raw!r}: that is of type {type(value).__name__}, "
-        f"the key holds {current!r} of type {type(current).__name__}"
+        f"cannot override {_show(key)} with {_show(raw)}: that is of type "
+        f"{type(value).__name__}, the key holds {_show(current)} of type {type(current).__name__}"
     )
     raise TypeError(msg)
 

@@ -447,6 +447,28 @@ class TestMergeFromList:
         with pytest.raises(AttributeError, match="did you mean 'K1'"):
             cfg.MODEL.TREE.K1.KK1  # noqa: B018
 
+    @pytest.mark.parametrize(
+        ("key", "value", "error", "named"),
+        [("BIG.X", "1", KeyError, "'BIG'"), ("BIG", "{'X': 1}", TypeError, "'BIG'"),
+         ("DEPTH", "x" * 200_000, TypeError, "'DEPTH'"), ("MODEL.DEPTH.X", "1", KeyError, "50")],
+    )  # fmt: skip
+    def test_messages_show_values_short(
+        self, key: str, value: str, error: type[Exception], named: str
+    ) -> None:
+        """Error messages show the values they echo, of any size, briefly."""
+        cfg = CfgNode({"BIG": list(range(50_000)), "DEPTH": 50, "MODEL": {"DEPTH": 50}})
+        with cfg.unfrozen(), pytest.raises(error) as info:
+            cfg.merge_from_list([key, value])
+        assert named in str(info.value) and len(str(info.value)) < 400
+
+    @pytest.mark.timeout(20)
+    def test_alias_tree_node_in_a_message_is_shown_short(self) -> None:
+        """A node of a YAML alias tree too big to print is echoed briefly, at once."""
+        cfg = alias_tree()
+        with cfg.unfrozen(), pytest.raises(TypeError, match=r"'MODEL\.TREE'.*'K0'") as info:
+            cfg.merge_from_list(["MODEL.TREE", "3"])
+        assert len(str(info.value)) < 400
+
     def test_odd_length(self) -> None:
         """An odd number of items is a ValueError."""
         with pytest.raises(ValueError, match="pairs"):
