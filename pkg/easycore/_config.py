@@ -6,7 +6,8 @@ frozen node refuses every mutation with :class:`~easycore.FrozenError`, so a con
 workers cannot drift. (Lists in the tree stay plain lists: only the nodes are guarded.)
 
 YAML goes through a ``SafeLoader`` subclass (no Python objects are ever built from tags) that
-adds two resolvers for plain (unquoted) scalars only:
+refuses a key given twice in one mapping (PyYAML would keep the last one silently) and adds
+two resolvers for plain (unquoted) scalars only:
 
 * ``(224, 224)`` is a tuple (parsed with ``ast.literal_eval``), and tuples are written back in
   that form, so ``CfgNode.load(CfgNode.dump(c)) == c``;
@@ -525,8 +526,9 @@ class CfgNode(dict[str, Any]):
             yaml_str: the YAML text.
 
         Raises:
-            ValueError: malformed YAML, a refused tag or a top level that is not a mapping;
-                the message starts with ``<string>:LINE:COLUMN``.
+            ValueError: malformed YAML, a refused tag, a key given twice in one mapping or a
+                top level that is not a mapping; the message starts with
+                ``<string>:LINE:COLUMN``.
 
         >>> CfgNode.load("INPUT_SIZE: (224, 224)\\nNAME: '(1, 2)'")
         CfgNode({'INPUT_SIZE': (224, 224), 'NAME': '(1, 2)'}, frozen=True)
@@ -741,6 +743,39 @@ def _construct_tuple(loader: Any, node: Any) -> Any:
 
 
 _Loader.add_constructor(_TUPLE_TAG, _construct_tuple)
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+    """``SafeConstructor.construct_mapping``, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last of repeated keys without a word, so a setting written twice (two
+    ``MODEL:`` blocks in a long file) would lose the first silently. Keys brought in by a
+    ``<<`` merge may still be overridden: that is what a merge is for.
+    """
+    if isinstance(node, yaml.MappingNode):
+        first: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # a collection key is unhashable: the constructor says so
+            key = loader.construct_object(key_node)
+            try:
+                seen = first.setdefault(key, key_node)
+            except TypeError:  # a tuple holding a list: (1, [2])
+                seen = None
+            if seen is not key_node:
+                problem = (
+                    f"duplicate key {_show(key)} (first on line {seen.start_mark.line + 1}); "
+                    "a key may appear once in a mapping"
+                    if seen is not None
+                    else f"the key {_show(key)} is unhashable"
+                )
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.construct_mapping = _construct_mapping
 
 
 def _str_literal(text: str) -> str:

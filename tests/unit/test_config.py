@@ -544,6 +544,37 @@ class TestYaml:
         with pytest.raises(ValueError, match="refused"):
             CfgNode.load(f"A: {tag}")
 
+    @pytest.mark.parametrize(
+        ("text", "key", "line", "first"),
+        [("A: 1\nB: 2\nA: 3\n", "'A'", 3, 1),
+         ("M:\n  D: 1\n  W: 2\n  D: 3\n", "'D'", 4, 2),
+         ("L:\n- {X: 1,\n   X: 2}\n", "'X'", 3, 2),
+         ("A: 1\n'A': 2\n", "'A'", 2, 1),
+         ("S:\n  (1, 2): a\n  (1,2): b\n", r"\(1, 2\)", 3, 2)],
+    )  # fmt: skip
+    def test_duplicate_key_refused(self, text: str, key: str, line: int, first: int) -> None:
+        """A key given twice in one mapping, at any depth, is a ValueError naming it and lines."""
+        with pytest.raises(ValueError, match=rf"^<string>:{line}:\d+: duplicate key {key}") as info:
+            CfgNode.load(text)
+        assert f"line {first}" in str(info.value)
+
+    def test_duplicate_key_in_a_file_names_it(self, tmp_path: Path) -> None:
+        """CfgNode.open refuses a repeated key, naming the file, line and key."""
+        path = tmp_path / "dup.yaml"
+        path.write_text("MODEL:\n  DEPTH: 50\nMODEL:\n  DEPTH: 101\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=r"dup\.yaml:3:\d+: duplicate key 'MODEL'"):
+            CfgNode.open(path)
+
+    def test_unhashable_tuple_key_names_line(self) -> None:
+        """A tuple key holding a list is a ValueError naming the line, not a bare TypeError."""
+        with pytest.raises(ValueError, match=r"^<string>:2:\d+: .*unhashable"):
+            CfgNode.load("A: 1\n(1, [2]): b\n")
+
+    def test_same_key_in_other_mappings_and_merge_keys_allowed(self) -> None:
+        """A key may repeat across mappings, and override a key brought in by a << merge."""
+        cfg = CfgNode.load("B: &b {X: 1, Y: 2}\nC: {<<: *b, X: 3}\nD: {X: 4}\n")
+        assert cfg.C == {"X": 3, "Y": 2} and cfg.B.X == 1 and cfg.D.X == 4
+
     def test_dump_quotes_misleading_strings(self) -> None:
         """Strings that look like tuples, numbers, bools or null are written quoted."""
         cfg = CfgNode({"A": "(1, 2)", "B": "123", "C": "true", "D": "null", "E": "1e-3"})
