@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import attrs
 import cloudpickle
@@ -213,6 +214,29 @@ class TestInlineRun:
         """imap is for pipelines without a consumer."""
         with pytest.raises(TypeError, match="imap"):
             (square >> summer).imap([1])
+
+
+class TestBoolOptions:
+    @pytest.mark.parametrize("option", ["ordered", "progress", "retry_failed"])
+    @pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
+    def test_anything_but_a_bool_is_refused_before_running(self, option, value):
+        """ordered, progress and retry_failed take bools: else a TypeError naming both."""
+        seen = []
+        spy = producer(lambda x: seen.append(x) or x)
+        kwargs = {option: value}
+        match = rf"{option}.*{re.escape(repr(value))}"
+        with pytest.raises(TypeError, match=match):
+            spy.map([1], devices="inline", **kwargs)
+        with pytest.raises(TypeError, match=match):
+            (spy >> summer).map([1], devices="inline", **kwargs)
+        with pytest.raises(TypeError, match=match):
+            spy.imap([1], devices="inline", **kwargs)
+        with spy.open(devices="inline") as runner:
+            with pytest.raises(TypeError, match=match):
+                runner.map([1], **kwargs)
+            with pytest.raises(TypeError, match=match):
+                runner.imap([1], **kwargs)
+        assert seen == []
 
 
 class TestOn:
