@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import re
 
@@ -214,6 +215,20 @@ class TestInlineRun:
         """imap is for pipelines without a consumer."""
         with pytest.raises(TypeError, match="imap"):
             (square >> summer).imap([1])
+        with pytest.raises(TypeError, match="imap"):
+            summer.imap([1])
+
+    def test_a_stage_runs_like_a_one_stage_pipeline(self):
+        """stage.map, imap and open take a pipeline's arguments, devices positional included."""
+        for name in ("map", "imap", "open"):
+            assert inspect.signature(getattr(square, name)) == inspect.signature(
+                getattr(compose(square), name)
+            )
+        assert square.map([1, 2], "inline") == [1, 4]
+        assert summer.map([1, 2], "inline", None, False) == 3
+        assert list(square.imap([1, 2], "inline")) == [1, 4]
+        with square.open("inline") as runner:
+            assert runner.map([3]) == [9]
 
 
 class TestBoolOptions:
