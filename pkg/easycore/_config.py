@@ -6,7 +6,8 @@ frozen node refuses every mutation with :class:`~easycore.FrozenError`, so a con
 workers cannot drift. (Lists in the tree stay plain lists: only the nodes are guarded.)
 
 YAML goes through a ``SafeLoader`` subclass (no Python objects are ever built from tags) that
-adds two resolvers for plain (unquoted) scalars only:
+refuses a key given twice in one mapping (PyYAML would keep the last one silently) and adds
+two resolvers for plain (unquoted) scalars only:
 
 * ``(224, 224)`` is a tuple (parsed with ``ast.literal_eval``), and tuples are written back in
   that form, so ``CfgNode.load(CfgNode.dump(c)) == c``;
@@ -25,7 +26,9 @@ import difflib
 import math
 import os
 import re
+import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import IO, Any, TypeVar
 
 import yaml
@@ -44,13 +47,60 @@ _MISSING: Any = object()
 def _close_matches(word: str, candidates: Iterable[Any]) -> str:
     """Return ``"; did you mean 'A' or 'B'?"`` for near misses, or ``""``."""
     names = [c for c in candidates if isinstance(c, str)]
-    matches = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    return _did_you_mean(difflib.get_close_matches(word, names, n=3, cutoff=0.6))
+
+
+def _did_you_mean(matches: Sequence[str]) -> str:
     if not matches:
         return ""
     quoted = [repr(m) for m in matches]
     if len(quoted) > 1:
         quoted[-2:] = [f"{quoted[-2]} or {quoted[-1]}"]
     return f"; did you mean {', '.join(quoted)}?"
+
+
+class _BriefRepr(reprlib.Repr):
+    """``repr`` for messages: a few items of a few levels, in the tree's own key order.
+
+    Bounded in time as well as in length, unlike cutting a full ``repr``: a tree built from
+    YAML aliases can be far too big to print.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 4
+        self.maxstring = self.maxother = self.maxlong = 60
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, dict):  # CfgNode and other dict subclasses too
+            return self.repr_dict(x, level)
+        return super().repr1(x, level)
+
+    def repr_dict(self, x: Any, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [
+            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+            for k, v in islice(dict.items(x), self.maxdict)
+        ]
+        if len(x) > self.maxdict:
+            pieces.append("...")
+        return "{" + ", ".join(pieces) + "}"
+
+
+_BRIEF = _BriefRepr()
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A short ``repr`` of ``value`` for an error message, at most ``limit`` characters."""
+    try:
+        text = _BRIEF.repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
@@ -107,7 +157,7 @@ class CfgNode(dict[str, Any]):
         if init_dict is None:
             return
         if not isinstance(init_dict, Mapping):
-            msg = f"CfgNode needs a mapping, got {type(init_dict).__name__}: {init_dict!r}"
+            msg = f"CfgNode needs a mapping, got {type(init_dict).__name__}: {_show(init_dict)}"
             raise TypeError(msg)
         memo: dict[int, Any] = {}
         convert = type(self)._convert
@@ -413,7 +463,8 @@ class CfgNode(dict[str, Any]):
 
         Raises:
             ValueError: an odd number of items.
-            KeyError: a key that does not exist (the message names close matches).
+            KeyError: a key that does not exist (the message names close matches among the
+                keys of the node addressed).
             TypeError: a value of another type than the current one.
             FrozenError: this node is frozen.
 
@@ -425,7 +476,7 @@ class CfgNode(dict[str, Any]):
         if isinstance(overrides, (str, bytes)) or len(overrides) % 2:
             msg = (
                 "merge_from_list needs a list of KEY, VALUE pairs "
-                f"(an even number of items), got {overrides!r}"
+                f"(an even number of items), got {_show(overrides)}"
             )
             raise ValueError(msg)
         self._check_mutable("merge_from_list")
@@ -439,28 +490,28 @@ class CfgNode(dict[str, Any]):
     def _find(self, key: Any) -> tuple[CfgNode, str]:
         """The node holding dotted ``key`` and the last part of it."""
         if not isinstance(key, str):
-            msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {key!r}"
+            msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {_show(key)}"
             raise TypeError(msg)
         *path, leaf = key.split(".")
-        node: Any = self
+        node: CfgNode = self
         for depth, part in enumerate(path):
-            node = dict.get(node, part, _MISSING)
-            if not isinstance(node, CfgNode):
+            child = dict.get(node, part, _MISSING)
+            if not isinstance(child, CfgNode):
                 prefix = ".".join(path[: depth + 1])
-                problem = "does not exist" if node is _MISSING else "is not a config node"
-                msg = f"unknown config key {key!r}: {prefix!r} {problem}"
-                raise KeyError(msg + _close_matches(key, self._dotted_keys()))
+                if child is _MISSING:
+                    msg = f"unknown config key {_show(key)}: {_show(prefix)} does not exist"
+                    msg += _suggest(node, path[:depth], part, [*path[depth + 1 :], leaf])
+                else:
+                    msg = (
+                        f"unknown config key {_show(key)}: {_show(prefix)} is not a config "
+                        f"node, it holds {_show(child)}"
+                    )
+                raise KeyError(msg)
+            node = child
         if leaf not in node:
-            msg = f"unknown config key {key!r}"
-            raise KeyError(msg + _close_matches(key, self._dotted_keys()))
+            msg = f"unknown config key {_show(key)}" + _suggest(node, path, leaf, [])
+            raise KeyError(msg)
         return node, leaf
-
-    def _dotted_keys(self, prefix: str = "") -> Iterator[str]:
-        for key, value in self.items():
-            dotted = f"{prefix}{key}"
-            yield dotted
-            if isinstance(value, CfgNode):
-                yield from value._dotted_keys(dotted + ".")
 
     # ------------------------------------------------------------------ YAML
 
@@ -475,8 +526,9 @@ class CfgNode(dict[str, Any]):
             yaml_str: the YAML text.
 
         Raises:
-            ValueError: malformed YAML, a refused tag or a top level that is not a mapping;
-                the message starts with ``<string>:LINE:COLUMN``.
+            ValueError: malformed YAML, a refused tag, a key given twice in one mapping or a
+                top level that is not a mapping; the message starts with
+                ``<string>:LINE:COLUMN``.
 
         >>> CfgNode.load("INPUT_SIZE: (224, 224)\\nNAME: '(1, 2)'")
         CfgNode({'INPUT_SIZE': (224, 224), 'NAME': '(1, 2)'}, frozen=True)
@@ -573,7 +625,7 @@ class CfgNode(dict[str, Any]):
         except yaml.representer.RepresenterError as err:
             value = err.args[1] if len(err.args) > 1 else None
             msg = (
-                f"cannot write {value!r} (type {type(value).__name__}) as YAML; a config "
+                f"cannot write {_show(value)} (type {type(value).__name__}) as YAML; a config "
                 "holds str, int, float, bool, None, lists, tuples and dicts"
             )
             raise TypeError(msg) from err
@@ -615,6 +667,23 @@ class CfgNode(dict[str, Any]):
             return repr(self)
 
 
+def _suggest(node: CfgNode, parents: list[str], part: str, rest: list[str]) -> str:
+    """``"; did you mean 'A.B.C'?"`` for ``part``, missing from ``node`` (at ``parents``).
+
+    Only ``node``'s own keys are compared: a tree built from YAML aliases can have more
+    dotted keys than memory holds. A match under which ``rest`` (the key's remaining parts)
+    exists is shown with it, so ``MODLE.DEPTH`` suggests ``'MODEL.DEPTH'``.
+    """
+    names = [k for k in node if isinstance(k, str)]
+    found = []
+    for match in difflib.get_close_matches(part, names, n=3, cutoff=0.6):
+        below: Any = dict.get(node, match)
+        for name in rest:
+            below = dict.get(below, name, _MISSING) if isinstance(below, CfgNode) else _MISSING
+        found.append(".".join([*parents, match, *(rest if below is not _MISSING else [])]))
+    return _did_you_mean(found)
+
+
 def _coerce(key: str, current: Any, raw: Any) -> Any:
     """Parse an override and check it against the key's current value."""
     value = raw
@@ -636,8 +705,8 @@ def _coerce(key: str, current: Any, raw: Any) -> Any:
     if isinstance(current, dict) and isinstance(value, dict):
         return value
     msg = (
-        f"cannot override {key!r} with {raw!r}: that is of type {type(value).__name__}, "
-        f"the key holds {current!r} of type {type(current).__name__}"
+        f"cannot override {_show(key)} with {_show(raw)}: that is of type "
+        f"{type(value).__name__}, the key holds {_show(current)} of type {type(current).__name__}"
     )
     raise TypeError(msg)
 
@@ -674,6 +743,39 @@ def _construct_tuple(loader: Any, node: Any) -> Any:
 
 
 _Loader.add_constructor(_TUPLE_TAG, _construct_tuple)
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+    """``SafeConstructor.construct_mapping``, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last of repeated keys without a word, so a setting written twice (two
+    ``MODEL:`` blocks in a long file) would lose the first silently. Keys brought in by a
+    ``<<`` merge may still be overridden: that is what a merge is for.
+    """
+    if isinstance(node, yaml.MappingNode):
+        first: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # a collection key is unhashable: the constructor says so
+            key = loader.construct_object(key_node)
+            try:
+                seen = first.setdefault(key, key_node)
+            except TypeError:  # a tuple holding a list: (1, [2])
+                seen = None
+            if seen is not key_node:
+                problem = (
+                    f"duplicate key {_show(key)} (first on line {seen.start_mark.line + 1}); "
+                    "a key may appear once in a mapping"
+                    if seen is not None
+                    else f"the key {_show(key)} is unhashable"
+                )
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.construct_mapping = _construct_mapping
 
 
 def _str_literal(text: str) -> str:

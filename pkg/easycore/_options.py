@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from easycore._errors import item_label
+from easycore._errors import item_label, short_repr
 
 __all__ = ["DEFAULT_PREFETCH", "Numbering", "RunOptions", "check_prefetch", "parse_bytes"]
 
@@ -39,6 +39,13 @@ class Numbering:
 
     def label(self, i: int) -> str:
         return item_label(self.index(i), self.batch)
+
+
+def _check_bool(_: Any, attr: Any, value: Any) -> None:
+    # Truthiness would read ordered="no" as yes: only True and False say what they mean.
+    if not isinstance(value, bool):
+        msg = f"{attr.name} must be True or False, got {short_repr(value)}"
+        raise TypeError(msg)
 
 
 def _check_batch_size(_: Any, __: Any, value: Any) -> None:
@@ -150,14 +157,16 @@ class RunOptions:
 
     Raises:
         ValueError: a value out of range or of the wrong type.
+        TypeError: ``ordered``, ``progress`` or ``retry_failed`` not a bool; ``on_error``
+            or ``key`` not callable; ``resume`` not a path.
 
     >>> RunOptions(retries=2).retries
     2
     """
 
-    ordered: bool = True
+    ordered: bool = attrs.field(default=True, validator=_check_bool)
     batch_size: int | None = attrs.field(default=None, validator=_check_batch_size)
-    progress: bool = False
+    progress: bool = attrs.field(default=False, validator=_check_bool)
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     retries: int = attrs.field(default=0, validator=_check_retries)
     seed: int | None = attrs.field(default=None, validator=_check_seed)
@@ -169,7 +178,7 @@ class RunOptions:
     on_error: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
     resume: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
     key: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
-    retry_failed: bool = False
+    retry_failed: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
     max_worker_memory: int | None = attrs.field(default=None, converter=parse_bytes)
 

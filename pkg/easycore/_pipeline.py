@@ -78,8 +78,235 @@ def _import_stage(module: str, qualname: str) -> Stage:
     return obj
 
 
+class _Runs:
+    """``map``, ``imap`` and ``open``, written once for :class:`Pipeline` and :class:`Stage`.
+
+    A stage runs as the one-stage pipeline ``compose(stage)``, so both take the same
+    arguments (``stage.map(data, 2)``, ``stage.open(2)``) and cannot drift apart.
+    """
+
+    __slots__ = ()
+
+    def _as_pipeline(self) -> Pipeline:
+        """The pipeline to run: the pipeline itself, or a stage as a one-stage pipeline."""
+        raise NotImplementedError
+
+    def open(
+        self,
+        devices: Any = "auto",
+        *,
+        cfg: Mapping[str, Any] | None = None,
+        start_method: str | None = None,
+        prefetch: int | None = None,
+        engine: str = "local",
+    ) -> Runner:
+        """Start workers that stay up across calls; use as a context manager.
+
+        ``init`` runs once per worker here (not per ``map``), ``end`` at ``close()``.
+
+        Args:
+            devices: an int (CPU workers), a list of device strings or ``torch.device``s,
+                ``"cuda"``, ``"auto"`` or ``"inline"`` (no processes); for producers bound
+                with :meth:`Pipeline.on` their own devices apply instead (``"inline"`` still runs
+                everything in the calling process).
+            cfg: a mapping or ``CfgNode``; workers receive it frozen.
+            start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
+            prefetch: chunks each worker may hold for a run, queued, running or finished
+                and waiting for the caller (default 2; see :meth:`imap`).
+            engine: ``"local"`` (worker processes on this machine) or ``"ray"`` (every pool
+                a group of Ray actors on the cluster ``ray.init()`` connects to; see
+                :meth:`map`).
+
+        Returns:
+            An active :class:`~easycore.Runner`.
+
+        Raises:
+            ValueError: an impossible device, before any process starts.
+            WorkerError: an ``init`` raised.
+        """
+        from easycore._exec import open_runner
+
+        return open_runner(
+            self._as_pipeline(),
+            devices,
+            cfg=cfg,
+            start_method=start_method,
+            prefetch=prefetch,
+            engine=engine,
+        )
+
+    def map(
+        self,
+        data: Iterable[Any],
+        devices: Any = "auto",
+        cfg: Mapping[str, Any] | None = None,
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+        *,
+        start_method: str | None = None,
+        distributed: bool = False,
+        engine: str = "local",
+        prefetch: int | None = None,
+        errors: str = "raise",
+        on_error: Callable[[Any], Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        retry_failed: bool = False,
+        max_items_per_worker: int | None = None,
+        max_worker_memory: int | str | None = None,
+    ) -> Any:
+        """Run the pipeline over ``data`` on fresh workers and close them.
+
+        ``devices`` applies to producers not bound with :meth:`Pipeline.on` (those run on their own
+        pool's devices); ``batch_size`` batches the input of the first pool.
+
+        With ``distributed=True``, in a job launched by ``torchrun`` or Slurm (every rank
+        calls ``map`` with the same ``data``): item (or batch) ``i`` runs on rank
+        ``i % world_size`` on that rank's ``devices`` (``"local"``: its own GPU, else its
+        share of the CPU cores), results come back in input order (``ordered`` does not
+        apply), the consumer folds them once on rank 0, and every rank returns the same
+        result, equal to a single-process run with the same ``seed`` and ``batch_size``. An
+        error on any rank raises ``WorkerError`` on every rank. See
+        :mod:`easycore.distributed`.
+
+        Long jobs: ``errors="skip"`` sets aside an item that still fails after its retries
+        (an exception, its worker's death, a timeout, an item or result that does not
+        pickle): it is left out of the results, the consumer never sees it, and it is
+        reported as an :class:`~easycore.Failure` to ``on_error`` (called in this process),
+        or else in one warning per run. ``resume="run.db"`` keeps every finished item's key
+        (its index, or ``key(item)``), a digest of the item and its result in that SQLite
+        file; the same call after a crash computes only what the file lacks (items set
+        aside are tried again only with ``retry_failed=True``); an item that differs from
+        the one recorded under its key is a ``ValueError``. Results are stored pickled:
+        jobs with big outputs should write them to files and return the paths.
+        ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
+        ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its
+        resident memory has passed that; both act between chunks, never in the middle of
+        an item, and nothing is lost or doubled.
+
+        ``engine="ray"`` runs every pool as a group of Ray actors on the cluster that
+        ``ray.init()`` connects to (``RAY_ADDRESS``, else a local Ray started for the run and
+        shut down after it; a Ray this process initialised itself is used as it is and left
+        running). There ``devices=n`` means n actors of one CPU each and a GPU entry an
+        actor holding one GPU; results pass between pools as Ray object references.
+        Everything above holds the same (a seeded run gives the same results).
+
+        Returns:
+            The consumer's result, or a list of results when there is no consumer.
+
+        Raises:
+            WorkerError: user code raised (``__cause__`` is the original exception).
+            WorkerDied: a worker process died.
+            ValueError: a bad argument or device, before any process starts.
+
+        >>> @producer
+        ... def square(x):
+        ...     return x * x
+        >>> square.map(range(4), devices="inline")
+        [0, 1, 4, 9]
+        """
+        from easycore._exec import run_map
+
+        options = RunOptions(
+            ordered=ordered,
+            batch_size=batch_size,
+            progress=progress,
+            timeout=timeout,
+            retries=retries,
+            seed=seed,
+            prefetch=prefetch,
+            errors=errors,
+            on_error=on_error,
+            resume=resume,
+            key=key,
+            retry_failed=retry_failed,
+            max_items_per_worker=max_items_per_worker,
+            max_worker_memory=max_worker_memory,
+        )
+        return run_map(
+            self._as_pipeline(),
+            data,
+            devices=devices,
+            cfg=cfg,
+            options=options,
+            start_method=start_method,
+            distributed=distributed,
+            engine=engine,
+        )
+
+    def imap(
+        self,
+        data: Iterable[Any],
+        devices: Any = "auto",
+        cfg: Mapping[str, Any] | None = None,
+        ordered: bool = True,
+        batch_size: int | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+        timeout: float | None = None,
+        retries: int = 0,
+        *,
+        start_method: str | None = None,
+        engine: str = "local",
+        prefetch: int | None = None,
+        errors: str = "raise",
+        on_error: Callable[[Any], Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        retry_failed: bool = False,
+        max_items_per_worker: int | None = None,
+        max_worker_memory: int | str | None = None,
+    ) -> Iterator[Any]:
+        """Yield results lazily with bounded memory; for pipelines without a consumer.
+
+        Workers start, and the first chunks go to them, when ``imap`` is called (as a
+        DataLoader's iterator does), not at the first ``next()``; they stop when the results
+        are exhausted, closed, or garbage-collected. ``prefetch=k``: each worker may hold ``k``
+        chunks, queued, running or finished and waiting for the caller (see
+        :meth:`Runner.imap`).
+        """
+        pipeline = self._as_pipeline()
+        if pipeline.consumer is not None:
+            msg = (
+                f"imap is for pipelines without a consumer; {pipeline!r} ends in "
+                f"{pipeline.consumer!r}: use map"
+            )
+            raise TypeError(msg)
+        from easycore._exec import run_imap
+
+        options = RunOptions(
+            ordered=ordered,
+            batch_size=batch_size,
+            progress=progress,
+            timeout=timeout,
+            retries=retries,
+            seed=seed,
+            prefetch=prefetch,
+            errors=errors,
+            on_error=on_error,
+            resume=resume,
+            key=key,
+            retry_failed=retry_failed,
+            max_items_per_worker=max_items_per_worker,
+            max_worker_memory=max_worker_memory,
+        )
+        return run_imap(
+            pipeline,
+            data,
+            devices=devices,
+            cfg=cfg,
+            options=options,
+            start_method=start_method,
+            engine=engine,
+        )
+
+
 @attrs.frozen(eq=True, repr=False)
-class Stage:
+class Stage(_Runs):
     """One decorated function: a producer (runs in workers) or a consumer (a fold, in the caller).
 
     Made by :func:`producer` and :func:`consumer`; calling a stage calls the function itself.
@@ -141,18 +368,8 @@ class Stage:
         """Give this producer its own pool of workers; see :meth:`Pipeline.on`."""
         return compose(self).on(devices, batch_size)
 
-    # -- running (a bare stage is a one-stage pipeline) --------------------------------
-    def map(self, data: Iterable[Any], **kwargs: Any) -> Any:
-        """Run this stage alone; see :meth:`Pipeline.map`."""
-        return compose(self).map(data, **kwargs)
-
-    def imap(self, data: Iterable[Any], **kwargs: Any) -> Iterator[Any]:
-        """Run this stage alone, lazily; see :meth:`Pipeline.imap`."""
-        return compose(self).imap(data, **kwargs)
-
-    def open(self, **kwargs: Any) -> Runner:
-        """Start workers for this stage alone; see :meth:`Pipeline.open`."""
-        return compose(self).open(**kwargs)
+    def _as_pipeline(self) -> Pipeline:
+        return compose(self)
 
 
 @overload
@@ -300,7 +517,7 @@ def _producers_converter(value: Iterable[Stage]) -> tuple[Stage, ...]:
 
 
 @attrs.frozen(repr=False)
-class Pipeline:
+class Pipeline(_Runs):
     """An immutable chain: producer stages, then at most one consumer.
 
     Consecutive producers run fused in the same worker, item by item. Build with ``>>`` or
@@ -396,213 +613,8 @@ class Pipeline:
     def __len__(self) -> int:
         return len(self.stages)
 
-    # -- running -----------------------------------------------------------------------
-    def open(
-        self,
-        devices: Any = "auto",
-        *,
-        cfg: Mapping[str, Any] | None = None,
-        start_method: str | None = None,
-        prefetch: int | None = None,
-        engine: str = "local",
-    ) -> Runner:
-        """Start workers that stay up across calls; use as a context manager.
-
-        ``init`` runs once per worker here (not per ``map``), ``end`` at ``close()``.
-
-        Args:
-            devices: an int (CPU workers), a list of device strings or ``torch.device``s,
-                ``"cuda"``, ``"auto"`` or ``"inline"`` (no processes); for producers bound
-                with :meth:`on` their own devices apply instead (``"inline"`` still runs
-                everything in the calling process).
-            cfg: a mapping or ``CfgNode``; workers receive it frozen.
-            start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
-            prefetch: chunks each worker may hold for a run, queued, running or finished
-                and waiting for the caller (default 2; see :meth:`imap`).
-            engine: ``"local"`` (worker processes on this machine) or ``"ray"`` (every pool
-                a group of Ray actors on the cluster ``ray.init()`` connects to; see
-                :meth:`map`).
-
-        Returns:
-            An active :class:`~easycore.Runner`.
-
-        Raises:
-            ValueError: an impossible device, before any process starts.
-            WorkerError: an ``init`` raised.
-        """
-        from easycore._exec import open_runner
-
-        return open_runner(
-            self, devices, cfg=cfg, start_method=start_method, prefetch=prefetch, engine=engine
-        )
-
-    def map(
-        self,
-        data: Iterable[Any],
-        devices: Any = "auto",
-        cfg: Mapping[str, Any] | None = None,
-        ordered: bool = True,
-        batch_size: int | None = None,
-        progress: bool = False,
-        seed: int | None = None,
-        timeout: float | None = None,
-        retries: int = 0,
-        *,
-        start_method: str | None = None,
-        distributed: bool = False,
-        engine: str = "local",
-        prefetch: int | None = None,
-        errors: str = "raise",
-        on_error: Callable[[Any], Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
-        key: Callable[[Any], Any] | None = None,
-        retry_failed: bool = False,
-        max_items_per_worker: int | None = None,
-        max_worker_memory: int | str | None = None,
-    ) -> Any:
-        """Run the pipeline over ``data`` on fresh workers and close them.
-
-        ``devices`` applies to producers not bound with :meth:`on` (those run on their own
-        pool's devices); ``batch_size`` batches the input of the first pool.
-
-        With ``distributed=True``, in a job launched by ``torchrun`` or Slurm (every rank
-        calls ``map`` with the same ``data``): item (or batch) ``i`` runs on rank
-        ``i % world_size`` on that rank's ``devices`` (``"local"``: its own GPU, else its
-        share of the CPU cores), results come back in input order (``ordered`` does not
-        apply), the consumer folds them once on rank 0, and every rank returns the same
-        result, equal to a single-process run with the same ``seed`` and ``batch_size``. An
-        error on any rank raises ``WorkerError`` on every rank. See
-        :mod:`easycore.distributed`.
-
-        Long jobs: ``errors="skip"`` sets aside an item that still fails after its retries
-        (an exception, its worker's death, a timeout, an item or result that does not
-        pickle): it is left out of the results, the consumer never sees it, and it is
-        reported as an :class:`~easycore.Failure` to ``on_error`` (called in this process),
-        or else in one warning per run. ``resume="run.db"`` keeps every finished item's key
-        (its index, or ``key(item)``), a digest of the item and its result in that SQLite
-        file; the same call after a crash computes only what the file lacks (items set
-        aside are tried again only with ``retry_failed=True``); an item that differs from
-        the one recorded under its key is a ``ValueError``. Results are stored pickled:
-        jobs with big outputs should write them to files and return the paths.
-        ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
-        ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its
-        resident memory has passed that; both act between chunks, never in the middle of
-        an item, and nothing is lost or doubled.
-
-        ``engine="ray"`` runs every pool as a group of Ray actors on the cluster that
-        ``ray.init()`` connects to (``RAY_ADDRESS``, else a local Ray started for the run and
-        shut down after it; a Ray this process initialised itself is used as it is and left
-        running). There ``devices=n`` means n actors of one CPU each and a GPU entry an
-        actor holding one GPU; results pass between pools as Ray object references.
-        Everything above holds the same (a seeded run gives the same results).
-
-        Returns:
-            The consumer's result, or a list of results when there is no consumer.
-
-        Raises:
-            WorkerError: user code raised (``__cause__`` is the original exception).
-            WorkerDied: a worker process died.
-            ValueError: a bad argument or device, before any process starts.
-
-        >>> @producer
-        ... def square(x):
-        ...     return x * x
-        >>> square.map(range(4), devices="inline")
-        [0, 1, 4, 9]
-        """
-        from easycore._exec import run_map
-
-        options = RunOptions(
-            ordered=ordered,
-            batch_size=batch_size,
-            progress=progress,
-            timeout=timeout,
-            retries=retries,
-            seed=seed,
-            prefetch=prefetch,
-            errors=errors,
-            on_error=on_error,
-            resume=resume,
-            key=key,
-            retry_failed=retry_failed,
-            max_items_per_worker=max_items_per_worker,
-            max_worker_memory=max_worker_memory,
-        )
-        return run_map(
-            self,
-            data,
-            devices=devices,
-            cfg=cfg,
-            options=options,
-            start_method=start_method,
-            distributed=distributed,
-            engine=engine,
-        )
-
-    def imap(
-        self,
-        data: Iterable[Any],
-        devices: Any = "auto",
-        cfg: Mapping[str, Any] | None = None,
-        ordered: bool = True,
-        batch_size: int | None = None,
-        progress: bool = False,
-        seed: int | None = None,
-        timeout: float | None = None,
-        retries: int = 0,
-        *,
-        start_method: str | None = None,
-        engine: str = "local",
-        prefetch: int | None = None,
-        errors: str = "raise",
-        on_error: Callable[[Any], Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
-        key: Callable[[Any], Any] | None = None,
-        retry_failed: bool = False,
-        max_items_per_worker: int | None = None,
-        max_worker_memory: int | str | None = None,
-    ) -> Iterator[Any]:
-        """Yield results lazily with bounded memory; for pipelines without a consumer.
-
-        Workers start, and the first chunks go to them, when ``imap`` is called (as a
-        DataLoader's iterator does), not at the first ``next()``; they stop when the results
-        are exhausted, closed, or garbage-collected. ``prefetch=k``: each worker may hold ``k``
-        chunks, queued, running or finished and waiting for the caller (see
-        :meth:`Runner.imap`).
-        """
-        if self.consumer is not None:
-            msg = (
-                f"imap is for pipelines without a consumer; {self!r} ends in "
-                f"{self.consumer!r}: use map"
-            )
-            raise TypeError(msg)
-        from easycore._exec import run_imap
-
-        options = RunOptions(
-            ordered=ordered,
-            batch_size=batch_size,
-            progress=progress,
-            timeout=timeout,
-            retries=retries,
-            seed=seed,
-            prefetch=prefetch,
-            errors=errors,
-            on_error=on_error,
-            resume=resume,
-            key=key,
-            retry_failed=retry_failed,
-            max_items_per_worker=max_items_per_worker,
-            max_worker_memory=max_worker_memory,
-        )
-        return run_imap(
-            self,
-            data,
-            devices=devices,
-            cfg=cfg,
-            options=options,
-            start_method=start_method,
-            engine=engine,
-        )
+    def _as_pipeline(self) -> Pipeline:
+        return self
 
 
 def compose(*parts: Stage | Pipeline) -> Pipeline:

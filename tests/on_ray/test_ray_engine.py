@@ -7,6 +7,7 @@ import itertools
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -502,3 +503,28 @@ def test_a_ray_started_for_the_run_is_shut_down_after_it():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.stdout.strip().splitlines()[-1] == "[2, 3] False", out.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_ray_address_where_nothing_answers_is_a_connection_error():
+    """RAY_ADDRESS where nothing listens: a ConnectionError naming it, not minutes of retries."""
+    with socket.socket() as sock:  # a free port, closed again: nothing answers there
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    code = textwrap.dedent(
+        """
+        from easycore import producer
+
+        inc = producer(lambda x: x + 1)
+        try:
+            inc.map([1, 2], devices=1, engine="ray")
+        except ConnectionError as err:
+            print("ConnectionError:", err)
+        """
+    )
+    env = {**os.environ, "RAY_ADDRESS": address}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.stdout.startswith("ConnectionError:"), out.stderr[-2000:]
+    assert address in out.stdout

@@ -28,6 +28,16 @@ def sample() -> dict[str, Any]:
     }
 
 
+def alias_tree() -> CfgNode:
+    """Nine levels of nine YAML aliases: small in memory, 9**9 dotted keys to walk."""
+    lines = ["L0: &L0 {" + ", ".join(f"K{j}: {j}" for j in range(9)) + "}"]
+    for i in range(1, 9):
+        refs = ", ".join(f"K{j}: *L{i - 1}" for j in range(9))
+        lines.append(f"L{i}: &L{i} {{{refs}}}")
+    lines.append("MODEL: {DEPTH: 50, TREE: *L8}")
+    return CfgNode.load("\n".join(lines)).copy()
+
+
 class TestConstruction:
     def test_frozen_by_default(self) -> None:
         """A new CfgNode is frozen unless frozen=False is given."""
@@ -424,6 +434,41 @@ class TestMergeFromList:
         with pytest.raises(KeyError, match="'LR' is not a config node"):
             cfg.merge_from_list(["LR.X", "1"])
 
+    @pytest.mark.timeout(20)
+    def test_typo_in_an_alias_tree_answers_at_once(self) -> None:
+        """In a tree of YAML aliases too big to walk, a typo is a KeyError naming matches."""
+        cfg = alias_tree()
+        with cfg.unfrozen(), pytest.raises(KeyError, match=r"did you mean 'MODEL\.DEPTH'"):
+            cfg.merge_from_list(["MODEL.DEPHT", "101"])
+        with cfg.unfrozen(), pytest.raises(KeyError, match=r"did you mean 'MODEL\.TREE\.K1'"):
+            cfg.merge_from_list(["MODEL.TREE.KK1", "1"])
+        with cfg.unfrozen(), pytest.raises(KeyError, match=r"did you mean 'MODEL\.DEPTH'"):
+            cfg.merge_from_list(["MODLE.DEPTH", "1"])
+        with pytest.raises(AttributeError, match="did you mean 'K1'"):
+            cfg.MODEL.TREE.K1.KK1  # noqa: B018
+
+    @pytest.mark.parametrize(
+        ("key", "value", "error", "named"),
+        [("BIG.X", "1", KeyError, "'BIG'"), ("BIG", "{'X': 1}", TypeError, "'BIG'"),
+         ("DEPTH", "x" * 200_000, TypeError, "'DEPTH'"), ("MODEL.DEPTH.X", "1", KeyError, "50")],
+    )  # fmt: skip
+    def test_messages_show_values_short(
+        self, key: str, value: str, error: type[Exception], named: str
+    ) -> None:
+        """Error messages show the values they echo, of any size, briefly."""
+        cfg = CfgNode({"BIG": list(range(50_000)), "DEPTH": 50, "MODEL": {"DEPTH": 50}})
+        with cfg.unfrozen(), pytest.raises(error) as info:
+            cfg.merge_from_list([key, value])
+        assert named in str(info.value) and len(str(info.value)) < 400
+
+    @pytest.mark.timeout(20)
+    def test_alias_tree_node_in_a_message_is_shown_short(self) -> None:
+        """A node of a YAML alias tree too big to print is echoed briefly, at once."""
+        cfg = alias_tree()
+        with cfg.unfrozen(), pytest.raises(TypeError, match=r"'MODEL\.TREE'.*'K0'") as info:
+            cfg.merge_from_list(["MODEL.TREE", "3"])
+        assert len(str(info.value)) < 400
+
     def test_odd_length(self) -> None:
         """An odd number of items is a ValueError."""
         with pytest.raises(ValueError, match="pairs"):
@@ -498,6 +543,37 @@ class TestYaml:
         """Other Python object tags are refused with a clear message."""
         with pytest.raises(ValueError, match="refused"):
             CfgNode.load(f"A: {tag}")
+
+    @pytest.mark.parametrize(
+        ("text", "key", "line", "first"),
+        [("A: 1\nB: 2\nA: 3\n", "'A'", 3, 1),
+         ("M:\n  D: 1\n  W: 2\n  D: 3\n", "'D'", 4, 2),
+         ("L:\n- {X: 1,\n   X: 2}\n", "'X'", 3, 2),
+         ("A: 1\n'A': 2\n", "'A'", 2, 1),
+         ("S:\n  (1, 2): a\n  (1,2): b\n", r"\(1, 2\)", 3, 2)],
+    )  # fmt: skip
+    def test_duplicate_key_refused(self, text: str, key: str, line: int, first: int) -> None:
+        """A key given twice in one mapping, at any depth, is a ValueError naming it and lines."""
+        with pytest.raises(ValueError, match=rf"^<string>:{line}:\d+: duplicate key {key}") as info:
+            CfgNode.load(text)
+        assert f"line {first}" in str(info.value)
+
+    def test_duplicate_key_in_a_file_names_it(self, tmp_path: Path) -> None:
+        """CfgNode.open refuses a repeated key, naming the file, line and key."""
+        path = tmp_path / "dup.yaml"
+        path.write_text("MODEL:\n  DEPTH: 50\nMODEL:\n  DEPTH: 101\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=r"dup\.yaml:3:\d+: duplicate key 'MODEL'"):
+            CfgNode.open(path)
+
+    def test_unhashable_tuple_key_names_line(self) -> None:
+        """A tuple key holding a list is a ValueError naming the line, not a bare TypeError."""
+        with pytest.raises(ValueError, match=r"^<string>:2:\d+: .*unhashable"):
+            CfgNode.load("A: 1\n(1, [2]): b\n")
+
+    def test_same_key_in_other_mappings_and_merge_keys_allowed(self) -> None:
+        """A key may repeat across mappings, and override a key brought in by a << merge."""
+        cfg = CfgNode.load("B: &b {X: 1, Y: 2}\nC: {<<: *b, X: 3}\nD: {X: 4}\n")
+        assert cfg.C == {"X": 3, "Y": 2} and cfg.B.X == 1 and cfg.D.X == 4
 
     def test_dump_quotes_misleading_strings(self) -> None:
         """Strings that look like tuples, numbers, bools or null are written quoted."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
+import re
 
 import attrs
 import cloudpickle
@@ -213,6 +215,43 @@ class TestInlineRun:
         """imap is for pipelines without a consumer."""
         with pytest.raises(TypeError, match="imap"):
             (square >> summer).imap([1])
+        with pytest.raises(TypeError, match="imap"):
+            summer.imap([1])
+
+    def test_a_stage_runs_like_a_one_stage_pipeline(self):
+        """stage.map, imap and open take a pipeline's arguments, devices positional included."""
+        for name in ("map", "imap", "open"):
+            assert inspect.signature(getattr(square, name)) == inspect.signature(
+                getattr(compose(square), name)
+            )
+        assert square.map([1, 2], "inline") == [1, 4]
+        assert summer.map([1, 2], "inline", None, False) == 3
+        assert list(square.imap([1, 2], "inline")) == [1, 4]
+        with square.open("inline") as runner:
+            assert runner.map([3]) == [9]
+
+
+class TestBoolOptions:
+    @pytest.mark.parametrize("option", ["ordered", "progress", "retry_failed"])
+    @pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
+    def test_anything_but_a_bool_is_refused_before_running(self, option, value):
+        """ordered, progress and retry_failed take bools: else a TypeError naming both."""
+        seen = []
+        spy = producer(lambda x: seen.append(x) or x)
+        kwargs = {option: value}
+        match = rf"{option}.*{re.escape(repr(value))}"
+        with pytest.raises(TypeError, match=match):
+            spy.map([1], devices="inline", **kwargs)
+        with pytest.raises(TypeError, match=match):
+            (spy >> summer).map([1], devices="inline", **kwargs)
+        with pytest.raises(TypeError, match=match):
+            spy.imap([1], devices="inline", **kwargs)
+        with spy.open(devices="inline") as runner:
+            with pytest.raises(TypeError, match=match):
+                runner.map([1], **kwargs)
+            with pytest.raises(TypeError, match=match):
+                runner.imap([1], **kwargs)
+        assert seen == []
 
 
 class TestOn:

@@ -60,11 +60,36 @@ _OWNED = False  # this process started (or connected) Ray and shuts it down afte
 
 def _connect() -> None:
     """Use the Ray this process is connected to, else ``ray.init()`` (``RAY_ADDRESS``, or a
-    new local Ray); count the runner as a user."""
+    new local Ray); count the runner as a user.
+
+    Before ``ray.init`` goes to a ``RAY_ADDRESS`` (``host:port`` or ``ray://host:port``), a
+    plain TCP connect checks that something answers there, within
+    ``EASYCORE_RAY_CONNECT_TIMEOUT`` seconds (10): Ray itself would make a GCS client 20
+    times (``RAY_NUM_REDIS_GET_RETRIES``), each waiting out ``RAY_py_gcs_connect_timeout_s``
+    (30 s) and more, minutes without a word. ``auto``, ``local`` and no address are Ray's.
+
+    Raises:
+        ConnectionError: nothing answers at ``RAY_ADDRESS``.
+    """
     global _USERS, _OWNED
     ray = ray_module()
 
     if not ray.is_initialized():
+        import socket  # (here, to keep the connection code in this one function)
+
+        address = os.environ.get("RAY_ADDRESS", "")
+        host, colon, port = address.removeprefix("ray://").rpartition(":")
+        if colon and port.isdigit() and "://" not in host:
+            limit = float(os.environ.get("EASYCORE_RAY_CONNECT_TIMEOUT", "10"))
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=limit).close()
+            except OSError as err:
+                msg = (
+                    f"nothing answers at RAY_ADDRESS={address} ({err.strerror or err}): start "
+                    "the Ray cluster there (`ray start --head`), or unset RAY_ADDRESS to run "
+                    "on a local Ray started for the run"
+                )
+                raise ConnectionError(msg) from err
         ray.init(include_dashboard=False, log_to_driver=True, logging_level="WARNING")
         _OWNED = True
     _USERS += 1
