@@ -28,3 +28,7 @@ bench *args: setup
 # The long soak test (random faults over many items).
 soak: setup
     EASYCORE_SOAK=20000 {{python}} -m pytest tests/process/test_soak.py -v
+
+# The conformance suite at length: 1,000 generated cases per local engine, 200 on Ray.
+conformance: setup
+    EASYCORE_CONFORMANCE=1000 EASYCORE_CONFORMANCE_RAY=200 {{python}} -m pytest tests/conformance -q

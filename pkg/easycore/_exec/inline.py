@@ -8,6 +8,7 @@ is not enforced (nothing can be killed). Also the engine of a pipeline without p
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ class InlineEngine:
         self.chain = chain
         self.cfg = cfg
         self.prepared: list[PreparedStages] = []
+        self.books: RunBooks | None = None  # the last run's, for stats()
 
     def start(self) -> None:
         """Run every ``init``.
@@ -68,7 +70,10 @@ class InlineEngine:
             raise first.to_error("while ending", None) from first.error
 
     def stats(self) -> list[StageStats]:
-        return [StageStats(h.name, h.devices) for h in self.chain.hops]
+        if self.books is None:
+            return [StageStats(h.name, h.devices) for h in self.chain.hops]
+        nothing = [0] * len(self.chain.hops)  # nothing queued: a unit runs when it is pulled
+        return self.books.stats(nothing, nothing)
 
     def stream(
         self,
@@ -85,7 +90,7 @@ class InlineEngine:
         """
         if options.seed is None and self.chain.hops[0].stages:
             seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)
-        books = RunBooks(self.chain, source_of(()), options, policy)
+        books = self.books = RunBooks(self.chain, source_of(()), options, policy)
         # (index of the unit at this hop, value, its first-hop units)
         units: Iterator[tuple[int, Any, list[Any]]] = (
             (i, item, [item]) for i, item in enumerate(data)
@@ -118,9 +123,11 @@ class InlineEngine:
             if failed_before is not None:  # (a unit of) an earlier hop failed: this one does
                 yield index, Failed(failed_before.exc, item, failed_before.stage), origin
                 continue
+            t0 = time.perf_counter()
             value, failed = stages.run_retrying(
                 unit, index, options.seed, options.retries, books.numbering
             )
+            books.count(hop, 1, time.perf_counter() - t0)
             if failed is not None:
                 what = f"while running {books.label(hop, index)}{after_retries(options.retries)}"
                 error = failed.to_error(what, books.index(hop, index))

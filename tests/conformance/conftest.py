@@ -1,0 +1,19 @@
+"""The conformance suite: generated pipelines on every engine, against a reference.
+
+``reference.py`` is the contract as sequential code; ``generated.py`` draws cases and runs
+them. CI runs a sample (``HYPOTHESIS_PROFILE=ci``); ``just conformance`` runs many more.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # `import reference`, `import generated`
+
+# Cases per test: 50 on the local engines in CI, EASYCORE_CONFORMANCE=1000 for `just
+# conformance`. A Ray case starts its actors (~2 s on 2 cores): 15 per Ray test in CI (each
+# resume case runs twice on Ray), EASYCORE_CONFORMANCE_RAY for more.
+EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE", "50"))
+RAY_EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE_RAY", "15"))

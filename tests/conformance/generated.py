@@ -1,0 +1,282 @@
+"""Generated cases (hypothesis), built into real pipelines and run on one engine.
+
+:func:`cases` draws a :class:`~reference.Case`; :func:`build` turns it into easycore stages
+and pools; :func:`run_case` runs it on ``"inline"``, ``"processes"`` or ``"ray"`` and returns
+what a user observes, as an :class:`~reference.Outcome` (with the raised error itself);
+:func:`check` compares that with the reference interpreter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+from reference import (
+    MODULUS,
+    Case,
+    ConsumerSpec,
+    Outcome,
+    PoolSpec,
+    Raised,
+    StageSpec,
+    reference,
+)
+
+from easycore import WorkerError, compose, consumer, producer
+
+ENGINES = ("inline", "processes", "ray")
+MAX_WORKERS = 6  # over all pools (the suite's Ray has 8 CPUs)
+
+
+# -- drawing cases -----------------------------------------------------------------------------
+@st.composite
+def cases(draw: Any, resume: bool = False) -> Case:
+    """A pipeline of 1-4 stages in 1-3 pools, an input, and options."""
+    n_stages = draw(st.integers(1, 4))
+    seed = draw(st.none() | st.integers(0, 2**31))
+    names = iter(f"s{k}" for k in itertools.count())
+
+    def stage(first: bool) -> StageSpec:
+        return StageSpec(
+            next(names),
+            a=draw(st.integers(1, 3)),
+            b=draw(st.integers(-5, 5)),
+            poison=draw(st.none() | st.none() | st.integers(0, MODULUS - 1)),
+            transient=first and draw(st.booleans()),
+            seeded=seed is not None and draw(st.booleans()),
+        )
+
+    stages = [stage(k == 0) for k in range(n_stages)]
+    cuts = sorted(draw(st.sets(st.integers(1, n_stages - 1), max_size=2)) if n_stages > 1 else [])
+    groups = [stages[a:b] for a, b in itertools.pairwise([0, *cuts, n_stages])]
+    pools = []
+    for h, group in enumerate(groups):
+        own = h > 0 or draw(st.booleans())  # the first pool: .on, or the run's devices
+        pools.append(
+            PoolSpec(
+                tuple(group),
+                workers=draw(st.integers(1, 3)) if own else None,
+                batch_size=draw(st.none() | st.integers(1, 3)),
+            )
+        )
+    budget = MAX_WORKERS - sum(p.workers or 0 for p in pools)
+    devices = draw(st.integers(1, max(1, min(3, budget))))
+    if pools[0].workers is None and sum(p.workers or 0 for p in pools) + devices > MAX_WORKERS:
+        pools[0] = PoolSpec(pools[0].stages, 1, pools[0].batch_size)
+    ordered = draw(st.booleans())
+    consumer_spec = None
+    if not resume and draw(st.booleans()):
+        kind = draw(st.sampled_from(["sum", "list"])) if ordered else "sum"
+        fails_at = draw(st.none() | st.integers(0, 5)) if ordered else None
+        consumer_spec = ConsumerSpec(kind, fails_at)
+    items = draw(st.lists(st.integers(0, 200), unique=True, max_size=40))
+    return Case(
+        pools=tuple(pools),
+        items=tuple(items),
+        devices=devices,
+        ordered=ordered,
+        seed=seed,
+        errors=draw(st.sampled_from(["raise", "skip"])),
+        retries=draw(st.integers(0, 2)),
+        consumer=consumer_spec,
+        interrupt_after=draw(st.integers(0, 12)) if resume else None,
+    )
+
+
+# -- building pipelines ------------------------------------------------------------------------
+def _attempts() -> dict[tuple[str, str], int]:
+    """Attempts per (stage, input) in this process (a transient stage's memory)."""
+    book = getattr(sys, "_easycore_conformance_attempts", None)
+    if book is None:
+        book = {}
+        sys._easycore_conformance_attempts = book  # type: ignore[attr-defined]
+    return book
+
+
+def make_stage(spec: StageSpec, token: str, calls: Path | None) -> Any:
+    """A producer doing what ``spec`` says; ``calls``: a folder where every call of the
+    first stage leaves a file (to see what a resumed run computed)."""
+
+    def work(x: Any) -> int:
+        key = (f"{token}:{spec.name}", repr(x))
+        book = _attempts()
+        book[key] = book.get(key, 0) + 1
+        if calls is not None:
+            (calls / f"{uuid.uuid4().hex}.call").write_text(repr(x))
+        return spec.apply(x, first_attempt=book[key] == 1)
+
+    work.__name__ = work.__qualname__ = spec.name
+    return producer(work)
+
+
+def build(case: Case, calls: Path | None = None) -> Any:
+    """The easycore pipeline of ``case``."""
+    token = uuid.uuid4().hex
+    parts: list[Any] = []
+    for h, pool in enumerate(case.pools):
+        stages = [
+            make_stage(s, token, calls if h == 0 and k == 0 else None)
+            for k, s in enumerate(pool.stages)
+        ]
+        p = compose(*stages)
+        if pool.workers is not None:
+            p = p.on(pool.workers, batch_size=pool.batch_size)
+        parts.append(p)
+    spec = case.consumer
+    if spec is not None:
+        parts.append(make_consumer(spec))
+    return compose(*parts)
+
+
+def make_consumer(spec: ConsumerSpec) -> Any:
+    def fold(acc: Any, y: int) -> Any:
+        if spec.fails_at is not None and acc[1] == spec.fails_at:
+            msg = f"the consumer refuses value {acc[1]}"
+            raise RuntimeError(msg)
+        if spec.kind == "sum":
+            return (acc[0] + y, acc[1] + 1)
+        return ([*acc[0], y], acc[1] + 1)
+
+    fold.__name__ = fold.__qualname__ = "fold"
+    start = (0, 0) if spec.kind == "sum" else ([], 0)
+    return consumer(init=start, end=lambda acc: acc[0])(fold)
+
+
+# -- running -----------------------------------------------------------------------------------
+def run_options(case: Case, engine: str) -> dict[str, Any]:
+    """``map``'s arguments for ``case`` on ``engine``."""
+    kw: dict[str, Any] = {
+        "ordered": case.ordered,
+        "seed": case.seed,
+        "errors": case.errors,
+        "retries": case.retries,
+    }
+    if case.pools[0].workers is None and case.pools[0].batch_size is not None:
+        kw["batch_size"] = case.pools[0].batch_size
+    if engine == "inline":
+        kw["devices"] = "inline"
+    else:
+        kw["devices"] = case.devices
+        if engine == "ray":
+            kw["engine"] = "ray"
+    return kw
+
+
+def _raised(exc: BaseException) -> Raised:
+    cls = type(exc.__cause__) if exc.__cause__ is not None else type(exc)
+    return Raised(cls, getattr(exc, "index", None), getattr(exc, "stage", None), None)
+
+
+def run_case(case: Case, engine: str) -> tuple[Outcome, BaseException | None, list[Any]]:
+    """Run ``case`` on ``engine`` on an open runner: (what came back, the error raised,
+    the runner's stats)."""
+    pipeline = build(case)
+    kw = run_options(case, engine)
+    failures: list[Any] = []
+    open_kw = {k: kw.pop(k) for k in ("devices", "engine") if k in kw}
+    with pipeline.open(**open_kw) as runner:
+        try:
+            value = runner.map(list(case.items), on_error=failures.append, **kw)
+        except WorkerError as exc:
+            return Outcome(raised=(_raised(exc),)), exc, []
+        stats = runner.stats()
+    got = tuple((f.index, f.item, f.stage) for f in failures)
+    return Outcome(value, got), None, stats
+
+
+# -- comparing ---------------------------------------------------------------------------------
+def _sorted(values: Any) -> Any:
+    return sorted(values, key=repr)
+
+
+def check(case: Case, engine: str) -> None:
+    """Run ``case`` on ``engine`` and compare every observable with the reference."""
+    want = reference(case)
+    got, error, stats = run_case(case, engine)
+    check_outcome(case, engine, want, got, error)
+    if error is None and not want.failures and not any(s.transient for s in _stages(case)):
+        assert tuple(s.done for s in stats) == want.done, (stats, want.done)
+
+
+def _stages(case: Case) -> list[StageSpec]:
+    return [s for pool in case.pools for s in pool.stages]
+
+
+def check_outcome(
+    case: Case, engine: str, want: Outcome, got: Outcome, error: BaseException | None
+) -> None:
+    if want.raised:
+        assert error is not None, f"expected one of {want.raised}, got {got}"
+        (raised,) = got.raised
+        expected = {(r.cls, r.index, r.stage) for r in want.raised}
+        assert (raised.cls, raised.index, raised.stage) in expected, (raised, want.raised)
+        pool = next(
+            r.pool for r in want.raised if (r.index, r.stage) == (raised.index, raised.stage)
+        )
+        if pool is not None:  # the worker named is one of that pool's
+            n = 1 if engine == "inline" else case.pools[pool].workers or case.devices
+            assert 0 <= error.worker < n, (error.worker, n)  # type: ignore[attr-defined]
+        return
+    assert error is None, f"expected {want}, got {error!r}"
+    if case.ordered:
+        assert got.value == want.value
+        assert got.failures == want.failures
+    else:
+        value = want.value if isinstance(want.value, int) else _sorted(want.value)
+        assert (got.value if isinstance(got.value, int) else _sorted(got.value)) == value
+        assert _sorted(got.failures) == _sorted(want.failures)
+
+
+# -- interrupted and resumed -------------------------------------------------------------------
+def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
+    """Take ``case.interrupt_after`` results on ``first`` and stop; run the same call with the
+    same ledger on ``then``: the outcome is the reference's, and nothing delivered before the
+    stop is computed again."""
+    calls = tmp / f"calls-{uuid.uuid4().hex}"
+    calls.mkdir()
+    db = tmp / f"{uuid.uuid4().hex}.db"
+    pipeline = build(case, calls)
+    taken: list[Any] = []
+    it = pipeline.imap(
+        list(case.items), resume=db, on_error=lambda f: None, **run_options(case, first)
+    )
+    try:
+        for value in it:
+            if len(taken) >= (case.interrupt_after or 0):
+                break
+            taken.append(value)
+    except WorkerError:
+        pass
+    finally:
+        it.close()
+    before = {p.name for p in calls.iterdir()}
+    want = reference(case)
+    failures: list[Any] = []
+    error = None
+    try:
+        value = pipeline.map(
+            list(case.items), resume=db, on_error=failures.append, **run_options(case, then)
+        )
+        got = Outcome(value, tuple((f.index, f.item, f.stage) for f in failures))
+    except WorkerError as exc:
+        error, got = exc, Outcome(raised=(_raised(exc),))
+    check_outcome(case, then, want, got, error)
+    if case.ordered and not want.raised:
+        # the first len(taken) output units were delivered, so recorded: not run again
+        align, first_batch = case.align, case.pools[0].batch_size or 1
+        delivered = set()
+        for o in range(len(taken) + len([f for f in want.failures if f[0] < len(taken)])):
+            for u in range(o * align, (o + 1) * align):
+                delivered.update(case.items[u * first_batch : (u + 1) * first_batch])
+        again = [(calls / name).read_text() for name in {p.name for p in calls.iterdir()} - before]
+        recomputed = {v for text in again for v in _ints(text)} & delivered
+        assert not recomputed, f"computed again after resume: {sorted(recomputed)}"
+
+
+def _ints(text: str) -> list[int]:
+    value = eval(text)  # a repr written by make_stage: an int or a list of ints
+    return value if isinstance(value, list) else [value]

@@ -1,0 +1,197 @@
+"""The reference interpreter: API.md sections 1-3 and 8 as plain sequential Python.
+
+A case (:class:`Case`) is a pipeline of simple integer stages cut into pools, an input, and
+run options. :func:`reference` computes what every engine must return for it, one unit at a
+time, with no process, no chunk and no retry machinery:
+
+* the stream is the input, or ``map``'s batches (the first pool's ``batch_size``); pool ``h``
+  runs its fused stages over each of its units; a later pool with ``batch_size=k`` takes the
+  previous pool's results ``k`` at a time (the last group may be shorter);
+* with ``seed``, before each attempt at unit ``i`` of pool ``h`` the random state is
+  ``seed_everything(derive_seed(seed, i, h))``;
+* a stage that raises is retried, with the whole pool's stages, up to ``retries`` times;
+* a unit that still fails fails the output unit (last pool's unit) that contains it: with
+  ``errors="raise"`` the run raises a ``WorkerError`` naming the failing pool's unit index
+  and stage; with ``"skip"`` the output unit is left out and reported as a
+  ``Failure(index=output unit, item=its first-pool unit(s), stage)``;
+* the consumer folds the output values in order (or, unordered, in any order: the suite's
+  unordered consumers are order-free).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+
+from easycore import derive_seed
+
+MODULUS = 7  # a stage's poison is "its input value modulo 7 equals p"
+
+
+def value_of(x: Any) -> int:
+    """A stage's input as one int: an int, or the sum of a batch."""
+    return sum(x) if isinstance(x, list) else x
+
+
+@attrs.frozen
+class StageSpec:
+    """``y = a * v + b (+ a random draw when seeded)``, where ``v`` is the input's value.
+
+    ``poison``: raises ValueError when ``v % MODULUS == poison``; ``transient``: raises on
+    the first attempt at each input (only ever on the first stage, whose inputs are
+    distinct), so it passes when ``retries >= 1``.
+    """
+
+    name: str
+    a: int
+    b: int
+    poison: int | None = None
+    transient: bool = False
+    seeded: bool = False
+
+    def apply(self, x: Any, first_attempt: bool) -> int:
+        v = value_of(x)
+        if self.poison is not None and v % MODULUS == self.poison:
+            msg = f"{self.name} refuses {v}"
+            raise ValueError(msg)
+        if self.transient and first_attempt:
+            msg = f"{self.name}: a transient fault on {x!r}"
+            raise ValueError(msg)
+        y = self.a * v + self.b
+        if self.seeded:
+            y += random.randrange(1000)
+        return y
+
+
+@attrs.frozen
+class PoolSpec:
+    """Fused stages; ``workers`` None: the run's ``devices`` (only the first pool)."""
+
+    stages: tuple[StageSpec, ...]
+    workers: int | None
+    batch_size: int | None = None
+
+
+@attrs.frozen
+class ConsumerSpec:
+    """``kind``: "sum" or "list"; ``fails_at``: raises on the k-th value folded (0-based)."""
+
+    kind: str
+    fails_at: int | None = None
+
+
+@attrs.frozen
+class Case:
+    pools: tuple[PoolSpec, ...]
+    items: tuple[int, ...]
+    devices: int = 1
+    ordered: bool = True
+    seed: int | None = None
+    errors: str = "raise"
+    retries: int = 0
+    consumer: ConsumerSpec | None = None
+    interrupt_after: int | None = None  # resume cases: results taken before the stop
+
+    @property
+    def align(self) -> int:
+        """First-pool units per output unit."""
+        n = 1
+        for pool in self.pools[1:]:
+            n *= pool.batch_size or 1
+        return n
+
+
+@attrs.frozen
+class Raised:
+    """The error a run raises: its type, and the unit and stage it names."""
+
+    cls: type[BaseException]
+    index: int | None
+    stage: str | None
+    pool: int | None  # the pool whose worker it names; None for the consumer
+
+
+@attrs.frozen
+class Outcome:
+    """What a run returns (``value``) and reports (``failures``: (index, item, stage)),
+    or the errors it may raise (any one of them, when several units fail)."""
+
+    value: Any = None
+    failures: tuple[tuple[int, Any, str], ...] = ()
+    raised: tuple[Raised, ...] = ()
+    done: tuple[int, ...] = ()  # units each pool ran, for stats()
+
+
+@attrs.define
+class _Unit:
+    value: Any
+    origin: list[Any]  # its first-pool units
+    failure: tuple[int, str, int] | None = None  # (index at its pool, stage, pool)
+
+
+def _batches(seq: list[Any], k: int) -> list[list[Any]]:
+    return [seq[i : i + k] for i in range(0, len(seq), k)]
+
+
+def run_pool(pool: PoolSpec, h: int, units: list[_Unit], case: Case) -> None:
+    """Run pool ``h`` over its units in place (failed units pass through)."""
+    for i, unit in enumerate(units):
+        if unit.failure is not None:
+            continue
+        for attempt in range(case.retries + 1):
+            if case.seed is not None:
+                random.seed(derive_seed(case.seed, i, h))
+            value = unit.value
+            try:
+                for stage in pool.stages:
+                    value = stage.apply(value, first_attempt=attempt == 0)
+            except ValueError:
+                failed = stage.name
+                continue
+            unit.value = value
+            break
+        else:
+            unit.failure = (i, failed, h)
+
+
+def reference(case: Case) -> Outcome:
+    """What every engine must give for ``case``."""
+    first = case.pools[0].batch_size
+    stream: list[Any] = list(case.items) if first is None else _batches(list(case.items), first)
+    units = [_Unit(u, [u]) for u in stream]
+    done = []
+    for h, pool in enumerate(case.pools):
+        if h > 0 and pool.batch_size is not None:
+            units = [
+                _Unit(
+                    [u.value for u in group],
+                    [o for u in group for o in u.origin],
+                    next((u.failure for u in group if u.failure is not None), None),
+                )
+                for group in _batches(units, pool.batch_size)
+            ]
+        done.append(sum(1 for u in units if u.failure is None))
+        run_pool(pool, h, units, case)
+    raised = tuple(
+        Raised(ValueError, u.failure[0], u.failure[1], u.failure[2])
+        for u in units
+        if u.failure is not None
+    )
+    if raised and case.errors == "raise":
+        return Outcome(raised=raised)
+    failures = tuple(
+        (o, u.origin[0] if case.align == 1 else u.origin, u.failure[1])
+        for o, u in enumerate(units)
+        if u.failure is not None
+    )
+    values = [u.value for u in units if u.failure is None]
+    indices = [o for o, u in enumerate(units) if u.failure is None]
+    spec = case.consumer
+    if spec is None:
+        return Outcome(values, failures, done=tuple(done))
+    if spec.fails_at is not None and spec.fails_at < len(values):
+        return Outcome(raised=(Raised(RuntimeError, indices[spec.fails_at], "fold", None),))
+    value = sum(values) if spec.kind == "sum" else values
+    return Outcome(value, failures, done=tuple(done))

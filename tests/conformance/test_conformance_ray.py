@@ -1,0 +1,47 @@
+"""engine="ray" gives what the reference interpreter gives, on generated cases (a real local
+Ray; 8 logical CPUs, so that every generated pool fits)."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from generated import cases, check, check_resumed
+from hypothesis import given
+from hypothesis import strategies as st
+from test_conformance import SETTINGS
+
+from helpers import our_actors, wait_for
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    if ray.is_initialized():  # pragma: no cover - a previous module's
+        ray.shutdown()
+    ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """After every test: no easycore actor alive (Ray's own processes stay for the module)."""
+    yield
+    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
+
+
+@SETTINGS(max_examples=RAY_EXAMPLES)
+@given(case=cases())
+def test_ray_agrees_with_the_reference(case):
+    """Results, order, Failure records, the raised error and stats() equal the reference."""
+    check(case, "ray")
+
+
+@SETTINGS(max_examples=RAY_EXAMPLES)
+@given(case=cases(resume=True), then=st.sampled_from(["inline", "processes", "ray"]))
+def test_a_run_on_ray_resumes_anywhere(then, case, tmp_path):
+    """A run stopped on Ray resumes from its ledger on any engine with the uninterrupted
+    result, and one stopped on worker processes resumes on Ray."""
+    check_resumed(case, "ray", then, tmp_path)
+    check_resumed(case, "processes", "ray", tmp_path)
