@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import ray
 from generated import cases, check, check_resumed
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conformance import SETTINGS
 
+from conftest import RAY_EXAMPLES
 from helpers import our_actors, wait_for
 
 pytestmark = pytest.mark.timeout(1800)
@@ -31,14 +32,14 @@ def no_leaks():
     assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
 
 
-@SETTINGS(max_examples=RAY_EXAMPLES)
+@settings(SETTINGS, max_examples=RAY_EXAMPLES)
 @given(case=cases())
 def test_ray_agrees_with_the_reference(case):
     """Results, order, Failure records, the raised error and stats() equal the reference."""
     check(case, "ray")
 
 
-@SETTINGS(max_examples=RAY_EXAMPLES)
+@settings(SETTINGS, max_examples=RAY_EXAMPLES)
 @given(case=cases(resume=True), then=st.sampled_from(["inline", "processes", "ray"]))
 def test_a_run_on_ray_resumes_anywhere(then, case, tmp_path):
     """A run stopped on Ray resumes from its ledger on any engine with the uninterrupted
