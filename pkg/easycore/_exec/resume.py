@@ -4,7 +4,8 @@ computes only what is missing when called again.
 The ledger lives in the calling process (``sqlite3``, WAL mode) and works on *output units*:
 what the last hop makes of ``align`` consecutive first-hop items (an item; a batch with
 ``batch_size``). Per unit it keeps a key (its index in the input, or ``key(item)``), a
-digest of its items, and its pickled result, or the error it was set aside with
+digest of its items (:func:`~easycore._exec.digest.item_digest`: equal items have equal
+digests in any process), and its pickled result, or the error it was set aside with
 (``errors="skip"``). Two pieces wrap a run:
 
 * :meth:`RunLedger.source` reads the input: a unit the ledger holds is replaced by
@@ -21,7 +22,6 @@ the last whole chunk.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import os
 import pickle
@@ -32,6 +32,7 @@ from typing import Any
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr
+from easycore._exec.digest import item_digest
 from easycore._exec.run import Failed
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
@@ -41,7 +42,7 @@ __all__ = ["RunLedger"]
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS units (
     key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<repr(key(item))>'
-    digest BLOB NOT NULL,    -- blake2b of the unit's items, pickled
+    digest BLOB NOT NULL,    -- digest.item_digest of the unit's items (canonical)
     error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
     stage TEXT,
     result BLOB              -- the pickled result (NULL when set aside)
@@ -97,7 +98,7 @@ class RunLedger:
             keyed = []
             for j, items in block:
                 unit = items[0] if self.align == 1 else items
-                digest = hashlib.blake2b(cloudpickle.dumps(unit), digest_size=16).digest()
+                digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
             marks = ",".join("?" * len(keyed))
             rows = {

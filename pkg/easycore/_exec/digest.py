@@ -1,0 +1,195 @@
+"""Digests that are the same in every process and every Python run: of items (``resume=``
+tells "the input changed" by them).
+
+A pickle is no such digest. A set's pickle lists its elements in hash order, and the hash of
+a str or bytes changes with ``PYTHONHASHSEED``, so in every new process; a dict's pickle
+lists its keys in insertion order, so equal dicts pickle apart; pickle's memo makes a list of
+two equal strings pickle one way when they are one object and another when they are two.
+So the common types are encoded here canonically, recursively, each with a tag and a
+length so that no two values share an encoding:
+
+* ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bytearray``,
+  ``range``;
+* ``tuple``, ``list`` (in order), ``dict`` (entries sorted by their key's digest; an
+  ``OrderedDict`` in its order, as its equality is), ``set``, ``frozenset`` (sorted element
+  digests); a subclass of these (a namedtuple, a ``defaultdict``) with its type's name;
+* numpy arrays and torch tensors: dtype, shape and the bytes of the values.
+
+Anything else is digested through its cloudpickle, as is an item whose containers refer to
+themselves. Types are part of the encoding: ``1``, ``1.0``, ``True`` and ``"1"`` differ, and
+so do ``(1, 2)`` and ``[1, 2]``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import struct
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["item_digest"]
+
+DIGEST_SIZE = 16
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+
+
+class _Cyclic(Exception):
+    """A container holds itself: the canonical encoding has no end."""
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=DIGEST_SIZE)
+
+
+def _length(n: int) -> bytes:
+    return struct.pack("<Q", n)
+
+
+def _int_bytes(n: int) -> bytes:
+    return n.to_bytes(n.bit_length() // 8 + 1, "little", signed=True)
+
+
+def _type_name(t: type) -> bytes:
+    return f"{t.__module__}.{t.__qualname__}".encode()
+
+
+class _Encoder:
+    """Feeds the canonical encoding of values to a hash."""
+
+    def __init__(self) -> None:
+        self.active: set[int] = set()  # containers on the way down (a cycle has no encoding)
+
+    def digest(self, obj: Any) -> bytes:
+        h = _hasher()
+        self.feed(h, obj)
+        return bytes(h.digest())
+
+    def feed(self, h: Any, obj: Any) -> None:
+        t = type(obj)
+        if obj is None:
+            h.update(b"N")
+        elif t is bool:
+            h.update(b"T" if obj else b"F")
+        elif t is int:
+            data = _int_bytes(obj)
+            h.update(b"I" + _length(len(data)) + data)
+        elif t is float:
+            h.update(b"D" + struct.pack("<d", obj))
+        elif t is complex:
+            h.update(b"J" + struct.pack("<dd", obj.real, obj.imag))
+        elif t is str:
+            data = obj.encode("utf-8", "surrogatepass")
+            h.update(b"S" + _length(len(data)) + data)
+        elif t is bytes or t is bytearray:
+            h.update((b"B" if t is bytes else b"Y") + _length(len(obj)))
+            h.update(obj)
+        elif t is range:
+            h.update(b"R")
+            for n in (obj.start, obj.stop, obj.step):
+                data = _int_bytes(n)
+                h.update(_length(len(data)) + data)
+        elif isinstance(obj, tuple | list | dict | set | frozenset):
+            self._container(h, obj)
+        elif not self._array(h, obj):
+            self._pickled(h, obj)
+
+    def _container(self, h: Any, obj: Any) -> None:
+        key = id(obj)
+        if key in self.active:
+            raise _Cyclic
+        self.active.add(key)
+        try:
+            t = type(obj)
+            if t not in (tuple, list, dict, set, frozenset):  # a namedtuple, a defaultdict...
+                name = _type_name(t)
+                h.update(b"C" + _length(len(name)) + name)
+                extra = getattr(obj, "__dict__", None)
+                if extra:
+                    h.update(b"V")
+                    self._mapping(h, extra, ordered=False)
+            if isinstance(obj, tuple | list):
+                h.update((b"U" if isinstance(obj, tuple) else b"L") + _length(len(obj)))
+                for x in obj:
+                    self.feed(h, x)
+            elif isinstance(obj, dict):
+                h.update(b"M")
+                self._mapping(h, obj, ordered=isinstance(obj, collections.OrderedDict))
+            else:
+                h.update((b"Z" if isinstance(obj, frozenset) else b"E") + _length(len(obj)))
+                for d in sorted(self.digest(x) for x in obj):
+                    h.update(d)
+        finally:
+            self.active.discard(key)
+
+    def _mapping(self, h: Any, obj: Mapping[Any, Any], *, ordered: bool) -> None:
+        h.update(_length(len(obj)))
+        entries = [(self.digest(k), v) for k, v in obj.items()]
+        if not ordered:
+            entries.sort(key=lambda e: e[0])
+        for kd, v in entries:
+            h.update(kd)
+            self.feed(h, v)
+
+    def _array(self, h: Any, obj: Any) -> bool:
+        """A numpy array or torch tensor: dtype, shape, values. False for anything else."""
+        np = sys.modules.get("numpy")
+        if np is not None and type(obj) is np.ndarray:
+            if obj.dtype.hasobject:  # elements are Python objects: their own encodings
+                h.update(b"AO" + _length(obj.ndim) + b"".join(map(_length, obj.shape)))
+                for x in obj.ravel(order="C"):
+                    self.feed(h, x)
+                return True
+            dtype = str(obj.dtype.descr) if obj.dtype.fields else obj.dtype.str
+            raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
+            self._values(h, b"A", dtype, obj.shape, raw)
+            return True
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(obj, torch.Tensor):
+            return False
+        if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
+            return False  # (sparse, quantized, meta: their pickle)
+        t = obj.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        if type(obj) is not torch.Tensor:  # a Parameter, a subclass: its type too
+            name = _type_name(type(obj))
+            h.update(b"C" + _length(len(name)) + name)
+        self._values(h, b"G", str(t.dtype), tuple(t.shape), raw)
+        return True
+
+    @staticmethod
+    def _values(h: Any, tag: bytes, dtype: str, shape: tuple[int, ...], buffer: Any) -> None:
+        name = dtype.encode()
+        h.update(tag + _length(len(name)) + name + _length(len(shape)))
+        h.update(b"".join(map(_length, shape)))
+        data = memoryview(buffer).cast("B")
+        h.update(_length(len(data)))
+        h.update(data)
+
+    @staticmethod
+    def _pickled(h: Any, obj: Any) -> None:
+        data = cloudpickle.dumps(obj)
+        h.update(b"P" + _length(len(data)) + data)
+
+
+def item_digest(obj: Any) -> bytes:
+    """A 16-byte digest of ``obj`` that equal values share in any process.
+
+    >>> item_digest({"a": 1, "b": {1, 2}}) == item_digest({"b": {2, 1}, "a": 1})
+    True
+    >>> item_digest((1, 2)) == item_digest([1, 2])
+    False
+    """
+    try:
+        return _Encoder().digest(obj)
+    except (_Cyclic, RecursionError):  # it refers to itself: its pickle keeps the cycle
+        h = _hasher()
+        _Encoder._pickled(h, obj)
+        return bytes(h.digest())

@@ -1,0 +1,136 @@
+"""The run ledger (API.md section 8, ``resume=``): it knows what run it belongs to, digests
+items the same way in any process, takes only keys it can keep apart, and refuses a path
+that cannot be a ledger before any worker starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from easycore import producer
+
+pytestmark = pytest.mark.timeout(120)
+
+DEVICES = [2, "inline"]
+
+
+def counting(tmp_path: Path, fn):
+    """``fn`` as a producer that logs every item it computes; returns (stage, count)."""
+    log = tmp_path / f"computed-{fn.__name__}"
+
+    def work(x):
+        with open(log, "a") as f:
+            f.write("x\n")
+        return fn(x)
+
+    work.__name__ = work.__qualname__ = fn.__name__
+
+    def count() -> int:
+        return len(log.read_text().split()) if log.exists() else 0
+
+    return producer(work), count
+
+
+NEW_PROCESS_JOB = textwrap.dedent(
+    """
+    import json, sys
+    from easycore import producer
+
+    db, log, devices = sys.argv[1], sys.argv[2], sys.argv[3]
+    devices = devices if devices == "inline" else int(devices)
+    WORDS = ("alpha", "beta", "gamma")
+    scale = 3
+
+    def helper(n):
+        return n * scale
+
+    @producer
+    def work(item):
+        with open(log, "a") as f:
+            f.write("x\\n")
+        tags = item["tags"]
+        hit = sum(1 for t in tags if t in {"t0", "t3", "t5", "t7"})
+        return [helper(hit), sorted(tags), sorted(item["ids"]), item["n"]]
+
+    items = [
+        {"n": i, "tags": frozenset(f"t{j}" for j in range(i, i + 8)),
+         "ids": {f"id-{i}-{j}" for j in range(6)}}
+        for i in range(6)
+    ]
+    out = work.map(items, devices=devices, resume=db)
+    print("RESULT", json.dumps(out), flush=True)
+    """
+)
+
+
+def run_job(tmp_path: Path, hash_seed: str, devices: str) -> list:
+    script = tmp_path / "job.py"
+    script.write_text(NEW_PROCESS_JOB)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONHASHSEED": hash_seed}
+    args = [str(tmp_path / "run.db"), str(tmp_path / "log"), devices]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    return list(json.loads(line.split(" ", 1)[1]))
+
+
+class TestItemDigests:
+    @pytest.mark.parametrize("devices", ["2", "inline"])
+    def test_sets_resume_in_a_new_process(self, tmp_path, devices):
+        """Items holding sets and frozensets, and a stage whose code holds a set, resume in a
+        new process with another PYTHONHASHSEED: nothing runs again."""
+        first = run_job(tmp_path, "1", devices)
+        assert run_job(tmp_path, "2", devices) == first
+        assert run_job(tmp_path, "3", devices) == first
+        assert len((tmp_path / "log").read_text().split()) == 6
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_equal_items_resume(self, tmp_path, devices):
+        """Equal items are the same input: dicts in another key order, copies of arrays and
+        tensors, sets built in another order."""
+        work, count = counting(tmp_path, repr)
+
+        def items(flip: bool):
+            keys = ["b", "a", "c"] if flip else ["a", "b", "c"]
+            return [
+                {k: i for i in range(1) for k in keys},
+                np.arange(6, dtype=np.float32).reshape(2, 3) + 0,
+                torch.arange(4, dtype=torch.int64) * 1,
+                set(reversed(range(40))) if flip else set(range(40)),
+                (1, "x", None, 2.5, b"raw", range(3), frozenset({("p", 1), ("q", 2)})),
+            ]
+
+        db = tmp_path / "run.db"
+        work.map(items(False), devices=devices, resume=db)
+        work.map(items(True), devices=devices, resume=db)
+        assert count() == 5
+
+    @pytest.mark.parametrize(
+        ("before", "after"),
+        [
+            (np.zeros(4), np.ones(4)),
+            (np.zeros(4), np.zeros(4, dtype=np.float32)),
+            (np.zeros(4), np.zeros((2, 2))),
+            (torch.zeros(3), torch.ones(3)),
+            ({"a": 1}, {"a": 1.0}),
+            ({1, 2}, {1, 3}),
+            ((1, 2), [1, 2]),
+        ],
+    )
+    def test_different_items_still_differ(self, tmp_path, before, after):
+        """Values, dtypes, shapes and types that differ are a changed input."""
+        work = producer(repr)
+        db = tmp_path / "run.db"
+        work.map([before], devices="inline", resume=db)
+        with pytest.raises(ValueError, match="input changed"):
+            work.map([after], devices="inline", resume=db)
