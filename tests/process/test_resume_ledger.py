@@ -39,6 +39,10 @@ def counting(tmp_path: Path, fn):
     return producer(work), count
 
 
+def square(x):
+    return x * x
+
+
 NEW_PROCESS_JOB = textwrap.dedent(
     """
     import json, sys
@@ -134,3 +138,39 @@ class TestItemDigests:
         work.map([before], devices="inline", resume=db)
         with pytest.raises(ValueError, match="input changed"):
             work.map([after], devices="inline", resume=db)
+
+
+class TestKeys:
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_a_repeated_key_is_a_value_error(self, tmp_path, devices):
+        """Two items of one key in a run: a ValueError naming the key, on the first run."""
+        db = tmp_path / "run.db"
+        with pytest.raises(ValueError, match=r"key 0 .*twice|twice.*key 0"):
+            producer(square).map(range(6), devices=devices, resume=db, key=lambda x: x % 3)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    @pytest.mark.parametrize(
+        "key", [lambda x: object(), lambda x: [x], lambda x: 1.5 * x, lambda x: (x, None)]
+    )
+    def test_a_key_of_another_type_is_a_type_error(self, tmp_path, devices, key):
+        """Keys are str, int or tuples of them; objects (whose repr may hold an address),
+        lists, floats and None are a TypeError."""
+        db = tmp_path / "run.db"
+        with pytest.raises(TypeError, match=r"key"):
+            producer(square).map(range(6), devices=devices, resume=db, key=key)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_str_int_and_tuples_of_them_are_keys(self, tmp_path, devices):
+        """Such keys resume in any order, and 1 and '1' are different keys."""
+        work, count = counting(tmp_path, str)
+        db = tmp_path / "run.db"
+
+        def key(x):
+            return (x % 2, str(x)) if x < 10 else x if x < 20 else str(x - 10)
+
+        items = list(range(30))
+        assert work.map(items, devices=devices, resume=db, key=key) == [str(x) for x in items]
+        assert work.map(items[::-1], devices=devices, resume=db, key=key) == [
+            str(x) for x in items[::-1]
+        ]
+        assert count() == 30

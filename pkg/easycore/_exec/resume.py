@@ -11,7 +11,8 @@ digests in any process), and its pickled result, or the error it was set aside w
 * :meth:`RunLedger.source` reads the input: a unit the ledger holds is replaced by
   ``CACHED`` markers, which workers pass on without running anything, so every other item
   keeps its index (and its seed, its place in the order); a unit whose digest differs from
-  the ledger's is a ``ValueError`` (the input changed);
+  the ledger's is a ``ValueError`` (the input changed), and so is a ``key=`` that names two
+  units of one run (keys are str, int or tuples of them: :func:`key_text`);
 * :meth:`RunLedger.record` reads the results: it puts stored results back in place of the
   markers and writes what was computed, one transaction per chunk of results.
 
@@ -37,18 +38,53 @@ from easycore._exec.run import Failed
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
 
-__all__ = ["RunLedger"]
+__all__ = ["RunLedger", "key_text"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS units (
-    key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<repr(key(item))>'
+    key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<key_text(key(item))>'
     digest BLOB NOT NULL,    -- digest.item_digest of the unit's items (canonical)
     error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
     stage TEXT,
     result BLOB              -- the pickled result (NULL when set aside)
 )
 """
+# The keys this run has taken so far (key=): a temporary table, so that a run of millions
+# of items does not hold them all in memory. Gone when the connection closes.
+_SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGER NOT NULL)"
 _LOOKUP = 256  # units looked up in the file at once
+
+
+def key_text(value: Any, where: str = "an item") -> str:
+    """The text a ``key=`` value is kept under: its repr, once it is known to be a str, an
+    int or a tuple of them (bools count as the ints they equal; subclasses as their base).
+
+    Anything else could not name an item across runs: a plain object's repr holds its
+    address (another in every run, and equal keys for different items are possible too), a
+    float's or a list's equality is not what a repr shows.
+
+    >>> key_text(("a", 1)), key_text(True)
+    ("('a', 1)", '1')
+
+    Raises:
+        TypeError: ``value`` is not such a key.
+    """
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, str):
+            return str.__str__(v)
+        if isinstance(v, int):
+            return int(v)
+        if isinstance(v, tuple):
+            return tuple(plain(x) for x in v)
+        msg = (
+            f"key= must return a str, an int or a tuple of them; for {where} it returned "
+            f"{short_repr(value)} (of type {type(value).__name__}), which cannot name an "
+            "item across runs"
+        )
+        raise TypeError(msg)
+
+    return repr(plain(value))
 
 
 class RunLedger:
@@ -63,6 +99,8 @@ class RunLedger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
         self.db.execute(_SCHEMA)
+        if self.key_fn is not None:
+            self.db.execute(_SEEN)
         # per output unit taken from the input and not yet delivered: (key, digest, state,
         # items) with state "new", "done" (the result is in the file) or "failed"
         self.pending: dict[int, tuple[str, bytes, str, Any]] = {}
@@ -75,14 +113,43 @@ class RunLedger:
     def _key(self, index: int, items: Any) -> str:
         if self.key_fn is None:
             return f"i:{self.options.global_index(index)}"
-        return f"k:{self.key_fn(items)!r}"
+        return f"k:{key_text(self.key_fn(items), self.options.label(index))}"
+
+    def _check_unique(self, keyed: list[tuple[int, str]]) -> None:
+        """Raises ValueError when a key of ``keyed`` ((unit, key) pairs) came before in this
+        run: the ledger keeps one result per key, so the second item would get the first's."""
+        first: dict[str, int] = {}
+        twice = None
+        for j, key in keyed:
+            if key in first:
+                twice = (key, first[key], j)
+                break
+            first[key] = j
+        if twice is None:
+            marks = ",".join("?" * len(first))
+            for key, j in self.db.execute(
+                f"SELECT key, unit FROM seen WHERE key IN ({marks})", list(first)
+            ):
+                twice = (key, j, first[key])
+                break
+        if twice is not None:
+            key, a, b = twice
+            msg = (
+                f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
+                f"{self.options.label(b)}: key= must name each item once (the ledger "
+                "keeps one result per key)"
+            )
+            raise ValueError(msg)
+        self.db.executemany("INSERT INTO seen VALUES (?, ?)", first.items())
 
     def source(self, units: Iterable[Any]) -> Iterator[Any]:
         """The first-hop items of ``units`` (items, or batches), with ``CACHED`` markers in
         place of every unit the ledger holds.
 
         Raises:
-            ValueError: a unit's items differ from what the ledger recorded under its key.
+            ValueError: a unit's items differ from what the ledger recorded under its key,
+                or two units of this run have one ``key=``.
+            TypeError: ``key=`` returned something else than a str, an int or a tuple.
         """
         it = iter(units)
         index = itertools.count()
@@ -100,6 +167,8 @@ class RunLedger:
                 unit = items[0] if self.align == 1 else items
                 digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
+            if self.key_fn is not None:
+                self._check_unique([(j, key) for j, _, _, key, _ in keyed])
             marks = ",".join("?" * len(keyed))
             rows = {
                 k: (d, e)
