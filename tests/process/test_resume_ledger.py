@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -41,6 +42,20 @@ def counting(tmp_path: Path, fn):
 
 def square(x):
     return x * x
+
+
+def marked(tmp_path: Path):
+    """A producer whose ``init`` leaves a marker: tells whether any worker started."""
+    marker = tmp_path / "worker-started"
+
+    def start():
+        marker.touch()
+
+    @producer(init=start)
+    def work(x):
+        return x
+
+    return work, marker
 
 
 NEW_PROCESS_JOB = textwrap.dedent(
@@ -174,3 +189,54 @@ class TestKeys:
             str(x) for x in items[::-1]
         ]
         assert count() == 30
+
+
+class TestLedgerPath:
+    def _refused(self, tmp_path: Path, path: Path, match: str) -> None:
+        work, marker = marked(tmp_path)
+        with pytest.raises(ValueError, match=match) as err:
+            work.map(range(4), devices=2, resume=path)
+        assert str(path) in str(err.value)
+        assert not marker.exists(), "a worker started"
+
+    def test_a_directory(self, tmp_path):
+        """A directory is refused, naming it, before any worker starts."""
+        self._refused(tmp_path, tmp_path, "directory")
+
+    def test_a_missing_folder(self, tmp_path):
+        """A file in a folder that does not exist is refused."""
+        self._refused(tmp_path, tmp_path / "nope" / "run.db", "does not exist")
+
+    def test_a_file_that_is_not_sqlite(self, tmp_path):
+        """A text file is not a ledger (and is left as it was)."""
+        path = tmp_path / "notes.txt"
+        path.write_text("my notes\n" * 100)
+        self._refused(tmp_path, path, "not an SQLite")
+        assert path.read_text() == "my notes\n" * 100
+
+    def test_sqlite_without_a_ledger(self, tmp_path):
+        """An SQLite file of another program is not a ledger (and is left as it was)."""
+        path = tmp_path / "other.db"
+        with sqlite3.connect(path) as con:
+            con.execute("CREATE TABLE users (name TEXT)")
+        con.close()
+        self._refused(tmp_path, path, "not an easycore run ledger")
+        with sqlite3.connect(path) as con:
+            tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master")}
+        con.close()
+        assert tables == {"users"}
+
+    def test_an_open_runner_stays_usable(self, tmp_path):
+        """runner.map with such a path is the same ValueError, and the runner goes on."""
+        with producer(square).open(devices=2) as runner:
+            with pytest.raises(ValueError, match="directory"):
+                runner.map(range(4), resume=tmp_path)
+            assert runner.map(range(4), resume=tmp_path / "run.db") == [0, 1, 4, 9]
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_an_empty_file_is_a_new_ledger(self, tmp_path, devices):
+        """An empty file (made by mktemp, say) is fine: the ledger starts there."""
+        path = tmp_path / "run.db"
+        path.touch()
+        assert producer(square).map(range(4), devices=devices, resume=path) == [0, 1, 4, 9]
+        assert producer(square).map(range(4), devices=devices, resume=path) == [0, 1, 4, 9]

@@ -84,6 +84,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from easycore._exec.plan import PipelineDef, StageStats
+from easycore._exec.resume import check_ledger
 from easycore._exec.runner import OwnedResults, Runner
 from easycore._options import RunOptions
 
@@ -135,6 +136,8 @@ def run_map(
         return sharded_map(
             pipeline, data, devices=devices, cfg=cfg, options=options, start_method=start_method
         )
+    if options.resume is not None:  # a path that cannot be a ledger: before any worker starts
+        check_ledger(options.resume)
     with Runner(
         pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
     ) as runner:
@@ -153,6 +156,8 @@ def run_imap(
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
+    if options.resume is not None:
+        check_ledger(options.resume)
     runner = Runner(
         pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
     )

@@ -38,10 +38,10 @@ from easycore._exec.run import Failed
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
 
-__all__ = ["RunLedger", "key_text"]
+__all__ = ["RunLedger", "check_ledger", "key_text"]
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS units (
+CREATE TABLE units (
     key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<key_text(key(item))>'
     digest BLOB NOT NULL,    -- digest.item_digest of the unit's items (canonical)
     error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
@@ -53,6 +53,68 @@ CREATE TABLE IF NOT EXISTS units (
 # of items does not hold them all in memory. Gone when the connection closes.
 _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGER NOT NULL)"
 _LOOKUP = 256  # units looked up in the file at once
+_UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _refuse(path: str, why: str) -> ValueError:
+    return ValueError(f"resume={path!r} cannot be a run ledger: {why}")
+
+
+def _check_place(path: str) -> None:
+    """Raises ValueError unless ``path`` can hold a ledger: a new file in a folder that
+    exists, an empty file, or an SQLite file (what is in it is :func:`_read_tables`'s)."""
+    if path in ("", ":memory:"):
+        raise _refuse(path, "the ledger must be a file, to outlive this process")
+    if os.path.isdir(path):
+        raise _refuse(path, "it is a directory; name a file, such as run.db, in it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise _refuse(path, f"the folder {folder} does not exist")
+    if not os.path.exists(path):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise _refuse(path, f"the folder {folder} is not writable")
+        return
+    if not os.path.isfile(path):
+        raise _refuse(path, "it is not a regular file")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise _refuse(path, "it cannot be read and written")
+    with open(path, "rb") as f:
+        head = f.read(len(_SQLITE_MAGIC))
+    if head and head != _SQLITE_MAGIC:
+        raise _refuse(path, "it is not an SQLite file (is it another file of yours?)")
+
+
+def _read_tables(path: str, db: sqlite3.Connection) -> bool:
+    """Whether ``db`` holds a ledger (False: it is empty, a new ledger may start there).
+
+    Raises:
+        ValueError: it holds something else.
+    """
+    try:
+        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        columns = tuple(row[1] for row in db.execute("PRAGMA table_info(units)"))
+    except sqlite3.DatabaseError as exc:
+        raise _refuse(path, f"it is not an SQLite file easycore can read ({exc})") from exc
+    if not tables:
+        return False
+    if "units" not in tables or columns != _UNIT_COLUMNS:
+        raise _refuse(path, f"it is an SQLite file but not an easycore run ledger ({tables=})")
+    return True
+
+
+def check_ledger(path: str | os.PathLike[str]) -> None:
+    """Raises ValueError naming ``path`` when it cannot be a run ledger: a directory, a file
+    in a missing folder, a file that is not SQLite, an SQLite file of another program.
+
+    Reads only (nothing is created), so that ``map`` can ask before any worker starts.
+    """
+    path = os.fspath(path)
+    _check_place(path)
+    if not os.path.exists(path):
+        return
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        _read_tables(path, db)
 
 
 def key_text(value: Any, where: str = "an item") -> str:
@@ -95,15 +157,36 @@ class RunLedger:
         self.options = options
         self.align = align
         self.key_fn: Callable[[Any], Any] | None = options.key
+        _check_place(self.path)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
-        self.db.execute(_SCHEMA)
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
         if self.key_fn is not None:
             self.db.execute(_SEEN)
         # per output unit taken from the input and not yet delivered: (key, digest, state,
         # items) with state "new", "done" (the result is in the file) or "failed"
         self.pending: dict[int, tuple[str, bytes, str, Any]] = {}
+
+    def _open(self) -> None:
+        """Make the file a ledger when it is new, else check that it is one; one transaction,
+        so that a caller killed here leaves a file that is either empty or a whole ledger."""
+        try:
+            if not _read_tables(self.path, self.db):  # (before WAL: never change others' files)
+                self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                if not _read_tables(self.path, self.db):  # (another process may have been first)
+                    self.db.execute(_SCHEMA)
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _refuse(self.path, str(exc)) from exc
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
