@@ -4,6 +4,7 @@ that cannot be a ledger before any worker starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -60,34 +61,54 @@ def marked(tmp_path: Path):
 
 NEW_PROCESS_JOB = textwrap.dedent(
     """
-    import json, sys
+    import dataclasses, json, sys
+    import torch
     from easycore import producer
 
     db, log, devices = sys.argv[1], sys.argv[2], sys.argv[3]
     devices = devices if devices == "inline" else int(devices)
-    WORDS = ("alpha", "beta", "gamma")
     scale = 3
+
+    @dataclasses.dataclass
+    class Sample:
+        ids: set
+        pixels: torch.Tensor
 
     def helper(n):
         return n * scale
 
-    @producer
-    def work(item):
-        with open(log, "a") as f:
-            f.write("x\\n")
-        tags = item["tags"]
-        hit = sum(1 for t in tags if t in {"t0", "t3", "t5", "t7"})
-        return [helper(hit), sorted(tags), sorted(item["ids"]), item["n"]]
+    def make(model):
+        @producer
+        def work(item):
+            with open(log, "a") as f:
+                f.write("x\\n")
+            tags, sample = item["tags"], item["sample"]
+            hit = sum(1 for t in tags if t in {"t0", "t3", "t5", "t7"})
+            with torch.no_grad():
+                y = float(model(sample.pixels).sum())
+            return [helper(hit), sorted(tags), sorted(sample.ids), round(y, 4), item["n"]]
 
+        return work
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)   # held by work's closure: its weights are part of work
     items = [
         {"n": i, "tags": frozenset(f"t{j}" for j in range(i, i + 8)),
-         "ids": {f"id-{i}-{j}" for j in range(6)}}
+         "sample": Sample({f"id-{i}-{j}" for j in range(6)}, torch.full((3,), float(i)))}
         for i in range(6)
     ]
-    out = work.map(items, devices=devices, resume=db)
+    out = make(model).map(items, devices=devices, resume=db)
     print("RESULT", json.dumps(out), flush=True)
     """
 )
+
+
+@dataclasses.dataclass
+class Sample:
+    """An item that is an object: its tensor pickles with its storage's address."""
+
+    tags: frozenset
+    pixels: torch.Tensor
 
 
 def run_job(tmp_path: Path, hash_seed: str, devices: str) -> list:
@@ -106,8 +127,9 @@ def run_job(tmp_path: Path, hash_seed: str, devices: str) -> list:
 class TestItemDigests:
     @pytest.mark.parametrize("devices", ["2", "inline"])
     def test_sets_resume_in_a_new_process(self, tmp_path, devices):
-        """Items holding sets and frozensets, and a stage whose code holds a set, resume in a
-        new process with another PYTHONHASHSEED: nothing runs again."""
+        """Items holding sets, frozensets and objects holding tensors, and a stage whose code
+        holds a set and whose closure holds a model, resume in a new process with another
+        PYTHONHASHSEED: nothing runs again."""
         first = run_job(tmp_path, "1", devices)
         assert run_job(tmp_path, "2", devices) == first
         assert run_job(tmp_path, "3", devices) == first
@@ -116,7 +138,7 @@ class TestItemDigests:
     @pytest.mark.parametrize("devices", DEVICES)
     def test_equal_items_resume(self, tmp_path, devices):
         """Equal items are the same input: dicts in another key order, copies of arrays and
-        tensors, sets built in another order."""
+        tensors, sets built in another order, objects holding copies of tensors."""
         work, count = counting(tmp_path, repr)
 
         def items(flip: bool):
@@ -127,12 +149,13 @@ class TestItemDigests:
                 torch.arange(4, dtype=torch.int64) * 1,
                 set(reversed(range(40))) if flip else set(range(40)),
                 (1, "x", None, 2.5, b"raw", range(3), frozenset({("p", 1), ("q", 2)})),
+                Sample(frozenset({"a", "b", "c"}), torch.ones(3) * 2),
             ]
 
         db = tmp_path / "run.db"
         work.map(items(False), devices=devices, resume=db)
         work.map(items(True), devices=devices, resume=db)
-        assert count() == 5
+        assert count() == 6
 
     @pytest.mark.parametrize(
         ("before", "after"),
@@ -144,6 +167,7 @@ class TestItemDigests:
             ({"a": 1}, {"a": 1.0}),
             ({1, 2}, {1, 3}),
             ((1, 2), [1, 2]),
+            (Sample(frozenset(), torch.zeros(2)), Sample(frozenset(), torch.ones(2))),
         ],
     )
     def test_different_items_still_differ(self, tmp_path, before, after):

@@ -13,11 +13,15 @@ length so that no two values share an encoding:
 * ``tuple``, ``list`` (in order), ``dict`` (entries sorted by their key's digest; an
   ``OrderedDict`` in its order, as its equality is), ``set``, ``frozenset`` (sorted element
   digests); a subclass of these (a namedtuple, a ``defaultdict``) with its type's name;
-* numpy arrays and torch tensors: dtype, shape and the bytes of the values.
+* numpy arrays and torch tensors: dtype, shape and the bytes of the values;
+* classes, modules and builtins by name;
+* any other object as pickle sees it: what its ``__reduce_ex__`` returns (a constructor by
+  name, its arguments, its state), encoded as above, so a dataclass holding a set or a
+  module holding tensors (whose own pickle holds a storage address) is canonical too.
 
-Anything else is digested through its cloudpickle, as is an item whose containers refer to
-themselves. Types are part of the encoding: ``1``, ``1.0``, ``True`` and ``"1"`` differ, and
-so do ``(1, 2)`` and ``[1, 2]``.
+An object that cannot be reduced goes through its cloudpickle, and so does an item whose
+containers or objects refer to themselves. Types are part of the encoding: ``1``, ``1.0``,
+``True`` and ``"1"`` differ, and so do ``(1, 2)`` and ``[1, 2]``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import collections
 import hashlib
 import struct
 import sys
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,7 +101,7 @@ class _Encoder:
         elif isinstance(obj, tuple | list | dict | set | frozenset):
             self._container(h, obj)
         elif not self._array(h, obj):
-            self._pickled(h, obj)
+            self._object(h, obj)
 
     def _container(self, h: Any, obj: Any) -> None:
         key = id(obj)
@@ -172,6 +177,59 @@ class _Encoder:
         data = memoryview(buffer).cast("B")
         h.update(_length(len(data)))
         h.update(data)
+
+    def _object(self, h: Any, obj: Any) -> None:
+        """Anything else: what pickle would make of it (``__reduce_ex__``), encoded here, so
+        that the sets, dicts and tensors inside an object (a dataclass, a module holding
+        weights) are encoded canonically too: a tensor's own pickle holds the address of its
+        storage, another in every process."""
+        if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
+            self._reference(h, obj)
+            return
+        key = id(obj)
+        if key in self.active:
+            raise _Cyclic
+        self.active.add(key)
+        try:
+            try:
+                reduced = obj.__reduce_ex__(4)
+            except Exception:  # pickle's own way (or its error: the item cannot be kept)
+                self._pickled(h, obj)
+                return
+            if isinstance(reduced, str):  # a global: pickle names it
+                module = getattr(obj, "__module__", None) or type(obj).__module__
+                text = f"{module}.{reduced}".encode()
+                h.update(b"Q" + _length(len(text)) + text)
+                return
+            if not isinstance(reduced, tuple) or len(reduced) < 2:
+                self._pickled(h, obj)
+                return
+            # (callable, args, state, list items, dict items, state setter), as pickle does
+            func, args, *rest = reduced
+            h.update(b"O")
+            self._reference(h, func)
+            self.feed(h, args)
+            for k, part in enumerate(rest[:4]):
+                if part is None:
+                    h.update(b"N")
+                elif k == 3:
+                    self._reference(h, part)
+                else:
+                    self.feed(h, list(part) if k in (1, 2) else part)
+        finally:
+            self.active.discard(key)
+
+    def _reference(self, h: Any, obj: Any) -> None:
+        """A class, module or function that pickle would name: by its name."""
+        module = getattr(obj, "__module__", None)
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+        if isinstance(obj, types.ModuleType):
+            module, name = "", obj.__name__
+        elif not isinstance(name, str):  # something else in a callable's place
+            self.feed(h, obj)
+            return
+        text = f"{module}.{name}".encode()
+        h.update(b"Q" + _length(len(text)) + text)
 
     @staticmethod
     def _pickled(h: Any, obj: Any) -> None:
