@@ -483,7 +483,9 @@ class Pipeline:
         every item), a digest of the item and its result in that SQLite file; the same
         call after a crash computes only what the file lacks (items set aside are tried
         again only with ``retry_failed=True``); an item that differs from the one recorded
-        under its key is a ``ValueError``. Results are stored pickled:
+        under its key is a ``ValueError``, and so is a file of another run (other producer
+        functions or ``init``, ``cfg``, ``seed`` or batch sizes) or a path that cannot be
+        a ledger. Results are stored pickled:
         jobs with big outputs should write them to files and return the paths.
         ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
         ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its

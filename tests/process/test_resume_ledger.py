@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from easycore import producer
+from easycore import CfgNode, consumer, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,6 +45,32 @@ def square(x):
     return x * x
 
 
+def cube(x):
+    return x * x * x
+
+
+def offset(x):
+    return x + 1
+
+
+def offset_by_two(x):
+    return x + 2
+
+
+def add_offset(x):
+    return offset(x)
+
+
+def scaled(k: int):
+    """A producer whose closure holds ``k``: the same code, another computation."""
+
+    @producer
+    def times(x):
+        return x * k
+
+    return times
+
+
 def marked(tmp_path: Path):
     """A producer whose ``init`` leaves a marker: tells whether any worker started."""
     marker = tmp_path / "worker-started"
@@ -57,6 +83,193 @@ def marked(tmp_path: Path):
         return x
 
     return work, marker
+
+
+class TestRunIdentity:
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_another_function_is_a_value_error(self, tmp_path, devices):
+        """cube over a ledger of square is a ValueError naming both, never the squares."""
+        db = tmp_path / "run.db"
+        assert producer(square).map(range(6), devices=devices, resume=db) == [
+            x * x for x in range(6)
+        ]
+        with pytest.raises(ValueError, match=r"stages: square -> cube") as err:
+            producer(cube).map(range(6), devices=devices, resume=db)
+        assert str(db) in str(err.value)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_the_same_name_with_other_code_is_a_value_error(self, tmp_path, devices):
+        """Two functions of one name and different bodies are different stages."""
+
+        def make(power):
+            if power == 2:
+
+                def work(x):
+                    return x**2
+
+            else:
+
+                def work(x):
+                    return x**3
+
+            return producer(work)
+
+        db = tmp_path / "run.db"
+        make(2).map(range(6), devices=devices, resume=db)
+        with pytest.raises(ValueError, match=r"stage 'work': its function changed"):
+            make(3).map(range(6), devices=devices, resume=db)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_a_closure_value_is_part_of_the_function(self, tmp_path, devices):
+        """The same code closing over another value is another function; the same value
+        resumes."""
+        db = tmp_path / "run.db"
+        assert scaled(2).map(range(6), devices=devices, resume=db) == [2 * x for x in range(6)]
+        assert scaled(2).map(range(6), devices=devices, resume=db) == [2 * x for x in range(6)]
+        with pytest.raises(ValueError, match=r"stage 'times': its function changed"):
+            scaled(3).map(range(6), devices=devices, resume=db)
+
+    def test_a_default_and_a_helper_are_part_of_the_function(self, tmp_path, monkeypatch):
+        """A default argument's value and a helper function the stage calls count too."""
+        db = tmp_path / "run.db"
+        shifted = producer(add_offset)
+        shifted.map(range(4), devices="inline", resume=db)
+        monkeypatch.setattr(sys.modules[__name__], "offset", offset_by_two)
+        with pytest.raises(ValueError, match=r"stage 'add_offset': its function changed"):
+            shifted.map(range(4), devices="inline", resume=db)
+        db = tmp_path / "run2.db"
+
+        def with_default(offset):
+            def shift(x, bias=offset):
+                return x + bias
+
+            return producer(shift)
+
+        with_default(1).map(range(4), devices="inline", resume=db)
+        with pytest.raises(ValueError, match=r"stage 'shift': its function changed"):
+            with_default(2).map(range(4), devices="inline", resume=db)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_a_changed_seed_is_a_value_error(self, tmp_path, devices):
+        """Another seed names both seeds."""
+        db = tmp_path / "run.db"
+        producer(square).map(range(6), devices=devices, seed=0, resume=db)
+        with pytest.raises(ValueError, match=r"seed: 0 -> 1"):
+            producer(square).map(range(6), devices=devices, seed=1, resume=db)
+        with pytest.raises(ValueError, match=r"seed: 0 -> None"):
+            producer(square).map(range(6), devices=devices, resume=db)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_a_changed_cfg_is_a_value_error(self, tmp_path, devices):
+        """Another cfg names the keys that differ; an equal cfg (a CfgNode or a dict, keys in
+        any order) resumes."""
+
+        @producer
+        def width(x, cfg):
+            return x * cfg.MODEL.WIDTH
+
+        db = tmp_path / "run.db"
+        cfg = {"MODEL": {"WIDTH": 2, "DEPTH": 3}, "LR": 0.1}
+        width.map(range(6), devices=devices, cfg=cfg, resume=db)
+        same = CfgNode({"LR": 0.1, "MODEL": {"DEPTH": 3, "WIDTH": 2}})
+        assert width.map(range(6), devices=devices, cfg=same, resume=db) == [
+            2 * x for x in range(6)
+        ]
+        other = {"MODEL": {"WIDTH": 3, "DEPTH": 3}, "LR": 0.1, "NEW": 1}
+        with pytest.raises(ValueError, match=r"cfg: MODEL\.WIDTH changed, NEW added"):
+            width.map(range(6), devices=devices, cfg=other, resume=db)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_a_changed_batch_size_is_a_value_error(self, tmp_path, devices):
+        """map's batch_size is part of the run, named as such (not "the input changed")."""
+
+        @producer
+        def total(batch):
+            return sum(batch)
+
+        db = tmp_path / "run.db"
+        total.map(range(12), devices=devices, batch_size=2, resume=db)
+        with pytest.raises(ValueError, match=r"batch_size: 2 -> 3"):
+            total.map(range(12), devices=devices, batch_size=3, resume=db)
+
+    def test_a_pool_batch_size_is_part_of_the_run(self, tmp_path):
+        """A later pool's .on(batch_size=) too."""
+
+        @producer
+        def total(batch):
+            return sum(batch)
+
+        inc = producer(lambda x: x + 1)
+        db = tmp_path / "run.db"
+        (inc.on(1) >> total.on(1, batch_size=3)).map(range(12), resume=db)
+        with pytest.raises(ValueError, match=r"stage 'total': batch_size 3 -> 4"):
+            (inc.on(1) >> total.on(1, batch_size=4)).map(range(12), resume=db)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_a_changed_init_is_a_value_error(self, tmp_path, devices):
+        """init makes the state work uses: another init is another computation."""
+
+        def make(k):
+            def load():
+                return k
+
+            @producer(init=load)
+            def work(x, state):
+                return x * state
+
+            return work
+
+        db = tmp_path / "run.db"
+        make(2).map(range(6), devices=devices, resume=db)
+        with pytest.raises(ValueError, match=r"stage 'work': its init changed"):
+            make(3).map(range(6), devices=devices, resume=db)
+
+    @pytest.mark.parametrize("devices", DEVICES)
+    def test_the_consumer_may_change(self, tmp_path, devices):
+        """The ledger holds the producers' results: another consumer folds them, nothing
+        runs again."""
+        work, count = counting(tmp_path, square)
+
+        @consumer(init=0)
+        def total(acc, y):
+            return acc + y
+
+        @consumer(init=list)
+        def listed(acc, y):
+            acc.append(y)
+
+        db = tmp_path / "run.db"
+        assert (work >> total).map(range(8), devices=devices, resume=db) == 140
+        assert (work >> listed).map(range(8), devices=devices, resume=db) == [
+            x * x for x in range(8)
+        ]
+        assert count() == 8
+
+    def test_the_error_comes_before_any_worker_starts(self, tmp_path):
+        """A ledger of another run is refused before any init runs."""
+        db = tmp_path / "run.db"
+        producer(square).map(range(4), devices=2, resume=db)
+        work, marker = marked(tmp_path)
+        with pytest.raises(ValueError, match="stages: square -> work"):
+            work.map(range(4), devices=2, resume=db)
+        assert not marker.exists()
+
+    def test_an_open_runner_checks_too(self, tmp_path):
+        """runner.map(resume=) on a runner of another pipeline is the same ValueError."""
+        db = tmp_path / "run.db"
+        producer(square).map(range(4), devices=2, resume=db)
+        with (
+            producer(cube).open(devices=2) as runner,
+            pytest.raises(ValueError, match="stages: square -> cube"),
+        ):
+            runner.map(range(4), resume=db)
+
+    def test_a_new_path_starts_afresh(self, tmp_path):
+        """Another run with another path simply runs."""
+        producer(square).map(range(4), devices="inline", resume=tmp_path / "a.db")
+        assert producer(cube).map(range(4), devices="inline", resume=tmp_path / "b.db") == [
+            x**3 for x in range(4)
+        ]
 
 
 NEW_PROCESS_JOB = textwrap.dedent(

@@ -1,5 +1,6 @@
 """Digests that are the same in every process and every Python run: of items (``resume=``
-tells "the input changed" by them).
+tells "the input changed" by them) and of functions and ``cfg`` (what run a ledger belongs
+to).
 
 A pickle is no such digest. A set's pickle lists its elements in hash order, and the hash of
 a str or bytes changes with ``PYTHONHASHSEED``, so in every new process; a dict's pickle
@@ -14,7 +15,7 @@ length so that no two values share an encoding:
   ``OrderedDict`` in its order, as its equality is), ``set``, ``frozenset`` (sorted element
   digests); a subclass of these (a namedtuple, a ``defaultdict``) with its type's name;
 * numpy arrays and torch tensors: dtype, shape and the bytes of the values;
-* classes, modules and builtins by name;
+* classes, modules and builtins by name, functions by :func:`function_digest`;
 * any other object as pickle sees it: what its ``__reduce_ex__`` returns (a constructor by
   name, its arguments, its state), encoded as above, so a dataclass holding a set or a
   module holding tensors (whose own pickle holds a storage address) is canonical too.
@@ -22,21 +23,27 @@ length so that no two values share an encoding:
 An object that cannot be reduced goes through its cloudpickle, and so does an item whose
 containers or objects refer to themselves. Types are part of the encoding: ``1``, ``1.0``,
 ``True`` and ``"1"`` differ, and so do ``(1, 2)`` and ``[1, 2]``.
+
+A function's digest is its code (bytecode, constants, names, nested code objects), its
+defaults, the values its closure holds, and the module-level helpers and constants of its
+own module that it names; not where it sits in its file, nor ``id``/``hash``. Bytecode is
+the interpreter's, so another Python version makes another digest.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import struct
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
 
-__all__ = ["item_digest"]
+__all__ = ["cfg_digests", "function_digest", "item_digest"]
 
 DIGEST_SIZE = 16
 
@@ -186,6 +193,9 @@ class _Encoder:
         if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
             self._reference(h, obj)
             return
+        if isinstance(obj, types.FunctionType):
+            h.update(b"f" + bytes.fromhex(function_digest(obj)))
+            return
         key = id(obj)
         if key in self.active:
             raise _Cyclic
@@ -251,3 +261,179 @@ def item_digest(obj: Any) -> bytes:
         h = _hasher()
         _Encoder._pickled(h, obj)
         return bytes(h.digest())
+
+
+# -- functions ---------------------------------------------------------------------------------
+class _FunctionHasher:
+    """Feeds what a callable computes with to a hash (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.active: set[int] = set()  # callables on the way down: recursion ends in a mark
+
+    def feed(self, h: Any, fn: Any) -> None:
+        if id(fn) in self.active:
+            h.update(b"@")  # a function that refers to itself (recursion)
+            return
+        self.active.add(id(fn))
+        try:
+            self._callable(h, fn)
+        finally:
+            self.active.discard(id(fn))
+
+    def _callable(self, h: Any, fn: Any) -> None:
+        if isinstance(fn, types.FunctionType):
+            self._function(h, fn)
+        elif isinstance(fn, types.MethodType):
+            h.update(b"m")
+            self.feed(h, fn.__func__)
+            self._value(h, fn.__self__)
+        elif isinstance(fn, functools.partial):
+            h.update(b"p")
+            self.feed(h, fn.func)
+            self._value(h, fn.args)
+            self._value(h, fn.keywords)
+        elif isinstance(fn, type | types.BuiltinFunctionType | types.BuiltinMethodType):
+            self._name(h, b"t", fn)  # a class, a builtin: its name says what it is
+        else:  # an object with __call__: its type's method and the object's state
+            name = _type_name(type(fn))
+            h.update(b"o" + _length(len(name)) + name)
+            call = getattr(type(fn), "__call__", None)  # noqa: B004
+            if isinstance(call, types.FunctionType):
+                self.feed(h, call)
+            state = getattr(fn, "__dict__", None)
+            self._value(h, state if state is not None else fn)
+
+    @staticmethod
+    def _name(h: Any, tag: bytes, fn: Any) -> None:
+        module = getattr(fn, "__module__", None) or ""
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or ""
+        text = f"{module}.{name}".encode()
+        h.update(tag + _length(len(text)) + text)
+
+    def _function(self, h: Any, fn: types.FunctionType) -> None:
+        self._name(h, b"f", fn)
+        code = fn.__code__
+        doc = fn.__doc__
+        self._code(h, code, skip_doc=doc is not None and code.co_consts[:1] == (doc,))
+        self._value(h, fn.__defaults__)
+        self._value(h, fn.__kwdefaults__)
+        for cell in fn.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell (a name not bound yet)
+                h.update(b"e")
+                continue
+            self._member(h, value, nested=True)
+        # helpers and constants of its own module that it names: a change there changes
+        # what it computes (names of other modules, and mutable globals, are left out)
+        module = fn.__module__
+        scope = fn.__globals__
+        for name in sorted(_names(code)):
+            if name not in scope:
+                continue
+            value = scope[name]
+            if isinstance(value, types.FunctionType) and value.__module__ == module:
+                h.update(b"g" + name.encode() + b"\0")
+                self.feed(h, value)
+            elif type(value) in _ATOMS or (type(value) in (tuple, frozenset) and _flat(value)):
+                h.update(b"k" + name.encode() + b"\0")
+                self._value(h, value)
+
+    def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
+        h.update(b"c")
+        for n in (
+            code.co_argcount,
+            code.co_posonlyargcount,
+            code.co_kwonlyargcount,
+            code.co_flags,
+        ):
+            h.update(_length(n))
+        for part in (code.co_code, getattr(code, "co_exceptiontable", b"")):
+            h.update(_length(len(part)) + part)
+        for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+            self._value(h, names)
+        consts = code.co_consts[1:] if skip_doc else code.co_consts
+        h.update(b"K" + _length(len(consts)))
+        for const in consts:
+            if isinstance(const, types.CodeType):
+                self._code(h, const)
+            else:
+                self._value(h, const)
+
+    def _member(self, h: Any, value: Any, *, nested: bool) -> None:
+        """A value the function holds (closure): functions by their own digest."""
+        if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
+            h.update(b"F")
+            self.feed(h, value)
+        elif isinstance(value, types.ModuleType):
+            h.update(b"d" + value.__name__.encode() + b"\0")
+        elif isinstance(value, type):
+            self._name(h, b"t", value)
+        else:
+            self._value(h, value)
+
+    @staticmethod
+    def _value(h: Any, value: Any) -> None:
+        try:
+            h.update(b"v" + item_digest(value))
+        except Exception:  # cannot be pickled either: its type stands for it
+            h.update(b"x" + _type_name(type(value)))
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The global (and attribute) names a code object and the code nested in it use."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= _names(const)
+    return out
+
+
+def _flat(value: tuple[Any, ...] | frozenset[Any]) -> bool:
+    return all(type(x) in _ATOMS for x in value)
+
+
+def function_digest(fn: Callable[..., Any]) -> str:
+    """A hex digest of what ``fn`` computes with: the same in every process for the same
+    code, defaults and closure values.
+
+    >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 1)
+    True
+    >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 2)
+    False
+    """
+    h = _hasher()
+    _FunctionHasher().feed(h, fn)
+    return str(h.hexdigest())
+
+
+def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """The digest of every leaf of ``cfg`` by its dotted key (``"MODEL.WIDTH"``), so that two
+    cfgs can be told apart key by key. Mappings count as plain dicts, whatever their type.
+
+    >>> cfg_digests({"A": {"B": 1}}) == cfg_digests({"A": {"B": 1}})
+    True
+    >>> sorted(cfg_digests({"A": {"B": 1}, "C": {}}))
+    ['A.B', 'C']
+    """
+    out: dict[str, str] = {}
+
+    def walk(node: Mapping[Any, Any], prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, Mapping) and value:
+                walk(value, name + ".")
+            else:
+                out[name] = item_digest(_plain(value)).hex()
+
+    walk(cfg, "")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping in it a plain dict (a CfgNode inside a list, say)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value) if type(value) in (list, tuple) else value
+    return value

@@ -18,27 +18,36 @@ digests in any process), and its pickled result, or the error it was set aside w
 
 SQLite commits are atomic: a caller killed at any moment leaves the file as it was after
 the last whole chunk.
+
+A ledger knows what run it belongs to: its ``meta`` table holds the :class:`RunIdentity`
+(each producer's function and ``init``, ``cfg``, ``seed``, batch sizes), written when the
+file becomes a ledger; a run with another identity is a ``ValueError`` naming what
+differs, never the results of another computation. :func:`check_ledger` asks that, and
+whether the path can be a ledger at all, without writing, before any worker starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import pickle
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import attrs
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr
-from easycore._exec.digest import item_digest
+from easycore._exec.digest import cfg_digests, function_digest, item_digest
+from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._exec.run import Failed
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
 
-__all__ = ["RunLedger", "check_ledger", "key_text"]
+__all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
 
 _SCHEMA = """
 CREATE TABLE units (
@@ -49,12 +58,19 @@ CREATE TABLE units (
     result BLOB              -- the pickled result (NULL when set aside)
 )
 """
+_META = """
+CREATE TABLE meta (
+    name TEXT PRIMARY KEY,   -- a part of the run's identity (RunIdentity.parts)
+    value TEXT NOT NULL      -- its JSON
+)
+"""
 # The keys this run has taken so far (key=): a temporary table, so that a run of millions
 # of items does not hold them all in memory. Gone when the connection closes.
 _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGER NOT NULL)"
 _LOOKUP = 256  # units looked up in the file at once
 _UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_FORMAT = 2  # the ledger's layout; RunIdentity's "format"
 
 
 def _refuse(path: str, why: str) -> ValueError:
@@ -63,7 +79,7 @@ def _refuse(path: str, why: str) -> ValueError:
 
 def _check_place(path: str) -> None:
     """Raises ValueError unless ``path`` can hold a ledger: a new file in a folder that
-    exists, an empty file, or an SQLite file (what is in it is :func:`_read_tables`'s)."""
+    exists, an empty file, or an SQLite file (what is in it is :func:`_read_ledger`'s)."""
     if path in ("", ":memory:"):
         raise _refuse(path, "the ledger must be a file, to outlive this process")
     if os.path.isdir(path):
@@ -85,27 +101,38 @@ def _check_place(path: str) -> None:
         raise _refuse(path, "it is not an SQLite file (is it another file of yours?)")
 
 
-def _read_tables(path: str, db: sqlite3.Connection) -> bool:
-    """Whether ``db`` holds a ledger (False: it is empty, a new ledger may start there).
+def _read_ledger(path: str, db: sqlite3.Connection) -> dict[str, Any] | None:
+    """The identity of the run whose ledger ``db`` holds (:attr:`RunIdentity.parts`), or
+    None when it is empty (a new ledger may start there).
 
     Raises:
-        ValueError: it holds something else.
+        ValueError: it holds something else, or a ledger that does not say whose it is.
     """
     try:
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         columns = tuple(row[1] for row in db.execute("PRAGMA table_info(units)"))
+        if not tables:
+            return None
+        if "units" not in tables or columns != _UNIT_COLUMNS:
+            msg = f"it is an SQLite file but not an easycore run ledger ({tables=})"
+            raise _refuse(path, msg)
+        if "meta" not in tables:
+            msg = (
+                "it was written by an earlier easycore, which did not record what run it "
+                "belongs to; give a new path to start afresh"
+            )
+            raise _refuse(path, msg)
+        return {name: json.loads(value) for name, value in db.execute("SELECT * FROM meta")}
     except sqlite3.DatabaseError as exc:
         raise _refuse(path, f"it is not an SQLite file easycore can read ({exc})") from exc
-    if not tables:
-        return False
-    if "units" not in tables or columns != _UNIT_COLUMNS:
-        raise _refuse(path, f"it is an SQLite file but not an easycore run ledger ({tables=})")
-    return True
+    except json.JSONDecodeError as exc:
+        raise _refuse(path, f"its meta table is damaged ({exc})") from exc
 
 
-def check_ledger(path: str | os.PathLike[str]) -> None:
-    """Raises ValueError naming ``path`` when it cannot be a run ledger: a directory, a file
-    in a missing folder, a file that is not SQLite, an SQLite file of another program.
+def check_ledger(path: str | os.PathLike[str], identity: RunIdentity) -> None:
+    """Raises ValueError naming ``path`` when it cannot be a run ledger (a directory, a file
+    in a missing folder, a file that is not SQLite, an SQLite file of another program) or
+    is the ledger of another run than ``identity``.
 
     Reads only (nothing is created), so that ``map`` can ask before any worker starts.
     """
@@ -114,7 +141,114 @@ def check_ledger(path: str | os.PathLike[str]) -> None:
     if not os.path.exists(path):
         return
     with contextlib.closing(sqlite3.connect(path)) as db:
-        _read_tables(path, db)
+        stored = _read_ledger(path, db)
+    if stored is not None:
+        identity.check(path, stored)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+@attrs.frozen
+class RunIdentity:
+    """What computation a ledger's results are the results of, so that a ledger never hands
+    one run the results of another (API.md section 8). Kept in the ledger's ``meta`` table,
+    written when the file becomes a ledger and compared whenever a run resumes from it.
+
+    Its parts (:attr:`parts`, each stored as JSON):
+
+    * ``format``: the ledger's layout (2: canonical item digests, checked keys, this table);
+    * ``stages``: every producer in order: its name, the digest of its function and of its
+      ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
+      of the pool it starts (pools after the first; the first pool's is ``batch_size``);
+    * ``cfg``: a digest of every leaf by its dotted key (so a message can name the keys);
+    * ``seed``, and ``batch_size`` (``map``'s, or the first pool's).
+
+    Left out on purpose: the consumer (the ledger keeps the producers' results; every run
+    folds stored and new results alike, so another consumer is another fold of the same
+    results, and may change freely), a producer's ``end`` (its value is dropped), ``key=``
+    (keys name units; a changed item is caught by its digest), and how and where results
+    are computed (devices, engine, ``ordered``, ``retries``, ``timeout``, ``errors``).
+    """
+
+    parts: Mapping[str, Any]
+
+    @classmethod
+    def of(
+        cls, pipeline: PipelineDef, cfg: Mapping[str, Any] | None, options: RunOptions
+    ) -> RunIdentity:
+        """The identity of running ``pipeline`` with this ``cfg`` and these options."""
+        stages = []
+        for i, (group, binding) in enumerate(pipeline.pools):
+            for k, stage in enumerate(group):
+                init = getattr(stage, "init", None)
+                batch = binding.batch_size if binding is not None and i > 0 and k == 0 else None
+                stages.append(
+                    {
+                        "name": stage.name,
+                        "fn": function_digest(stage.fn),
+                        "init": None if init is None else function_digest(init),
+                        "batch_size": batch,
+                    }
+                )
+        parts = {
+            "format": _FORMAT,
+            "stages": stages,
+            "cfg": cfg_digests(frozen_cfg(cfg)),
+            "seed": options.seed,
+            "batch_size": first_batch(pipeline, options.batch_size),
+        }
+        return cls(json.loads(_json(parts)))  # as it reads back from the file
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The ``meta`` table's rows."""
+        return [(name, _json(value)) for name, value in self.parts.items()]
+
+    def differences(self, stored: Mapping[str, Any]) -> list[str]:
+        """What differs between a ledger's identity ``stored`` and this one, in words."""
+        new = self.parts
+        if stored.get("format") != new["format"]:
+            return [f"ledger format: {stored.get('format')} -> {new['format']}"]
+        out = []
+        before, now = stored.get("stages", []), new["stages"]
+        names = [s["name"] for s in now]
+        if [s["name"] for s in before] != names:
+            old_text = " >> ".join(s["name"] for s in before) or "(none)"
+            out.append(f"stages: {old_text} -> {' >> '.join(names) or '(none)'}")
+        else:
+            for i, (a, b) in enumerate(zip(before, now, strict=True)):
+                where = f"stage {b['name']!r}" + (
+                    f" (#{i + 1})" if names.count(b["name"]) > 1 else ""
+                )
+                if a.get("fn") != b["fn"]:
+                    out.append(f"{where}: its function changed")
+                if a.get("init") != b["init"]:
+                    out.append(f"{where}: its init changed")
+                if a.get("batch_size") != b["batch_size"]:
+                    out.append(f"{where}: batch_size {a.get('batch_size')} -> {b['batch_size']}")
+        cfg_a, cfg_b = stored.get("cfg", {}), new["cfg"]
+        keys = [f"{k} changed" for k in sorted(cfg_a.keys() & cfg_b.keys()) if cfg_a[k] != cfg_b[k]]
+        keys += [f"{k} added" for k in sorted(cfg_b.keys() - cfg_a.keys())]
+        keys += [f"{k} removed" for k in sorted(cfg_a.keys() - cfg_b.keys())]
+        if keys:
+            more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
+            out.append(f"cfg: {', '.join(keys[:6])}{more}")
+        for name in ("seed", "batch_size"):
+            if stored.get(name) != new[name]:
+                out.append(f"{name}: {stored.get(name)} -> {new[name]}")
+        return out
+
+    def check(self, path: str, stored: Mapping[str, Any]) -> None:
+        """Raises ValueError naming what differs when ``stored`` is not this identity."""
+        diffs = self.differences(stored)
+        if diffs:
+            msg = (
+                f"resume={path!r} is the ledger of another run ({'; '.join(diffs)}); its "
+                "results are not this run's. Resume with the same stage functions, cfg, seed "
+                "and batch sizes, or give a new path to start afresh"
+            )
+            raise ValueError(msg)
 
 
 def key_text(value: Any, where: str = "an item") -> str:
@@ -152,10 +286,17 @@ def key_text(value: Any, where: str = "an item") -> str:
 class RunLedger:
     """The finished units of one run (and of the runs before it) in an SQLite file."""
 
-    def __init__(self, path: str | os.PathLike[str], options: RunOptions, align: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        options: RunOptions,
+        align: int,
+        identity: RunIdentity,
+    ) -> None:
         self.path = os.fspath(path)
         self.options = options
         self.align = align
+        self.identity = identity
         self.key_fn: Callable[[Any], Any] | None = options.key
         _check_place(self.path)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -171,16 +312,22 @@ class RunLedger:
         self.pending: dict[int, tuple[str, bytes, str, Any]] = {}
 
     def _open(self) -> None:
-        """Make the file a ledger when it is new, else check that it is one; one transaction,
-        so that a caller killed here leaves a file that is either empty or a whole ledger."""
+        """Make the file a ledger of this run when it is new, else check that it is one of
+        this run; one transaction, so that a caller killed here leaves a file that is either
+        empty or a whole ledger that says whose it is."""
         try:
-            if not _read_tables(self.path, self.db):  # (before WAL: never change others' files)
+            if _read_ledger(self.path, self.db) is None:  # (WAL only then: others' files stay)
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
             self.db.execute("BEGIN IMMEDIATE")
             try:
-                if not _read_tables(self.path, self.db):  # (another process may have been first)
+                stored = _read_ledger(self.path, self.db)  # (another process may have been first)
+                if stored is None:
                     self.db.execute(_SCHEMA)
+                    self.db.execute(_META)
+                    self.db.executemany("INSERT INTO meta VALUES (?, ?)", self.identity.rows())
+                else:
+                    self.identity.check(self.path, stored)
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
