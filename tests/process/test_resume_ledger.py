@@ -149,6 +149,28 @@ class TestRunIdentity:
         with pytest.raises(ValueError, match=r"stage 'shift': its function changed"):
             with_default(2).map(range(4), devices="inline", resume=db)
 
+    def test_a_function_its_closure_holds_again(self, tmp_path):
+        """A stage whose closure holds a registry holding the stage's function has one
+        identity, however deep the stack it is called from."""
+
+        def make():
+            registry = {}
+
+            def walk(x):
+                return registry["walk"](x - 1) + 1 if x else 0
+
+            registry["walk"] = walk
+            return producer(walk)
+
+        def deep(n, call):
+            return call() if n == 0 else deep(n - 1, call)
+
+        db = tmp_path / "run.db"
+        assert make().map(range(5), devices="inline", resume=db) == list(range(5))
+        for depth in (40, 300):
+            again = deep(depth, lambda: make().map(range(5), devices="inline", resume=db))
+            assert again == list(range(5))
+
     @pytest.mark.parametrize("devices", DEVICES)
     def test_a_changed_seed_is_a_value_error(self, tmp_path, devices):
         """Another seed names both seeds."""

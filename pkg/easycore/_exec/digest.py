@@ -71,10 +71,15 @@ def _type_name(t: type) -> bytes:
 
 
 class _Encoder:
-    """Feeds the canonical encoding of values to a hash."""
+    """Feeds the canonical encoding of values to a hash.
 
-    def __init__(self) -> None:
-        self.active: set[int] = set()  # containers on the way down (a cycle has no encoding)
+    ``active``: the ids of the containers, objects and functions on the way down, shared
+    with :class:`_FunctionHasher` when a function's closure holds a value that holds the
+    function: a cycle is found by identity, never by how deep the stack happens to be.
+    """
+
+    def __init__(self, active: set[int]) -> None:
+        self.active = active
 
     def digest(self, obj: Any) -> bytes:
         h = _hasher()
@@ -194,7 +199,7 @@ class _Encoder:
             self._reference(h, obj)
             return
         if isinstance(obj, types.FunctionType):
-            h.update(b"f" + bytes.fromhex(function_digest(obj)))
+            h.update(b"f" + _function_digest(obj, self.active))
             return
         key = id(obj)
         if key in self.active:
@@ -255,8 +260,12 @@ def item_digest(obj: Any) -> bytes:
     >>> item_digest((1, 2)) == item_digest([1, 2])
     False
     """
+    return _item_digest(obj, set())
+
+
+def _item_digest(obj: Any, active: set[int]) -> bytes:
     try:
-        return _Encoder().digest(obj)
+        return _Encoder(active).digest(obj)
     except (_Cyclic, RecursionError):  # it refers to itself: its pickle keeps the cycle
         h = _hasher()
         _Encoder._pickled(h, obj)
@@ -267,8 +276,8 @@ def item_digest(obj: Any) -> bytes:
 class _FunctionHasher:
     """Feeds what a callable computes with to a hash (see the module's docstring)."""
 
-    def __init__(self) -> None:
-        self.active: set[int] = set()  # callables on the way down: recursion ends in a mark
+    def __init__(self, active: set[int]) -> None:
+        self.active = active  # on the way down (see _Encoder): recursion ends in a mark
 
     def feed(self, h: Any, fn: Any) -> None:
         if id(fn) in self.active:
@@ -372,10 +381,9 @@ class _FunctionHasher:
         else:
             self._value(h, value)
 
-    @staticmethod
-    def _value(h: Any, value: Any) -> None:
+    def _value(self, h: Any, value: Any) -> None:
         try:
-            h.update(b"v" + item_digest(value))
+            h.update(b"v" + _item_digest(value, self.active))
         except Exception:  # cannot be pickled either: its type stands for it
             h.update(b"x" + _type_name(type(value)))
 
@@ -402,9 +410,13 @@ def function_digest(fn: Callable[..., Any]) -> str:
     >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 2)
     False
     """
+    return _function_digest(fn, set()).hex()
+
+
+def _function_digest(fn: Callable[..., Any], active: set[int]) -> bytes:
     h = _hasher()
-    _FunctionHasher().feed(h, fn)
-    return str(h.hexdigest())
+    _FunctionHasher(active).feed(h, fn)
+    return bytes(h.digest())
 
 
 def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:
