@@ -267,6 +267,18 @@ class TestRunIdentity:
         ]
         assert count() == 8
 
+    def test_how_and_where_may_change(self, tmp_path):
+        """Devices, ordering, retries and errors= are not part of the run: a run on two
+        workers resumes inline, unordered, with nothing computed again."""
+        work, count = counting(tmp_path, square)
+        db = tmp_path / "run.db"
+        assert work.map(range(8), devices=2, resume=db) == [x * x for x in range(8)]
+        out = work.map(
+            range(8), devices="inline", ordered=False, retries=2, errors="skip", resume=db
+        )
+        assert sorted(out) == [x * x for x in range(8)]
+        assert count() == 8
+
     def test_the_error_comes_before_any_worker_starts(self, tmp_path):
         """A ledger of another run is refused before any init runs."""
         db = tmp_path / "run.db"
@@ -484,6 +496,18 @@ class TestLedgerPath:
             tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master")}
         con.close()
         assert tables == {"users"}
+
+    def test_a_ledger_that_does_not_say_whose_it_is(self, tmp_path):
+        """A ledger of an earlier easycore (no record of its run) is refused: its results
+        could be another computation's."""
+        path = tmp_path / "old.db"
+        with sqlite3.connect(path) as con:
+            con.execute(
+                "CREATE TABLE units (key TEXT PRIMARY KEY, digest BLOB NOT NULL, error TEXT, "
+                "stage TEXT, result BLOB)"
+            )
+        con.close()
+        self._refused(tmp_path, path, "earlier easycore")
 
     def test_an_open_runner_stays_usable(self, tmp_path):
         """runner.map with such a path is the same ValueError, and the runner goes on."""
