@@ -332,7 +332,7 @@ class _FunctionHasher:
             except ValueError:  # an empty cell (a name not bound yet)
                 h.update(b"e")
                 continue
-            self._member(h, value, nested=True)
+            self._member(h, value)
         # helpers and constants of its own module that it names: a change there changes
         # what it computes (names of other modules, and mutable globals, are left out)
         module = fn.__module__
@@ -369,7 +369,7 @@ class _FunctionHasher:
             else:
                 self._value(h, const)
 
-    def _member(self, h: Any, value: Any, *, nested: bool) -> None:
+    def _member(self, h: Any, value: Any) -> None:
         """A value the function holds (closure): functions by their own digest."""
         if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
             h.update(b"F")
