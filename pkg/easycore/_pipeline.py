@@ -178,10 +178,13 @@ class _Runs:
         pickle): it is left out of the results, the consumer never sees it, and it is
         reported as an :class:`~easycore.Failure` to ``on_error`` (called in this process),
         or else in one warning per run. ``resume="run.db"`` keeps every finished item's key
-        (its index, or ``key(item)``), a digest of the item and its result in that SQLite
-        file; the same call after a crash computes only what the file lacks (items set
-        aside are tried again only with ``retry_failed=True``); an item that differs from
-        the one recorded under its key is a ``ValueError``. Results are stored pickled:
+        (its index, or ``key(item)``: a str, an int or a tuple of them, a different one for
+        every item), a digest of the item and its result in that SQLite file; the same
+        call after a crash computes only what the file lacks (items set aside are tried
+        again only with ``retry_failed=True``); an item that differs from the one recorded
+        under its key is a ``ValueError``, and so is a file of another run (other producer
+        functions or ``init``, ``cfg``, ``seed`` or batch sizes) or a path that cannot be
+        a ledger. Results are stored pickled:
         jobs with big outputs should write them to files and return the paths.
         ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
         ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its

@@ -188,24 +188,26 @@ class TestResume:
         returns what an uninterrupted run returns."""
         work, computed = computed_log(tmp_path)
         db = tmp_path / "run.db"
+        marker = tmp_path / "crashed"
 
         @producer
         def stop_at_20(y):
-            if y["x"] == 20:
+            if y["x"] == 20 and first_time(marker):
                 raise RuntimeError("crash")
             return y
 
+        job = work >> stop_at_20  # (the same run each time: a ledger knows whose it is)
         with pytest.raises(WorkerError, match="crash"):
-            (work >> stop_at_20).map(range(40), devices=2, resume=db)
+            job.map(range(40), devices=2, resume=db)
         done = ledger_keys(db)
         assert 0 < len(done) < 40
         first = computed()
-        out = work.map(range(40), devices=2, resume=db)
+        out = job.map(range(40), devices=2, resume=db)
         assert out == [{"x": x, "sq": x * x} for x in range(40)]
         again = computed()[len(first) :]
         assert not {f"i:{x}" for x in again} & done  # nothing the file held ran again
         assert len(ledger_keys(db)) == 40
-        assert work.map(range(40), devices=2, resume=db) == out  # complete: nothing runs
+        assert job.map(range(40), devices=2, resume=db) == out  # complete: nothing runs
         assert computed()[len(first) + len(again) :] == []
 
     def test_a_changed_input_is_a_value_error(self, tmp_path):

@@ -50,7 +50,9 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     blame.py     after a death: the unit to charge, the error naming it, what re-runs
     fold.py      the consumer, in the calling process
     policy.py    errors="skip": failed units set aside and reported
-    resume.py    resume=: the run ledger in SQLite (finished units sent as CACHED markers)
+    resume.py    resume=: the run ledger in SQLite (finished units sent as CACHED markers),
+                 which knows what run it belongs to (RunIdentity)
+    digest.py    digests equal in every process: of items, functions and cfg (for resume.py)
     submit.py    Seat and SubmitFeeder behind Runner.submit
     sharded.py   map(distributed=True): a Runner per rank of a torchrun/Slurm job
 
@@ -84,6 +86,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from easycore._exec.plan import PipelineDef, StageStats
+from easycore._exec.resume import RunIdentity, check_ledger
 from easycore._exec.runner import OwnedResults, Runner
 from easycore._options import RunOptions
 
@@ -135,6 +138,8 @@ def run_map(
         return sharded_map(
             pipeline, data, devices=devices, cfg=cfg, options=options, start_method=start_method
         )
+    if options.resume is not None:  # not a ledger, or another run's: before any worker starts
+        check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     with Runner(
         pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
     ) as runner:
@@ -153,6 +158,8 @@ def run_imap(
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
+    if options.resume is not None:
+        check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     runner = Runner(
         pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
     )

@@ -4,67 +4,336 @@ computes only what is missing when called again.
 The ledger lives in the calling process (``sqlite3``, WAL mode) and works on *output units*:
 what the last hop makes of ``align`` consecutive first-hop items (an item; a batch with
 ``batch_size``). Per unit it keeps a key (its index in the input, or ``key(item)``), a
-digest of its items, and its pickled result, or the error it was set aside with
+digest of its items (:func:`~easycore._exec.digest.item_digest`: equal items have equal
+digests in any process), and its pickled result, or the error it was set aside with
 (``errors="skip"``). Two pieces wrap a run:
 
 * :meth:`RunLedger.source` reads the input: a unit the ledger holds is replaced by
   ``CACHED`` markers, which workers pass on without running anything, so every other item
   keeps its index (and its seed, its place in the order); a unit whose digest differs from
-  the ledger's is a ``ValueError`` (the input changed);
+  the ledger's is a ``ValueError`` (the input changed), and so is a ``key=`` that names two
+  units of one run (keys are str, int or tuples of them: :func:`key_text`);
 * :meth:`RunLedger.record` reads the results: it puts stored results back in place of the
   markers and writes what was computed, one transaction per chunk of results.
 
 SQLite commits are atomic: a caller killed at any moment leaves the file as it was after
 the last whole chunk.
+
+A ledger knows what run it belongs to: its ``meta`` table holds the :class:`RunIdentity`
+(each producer's function and ``init``, ``cfg``, ``seed``, batch sizes), written when the
+file becomes a ledger; a run with another identity is a ``ValueError`` naming what
+differs, never the results of another computation. :func:`check_ledger` asks that, and
+whether the path can be a ledger at all, without writing, before any worker starts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
+import json
 import os
 import pickle
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import attrs
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr
 from easycore._exec.core import Failed
+from easycore._exec.digest import cfg_digests, function_digest, item_digest
+from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
 
-__all__ = ["RunLedger"]
+__all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS units (
-    key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<repr(key(item))>'
-    digest BLOB NOT NULL,    -- blake2b of the unit's items, pickled
+CREATE TABLE units (
+    key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<key_text(key(item))>'
+    digest BLOB NOT NULL,    -- digest.item_digest of the unit's items (canonical)
     error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
     stage TEXT,
     result BLOB              -- the pickled result (NULL when set aside)
 )
 """
+_META = """
+CREATE TABLE meta (
+    name TEXT PRIMARY KEY,   -- a part of the run's identity (RunIdentity.parts)
+    value TEXT NOT NULL      -- its JSON
+)
+"""
+# The keys this run has taken so far (key=): a temporary table, so that a run of millions
+# of items does not hold them all in memory. Gone when the connection closes.
+_SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGER NOT NULL)"
 _LOOKUP = 256  # units looked up in the file at once
+_UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_FORMAT = 2  # the ledger's layout; RunIdentity's "format"
+
+
+def _refuse(path: str, why: str) -> ValueError:
+    return ValueError(f"resume={path!r} cannot be a run ledger: {why}")
+
+
+def _check_place(path: str) -> None:
+    """Raises ValueError unless ``path`` can hold a ledger: a new file in a folder that
+    exists, an empty file, or an SQLite file (what is in it is :func:`_read_ledger`'s)."""
+    if path in ("", ":memory:"):
+        raise _refuse(path, "the ledger must be a file, to outlive this process")
+    if os.path.isdir(path):
+        raise _refuse(path, "it is a directory; name a file, such as run.db, in it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise _refuse(path, f"the folder {folder} does not exist")
+    if not os.path.exists(path):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise _refuse(path, f"the folder {folder} is not writable")
+        return
+    if not os.path.isfile(path):
+        raise _refuse(path, "it is not a regular file")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise _refuse(path, "it cannot be read and written")
+    with open(path, "rb") as f:
+        head = f.read(len(_SQLITE_MAGIC))
+    if head and head != _SQLITE_MAGIC:
+        raise _refuse(path, "it is not an SQLite file (is it another file of yours?)")
+
+
+def _read_ledger(path: str, db: sqlite3.Connection) -> dict[str, Any] | None:
+    """The identity of the run whose ledger ``db`` holds (:attr:`RunIdentity.parts`), or
+    None when it is empty (a new ledger may start there).
+
+    Raises:
+        ValueError: it holds something else, or a ledger that does not say whose it is.
+    """
+    try:
+        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        columns = tuple(row[1] for row in db.execute("PRAGMA table_info(units)"))
+        if not tables:
+            return None
+        if "units" not in tables or columns != _UNIT_COLUMNS:
+            msg = f"it is an SQLite file but not an easycore run ledger ({tables=})"
+            raise _refuse(path, msg)
+        if "meta" not in tables:
+            msg = (
+                "it was written by an earlier easycore, which did not record what run it "
+                "belongs to; give a new path to start afresh"
+            )
+            raise _refuse(path, msg)
+        return {name: json.loads(value) for name, value in db.execute("SELECT * FROM meta")}
+    except sqlite3.DatabaseError as exc:
+        raise _refuse(path, f"it is not an SQLite file easycore can read ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise _refuse(path, f"its meta table is damaged ({exc})") from exc
+
+
+def check_ledger(path: str | os.PathLike[str], identity: RunIdentity) -> None:
+    """Raises ValueError naming ``path`` when it cannot be a run ledger (a directory, a file
+    in a missing folder, a file that is not SQLite, an SQLite file of another program) or
+    is the ledger of another run than ``identity``.
+
+    Reads only (nothing is created), so that ``map`` can ask before any worker starts.
+    """
+    path = os.fspath(path)
+    _check_place(path)
+    if not os.path.exists(path):
+        return
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        stored = _read_ledger(path, db)
+    if stored is not None:
+        identity.check(path, stored)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+@attrs.frozen
+class RunIdentity:
+    """What computation a ledger's results are the results of, so that a ledger never hands
+    one run the results of another (API.md section 8). Kept in the ledger's ``meta`` table,
+    written when the file becomes a ledger and compared whenever a run resumes from it.
+
+    Its parts (:attr:`parts`, each stored as JSON):
+
+    * ``format``: the ledger's layout (2: canonical item digests, checked keys, this table);
+    * ``stages``: every producer in order: its name, the digest of its function and of its
+      ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
+      of the pool it starts (pools after the first; the first pool's is ``batch_size``);
+    * ``cfg``: a digest of every leaf by its dotted key (so a message can name the keys);
+    * ``seed``, and ``batch_size`` (``map``'s, or the first pool's).
+
+    Left out on purpose: the consumer (the ledger keeps the producers' results; every run
+    folds stored and new results alike, so another consumer is another fold of the same
+    results, and may change freely), a producer's ``end`` (its value is dropped), ``key=``
+    (keys name units; a changed item is caught by its digest), and how and where results
+    are computed (devices, engine, ``ordered``, ``retries``, ``timeout``, ``errors``).
+    """
+
+    parts: Mapping[str, Any]
+
+    @classmethod
+    def of(
+        cls, pipeline: PipelineDef, cfg: Mapping[str, Any] | None, options: RunOptions
+    ) -> RunIdentity:
+        """The identity of running ``pipeline`` with this ``cfg`` and these options."""
+        stages = []
+        for i, (group, binding) in enumerate(pipeline.pools):
+            for k, stage in enumerate(group):
+                init = getattr(stage, "init", None)
+                batch = binding.batch_size if binding is not None and i > 0 and k == 0 else None
+                stages.append(
+                    {
+                        "name": stage.name,
+                        "fn": function_digest(stage.fn),
+                        "init": None if init is None else function_digest(init),
+                        "batch_size": batch,
+                    }
+                )
+        parts = {
+            "format": _FORMAT,
+            "stages": stages,
+            "cfg": cfg_digests(frozen_cfg(cfg)),
+            "seed": options.seed,
+            "batch_size": first_batch(pipeline, options.batch_size),
+        }
+        return cls(json.loads(_json(parts)))  # as it reads back from the file
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The ``meta`` table's rows."""
+        return [(name, _json(value)) for name, value in self.parts.items()]
+
+    def differences(self, stored: Mapping[str, Any]) -> list[str]:
+        """What differs between a ledger's identity ``stored`` and this one, in words."""
+        new = self.parts
+        if stored.get("format") != new["format"]:
+            return [f"ledger format: {stored.get('format')} -> {new['format']}"]
+        out = []
+        before, now = stored.get("stages", []), new["stages"]
+        names = [s["name"] for s in now]
+        if [s["name"] for s in before] != names:
+            old_text = " >> ".join(s["name"] for s in before) or "(none)"
+            out.append(f"stages: {old_text} -> {' >> '.join(names) or '(none)'}")
+        else:
+            for i, (a, b) in enumerate(zip(before, now, strict=True)):
+                where = f"stage {b['name']!r}" + (
+                    f" (#{i + 1})" if names.count(b["name"]) > 1 else ""
+                )
+                if a.get("fn") != b["fn"]:
+                    out.append(f"{where}: its function changed")
+                if a.get("init") != b["init"]:
+                    out.append(f"{where}: its init changed")
+                if a.get("batch_size") != b["batch_size"]:
+                    out.append(f"{where}: batch_size {a.get('batch_size')} -> {b['batch_size']}")
+        cfg_a, cfg_b = stored.get("cfg", {}), new["cfg"]
+        keys = [f"{k} changed" for k in sorted(cfg_a.keys() & cfg_b.keys()) if cfg_a[k] != cfg_b[k]]
+        keys += [f"{k} added" for k in sorted(cfg_b.keys() - cfg_a.keys())]
+        keys += [f"{k} removed" for k in sorted(cfg_a.keys() - cfg_b.keys())]
+        if keys:
+            more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
+            out.append(f"cfg: {', '.join(keys[:6])}{more}")
+        for name in ("seed", "batch_size"):
+            if stored.get(name) != new[name]:
+                out.append(f"{name}: {stored.get(name)} -> {new[name]}")
+        return out
+
+    def check(self, path: str, stored: Mapping[str, Any]) -> None:
+        """Raises ValueError naming what differs when ``stored`` is not this identity."""
+        diffs = self.differences(stored)
+        if diffs:
+            msg = (
+                f"resume={path!r} is the ledger of another run ({'; '.join(diffs)}); its "
+                "results are not this run's. Resume with the same stage functions, cfg, seed "
+                "and batch sizes, or give a new path to start afresh"
+            )
+            raise ValueError(msg)
+
+
+def key_text(value: Any, where: str = "an item") -> str:
+    """The text a ``key=`` value is kept under: its repr, once it is known to be a str, an
+    int or a tuple of them (bools count as the ints they equal; subclasses as their base).
+
+    Anything else could not name an item across runs: a plain object's repr holds its
+    address (another in every run, and equal keys for different items are possible too), a
+    float's or a list's equality is not what a repr shows.
+
+    >>> key_text(("a", 1)), key_text(True)
+    ("('a', 1)", '1')
+
+    Raises:
+        TypeError: ``value`` is not such a key.
+    """
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, str):
+            return str.__str__(v)
+        if isinstance(v, int):
+            return int(v)
+        if isinstance(v, tuple):
+            return tuple(plain(x) for x in v)
+        msg = (
+            f"key= must return a str, an int or a tuple of them; for {where} it returned "
+            f"{short_repr(value)} (of type {type(value).__name__}), which cannot name an "
+            "item across runs"
+        )
+        raise TypeError(msg)
+
+    return repr(plain(value))
 
 
 class RunLedger:
     """The finished units of one run (and of the runs before it) in an SQLite file."""
 
-    def __init__(self, path: str | os.PathLike[str], options: RunOptions, align: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        options: RunOptions,
+        align: int,
+        identity: RunIdentity,
+    ) -> None:
         self.path = os.fspath(path)
         self.options = options
         self.align = align
+        self.identity = identity
         self.key_fn: Callable[[Any], Any] | None = options.key
+        _check_place(self.path)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
-        self.db.execute(_SCHEMA)
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        if self.key_fn is not None:
+            self.db.execute(_SEEN)
         # per output unit taken from the input and not yet delivered: (key, digest, state,
         # items) with state "new", "done" (the result is in the file) or "failed"
         self.pending: dict[int, tuple[str, bytes, str, Any]] = {}
+
+    def _open(self) -> None:
+        """Make the file a ledger of this run when it is new, else check that it is one of
+        this run; one transaction, so that a caller killed here leaves a file that is either
+        empty or a whole ledger that says whose it is."""
+        try:
+            if _read_ledger(self.path, self.db) is None:  # (WAL only then: others' files stay)
+                self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                stored = _read_ledger(self.path, self.db)  # (another process may have been first)
+                if stored is None:
+                    self.db.execute(_SCHEMA)
+                    self.db.execute(_META)
+                    self.db.executemany("INSERT INTO meta VALUES (?, ?)", self.identity.rows())
+                else:
+                    self.identity.check(self.path, stored)
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _refuse(self.path, str(exc)) from exc
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -74,14 +343,43 @@ class RunLedger:
     def _key(self, index: int, items: Any) -> str:
         if self.key_fn is None:
             return f"i:{self.options.global_index(index)}"
-        return f"k:{self.key_fn(items)!r}"
+        return f"k:{key_text(self.key_fn(items), self.options.label(index))}"
+
+    def _check_unique(self, keyed: list[tuple[int, str]]) -> None:
+        """Raises ValueError when a key of ``keyed`` ((unit, key) pairs) came before in this
+        run: the ledger keeps one result per key, so the second item would get the first's."""
+        first: dict[str, int] = {}
+        twice = None
+        for j, key in keyed:
+            if key in first:
+                twice = (key, first[key], j)
+                break
+            first[key] = j
+        if twice is None:
+            marks = ",".join("?" * len(first))
+            for key, j in self.db.execute(
+                f"SELECT key, unit FROM seen WHERE key IN ({marks})", list(first)
+            ):
+                twice = (key, j, first[key])
+                break
+        if twice is not None:
+            key, a, b = twice
+            msg = (
+                f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
+                f"{self.options.label(b)}: key= must name each item once (the ledger "
+                "keeps one result per key)"
+            )
+            raise ValueError(msg)
+        self.db.executemany("INSERT INTO seen VALUES (?, ?)", first.items())
 
     def source(self, units: Iterable[Any]) -> Iterator[Any]:
         """The first-hop items of ``units`` (items, or batches), with ``CACHED`` markers in
         place of every unit the ledger holds.
 
         Raises:
-            ValueError: a unit's items differ from what the ledger recorded under its key.
+            ValueError: a unit's items differ from what the ledger recorded under its key,
+                or two units of this run have one ``key=``.
+            TypeError: ``key=`` returned something else than a str, an int or a tuple.
         """
         it = iter(units)
         index = itertools.count()
@@ -97,8 +395,10 @@ class RunLedger:
             keyed = []
             for j, items in block:
                 unit = items[0] if self.align == 1 else items
-                digest = hashlib.blake2b(cloudpickle.dumps(unit), digest_size=16).digest()
+                digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
+            if self.key_fn is not None:
+                self._check_unique([(j, key) for j, _, _, key, _ in keyed])
             marks = ",".join("?" * len(keyed))
             rows = {
                 k: (d, e)

@@ -26,7 +26,7 @@ from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
 from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
 from easycore._exec.policy import set_aside
-from easycore._exec.resume import RunLedger
+from easycore._exec.resume import RunIdentity, RunLedger
 from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
@@ -334,7 +334,8 @@ class Runner:
         source: Iterable[Any] = batched(data, size) if size else data
         ledger = None
         if options.resume is not None:
-            ledger = RunLedger(options.resume, options, self._chain.align)
+            identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
+            ledger = RunLedger(options.resume, options, self._chain.align, identity)
             source = ledger.source(source)
         bars = self._progress_bars(data, size) if options.progress else None
         generation = self._generation

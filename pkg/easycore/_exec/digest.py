@@ -1,0 +1,451 @@
+"""Digests that are the same in every process and every Python run: of items (``resume=``
+tells "the input changed" by them) and of functions and ``cfg`` (what run a ledger belongs
+to).
+
+A pickle is no such digest. A set's pickle lists its elements in hash order, and the hash of
+a str or bytes changes with ``PYTHONHASHSEED``, so in every new process; a dict's pickle
+lists its keys in insertion order, so equal dicts pickle apart; pickle's memo makes a list of
+two equal strings pickle one way when they are one object and another when they are two.
+So the common types are encoded here canonically, recursively, each with a tag and a
+length so that no two values share an encoding:
+
+* ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bytearray``,
+  ``range``;
+* ``tuple``, ``list`` (in order), ``dict`` (entries sorted by their key's digest; an
+  ``OrderedDict`` in its order, as its equality is), ``set``, ``frozenset`` (sorted element
+  digests); a subclass of these (a namedtuple, a ``defaultdict``) with its type's name;
+* numpy arrays and torch tensors: dtype, shape and the bytes of the values;
+* classes, modules and builtins by name, functions by :func:`function_digest`;
+* any other object as pickle sees it: what its ``__reduce_ex__`` returns (a constructor by
+  name, its arguments, its state), encoded as above, so a dataclass holding a set or a
+  module holding tensors (whose own pickle holds a storage address) is canonical too.
+
+An object that cannot be reduced goes through its cloudpickle, and so does an item whose
+containers or objects refer to themselves. Types are part of the encoding: ``1``, ``1.0``,
+``True`` and ``"1"`` differ, and so do ``(1, 2)`` and ``[1, 2]``.
+
+A function's digest is its code (bytecode, constants, names, nested code objects), its
+defaults, the values its closure holds, and the module-level helpers and constants of its
+own module that it names; not where it sits in its file, nor ``id``/``hash``. Bytecode is
+the interpreter's, so another Python version makes another digest.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import struct
+import sys
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["cfg_digests", "function_digest", "item_digest"]
+
+DIGEST_SIZE = 16
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+
+
+class _Cyclic(Exception):
+    """A container holds itself: the canonical encoding has no end."""
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=DIGEST_SIZE)
+
+
+def _length(n: int) -> bytes:
+    return struct.pack("<Q", n)
+
+
+def _int_bytes(n: int) -> bytes:
+    return n.to_bytes(n.bit_length() // 8 + 1, "little", signed=True)
+
+
+def _type_name(t: type) -> bytes:
+    return f"{t.__module__}.{t.__qualname__}".encode()
+
+
+class _Encoder:
+    """Feeds the canonical encoding of values to a hash.
+
+    ``active``: the ids of the containers, objects and functions on the way down, shared
+    with :class:`_FunctionHasher` when a function's closure holds a value that holds the
+    function: a cycle is found by identity, never by how deep the stack happens to be.
+    """
+
+    def __init__(self, active: set[int]) -> None:
+        self.active = active
+
+    def digest(self, obj: Any) -> bytes:
+        h = _hasher()
+        self.feed(h, obj)
+        return bytes(h.digest())
+
+    def feed(self, h: Any, obj: Any) -> None:
+        t = type(obj)
+        if obj is None:
+            h.update(b"N")
+        elif t is bool:
+            h.update(b"T" if obj else b"F")
+        elif t is int:
+            data = _int_bytes(obj)
+            h.update(b"I" + _length(len(data)) + data)
+        elif t is float:
+            h.update(b"D" + struct.pack("<d", obj))
+        elif t is complex:
+            h.update(b"J" + struct.pack("<dd", obj.real, obj.imag))
+        elif t is str:
+            data = obj.encode("utf-8", "surrogatepass")
+            h.update(b"S" + _length(len(data)) + data)
+        elif t is bytes or t is bytearray:
+            h.update((b"B" if t is bytes else b"Y") + _length(len(obj)))
+            h.update(obj)
+        elif t is range:
+            h.update(b"R")
+            for n in (obj.start, obj.stop, obj.step):
+                data = _int_bytes(n)
+                h.update(_length(len(data)) + data)
+        elif isinstance(obj, tuple | list | dict | set | frozenset):
+            self._container(h, obj)
+        elif not self._array(h, obj):
+            self._object(h, obj)
+
+    def _container(self, h: Any, obj: Any) -> None:
+        key = id(obj)
+        if key in self.active:
+            raise _Cyclic
+        self.active.add(key)
+        try:
+            t = type(obj)
+            if t not in (tuple, list, dict, set, frozenset):  # a namedtuple, a defaultdict...
+                name = _type_name(t)
+                h.update(b"C" + _length(len(name)) + name)
+                extra = getattr(obj, "__dict__", None)
+                if extra:
+                    h.update(b"V")
+                    self._mapping(h, extra, ordered=False)
+            if isinstance(obj, tuple | list):
+                h.update((b"U" if isinstance(obj, tuple) else b"L") + _length(len(obj)))
+                for x in obj:
+                    self.feed(h, x)
+            elif isinstance(obj, dict):
+                h.update(b"M")
+                self._mapping(h, obj, ordered=isinstance(obj, collections.OrderedDict))
+            else:
+                h.update((b"Z" if isinstance(obj, frozenset) else b"E") + _length(len(obj)))
+                for d in sorted(self.digest(x) for x in obj):
+                    h.update(d)
+        finally:
+            self.active.discard(key)
+
+    def _mapping(self, h: Any, obj: Mapping[Any, Any], *, ordered: bool) -> None:
+        h.update(_length(len(obj)))
+        entries = [(self.digest(k), v) for k, v in obj.items()]
+        if not ordered:
+            entries.sort(key=lambda e: e[0])
+        for kd, v in entries:
+            h.update(kd)
+            self.feed(h, v)
+
+    def _array(self, h: Any, obj: Any) -> bool:
+        """A numpy array or torch tensor: dtype, shape, values. False for anything else."""
+        np = sys.modules.get("numpy")
+        if np is not None and type(obj) is np.ndarray:
+            if obj.dtype.hasobject:  # elements are Python objects: their own encodings
+                h.update(b"AO" + _length(obj.ndim) + b"".join(map(_length, obj.shape)))
+                for x in obj.ravel(order="C"):
+                    self.feed(h, x)
+                return True
+            dtype = str(obj.dtype.descr) if obj.dtype.fields else obj.dtype.str
+            raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
+            self._values(h, b"A", dtype, obj.shape, raw)
+            return True
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(obj, torch.Tensor):
+            return False
+        if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
+            return False  # (sparse, quantized, meta: their pickle)
+        t = obj.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        if type(obj) is not torch.Tensor:  # a Parameter, a subclass: its type too
+            name = _type_name(type(obj))
+            h.update(b"C" + _length(len(name)) + name)
+        self._values(h, b"G", str(t.dtype), tuple(t.shape), raw)
+        return True
+
+    @staticmethod
+    def _values(h: Any, tag: bytes, dtype: str, shape: tuple[int, ...], buffer: Any) -> None:
+        name = dtype.encode()
+        h.update(tag + _length(len(name)) + name + _length(len(shape)))
+        h.update(b"".join(map(_length, shape)))
+        data = memoryview(buffer).cast("B")
+        h.update(_length(len(data)))
+        h.update(data)
+
+    def _object(self, h: Any, obj: Any) -> None:
+        """Anything else: what pickle would make of it (``__reduce_ex__``), encoded here, so
+        that the sets, dicts and tensors inside an object (a dataclass, a module holding
+        weights) are encoded canonically too: a tensor's own pickle holds the address of its
+        storage, another in every process."""
+        if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
+            self._reference(h, obj)
+            return
+        if isinstance(obj, types.FunctionType):
+            h.update(b"f" + _function_digest(obj, self.active))
+            return
+        key = id(obj)
+        if key in self.active:
+            raise _Cyclic
+        self.active.add(key)
+        try:
+            try:
+                reduced = obj.__reduce_ex__(4)
+            except Exception:  # pickle's own way (or its error: the item cannot be kept)
+                self._pickled(h, obj)
+                return
+            if isinstance(reduced, str):  # a global: pickle names it
+                module = getattr(obj, "__module__", None) or type(obj).__module__
+                text = f"{module}.{reduced}".encode()
+                h.update(b"Q" + _length(len(text)) + text)
+                return
+            if not isinstance(reduced, tuple) or len(reduced) < 2:
+                self._pickled(h, obj)
+                return
+            # (callable, args, state, list items, dict items, state setter), as pickle does
+            func, args, *rest = reduced
+            h.update(b"O")
+            self._reference(h, func)
+            self.feed(h, args)
+            for k, part in enumerate(rest[:4]):
+                if part is None:
+                    h.update(b"N")
+                elif k == 3:
+                    self._reference(h, part)
+                else:
+                    self.feed(h, list(part) if k in (1, 2) else part)
+        finally:
+            self.active.discard(key)
+
+    def _reference(self, h: Any, obj: Any) -> None:
+        """A class, module or function that pickle would name: by its name."""
+        module = getattr(obj, "__module__", None)
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+        if isinstance(obj, types.ModuleType):
+            module, name = "", obj.__name__
+        elif not isinstance(name, str):  # something else in a callable's place
+            self.feed(h, obj)
+            return
+        text = f"{module}.{name}".encode()
+        h.update(b"Q" + _length(len(text)) + text)
+
+    @staticmethod
+    def _pickled(h: Any, obj: Any) -> None:
+        data = cloudpickle.dumps(obj)
+        h.update(b"P" + _length(len(data)) + data)
+
+
+def item_digest(obj: Any) -> bytes:
+    """A 16-byte digest of ``obj`` that equal values share in any process.
+
+    >>> item_digest({"a": 1, "b": {1, 2}}) == item_digest({"b": {2, 1}, "a": 1})
+    True
+    >>> item_digest((1, 2)) == item_digest([1, 2])
+    False
+    """
+    return _item_digest(obj, set())
+
+
+def _item_digest(obj: Any, active: set[int]) -> bytes:
+    try:
+        return _Encoder(active).digest(obj)
+    except (_Cyclic, RecursionError):  # it refers to itself: its pickle keeps the cycle
+        h = _hasher()
+        _Encoder._pickled(h, obj)
+        return bytes(h.digest())
+
+
+# -- functions ---------------------------------------------------------------------------------
+class _FunctionHasher:
+    """Feeds what a callable computes with to a hash (see the module's docstring)."""
+
+    def __init__(self, active: set[int]) -> None:
+        self.active = active  # on the way down (see _Encoder): recursion ends in a mark
+
+    def feed(self, h: Any, fn: Any) -> None:
+        if id(fn) in self.active:
+            h.update(b"@")  # a function that refers to itself (recursion)
+            return
+        self.active.add(id(fn))
+        try:
+            self._callable(h, fn)
+        finally:
+            self.active.discard(id(fn))
+
+    def _callable(self, h: Any, fn: Any) -> None:
+        if isinstance(fn, types.FunctionType):
+            self._function(h, fn)
+        elif isinstance(fn, types.MethodType):
+            h.update(b"m")
+            self.feed(h, fn.__func__)
+            self._value(h, fn.__self__)
+        elif isinstance(fn, functools.partial):
+            h.update(b"p")
+            self.feed(h, fn.func)
+            self._value(h, fn.args)
+            self._value(h, fn.keywords)
+        elif isinstance(fn, type | types.BuiltinFunctionType | types.BuiltinMethodType):
+            self._name(h, b"t", fn)  # a class, a builtin: its name says what it is
+        else:  # an object with __call__: its type's method and the object's state
+            name = _type_name(type(fn))
+            h.update(b"o" + _length(len(name)) + name)
+            call = getattr(type(fn), "__call__", None)  # noqa: B004
+            if isinstance(call, types.FunctionType):
+                self.feed(h, call)
+            state = getattr(fn, "__dict__", None)
+            self._value(h, state if state is not None else fn)
+
+    @staticmethod
+    def _name(h: Any, tag: bytes, fn: Any) -> None:
+        module = getattr(fn, "__module__", None) or ""
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or ""
+        text = f"{module}.{name}".encode()
+        h.update(tag + _length(len(text)) + text)
+
+    def _function(self, h: Any, fn: types.FunctionType) -> None:
+        self._name(h, b"f", fn)
+        code = fn.__code__
+        doc = fn.__doc__
+        self._code(h, code, skip_doc=doc is not None and code.co_consts[:1] == (doc,))
+        self._value(h, fn.__defaults__)
+        self._value(h, fn.__kwdefaults__)
+        for cell in fn.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell (a name not bound yet)
+                h.update(b"e")
+                continue
+            self._member(h, value)
+        # helpers and constants of its own module that it names: a change there changes
+        # what it computes (names of other modules, and mutable globals, are left out)
+        module = fn.__module__
+        scope = fn.__globals__
+        for name in sorted(_names(code)):
+            if name not in scope:
+                continue
+            value = scope[name]
+            if isinstance(value, types.FunctionType) and value.__module__ == module:
+                h.update(b"g" + name.encode() + b"\0")
+                self.feed(h, value)
+            elif type(value) in _ATOMS or (type(value) in (tuple, frozenset) and _flat(value)):
+                h.update(b"k" + name.encode() + b"\0")
+                self._value(h, value)
+
+    def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
+        h.update(b"c")
+        for n in (
+            code.co_argcount,
+            code.co_posonlyargcount,
+            code.co_kwonlyargcount,
+            code.co_flags,
+        ):
+            h.update(_length(n))
+        for part in (code.co_code, getattr(code, "co_exceptiontable", b"")):
+            h.update(_length(len(part)) + part)
+        for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+            self._value(h, names)
+        consts = code.co_consts[1:] if skip_doc else code.co_consts
+        h.update(b"K" + _length(len(consts)))
+        for const in consts:
+            if isinstance(const, types.CodeType):
+                self._code(h, const)
+            else:
+                self._value(h, const)
+
+    def _member(self, h: Any, value: Any) -> None:
+        """A value the function holds (closure): functions by their own digest."""
+        if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
+            h.update(b"F")
+            self.feed(h, value)
+        elif isinstance(value, types.ModuleType):
+            h.update(b"d" + value.__name__.encode() + b"\0")
+        elif isinstance(value, type):
+            self._name(h, b"t", value)
+        else:
+            self._value(h, value)
+
+    def _value(self, h: Any, value: Any) -> None:
+        try:
+            h.update(b"v" + _item_digest(value, self.active))
+        except Exception:  # cannot be pickled either: its type stands for it
+            h.update(b"x" + _type_name(type(value)))
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The global (and attribute) names a code object and the code nested in it use."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= _names(const)
+    return out
+
+
+def _flat(value: tuple[Any, ...] | frozenset[Any]) -> bool:
+    return all(type(x) in _ATOMS for x in value)
+
+
+def function_digest(fn: Callable[..., Any]) -> str:
+    """A hex digest of what ``fn`` computes with: the same in every process for the same
+    code, defaults and closure values.
+
+    >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 1)
+    True
+    >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 2)
+    False
+    """
+    return _function_digest(fn, set()).hex()
+
+
+def _function_digest(fn: Callable[..., Any], active: set[int]) -> bytes:
+    h = _hasher()
+    _FunctionHasher(active).feed(h, fn)
+    return bytes(h.digest())
+
+
+def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """The digest of every leaf of ``cfg`` by its dotted key (``"MODEL.WIDTH"``), so that two
+    cfgs can be told apart key by key. Mappings count as plain dicts, whatever their type.
+
+    >>> cfg_digests({"A": {"B": 1}}) == cfg_digests({"A": {"B": 1}})
+    True
+    >>> sorted(cfg_digests({"A": {"B": 1}, "C": {}}))
+    ['A.B', 'C']
+    """
+    out: dict[str, str] = {}
+
+    def walk(node: Mapping[Any, Any], prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, Mapping) and value:
+                walk(value, name + ".")
+            else:
+                out[name] = item_digest(_plain(value)).hex()
+
+    walk(cfg, "")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping in it a plain dict (a CfgNode inside a list, say)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value) if type(value) in (list, tuple) else value
+    return value
