@@ -89,7 +89,8 @@ def cases(draw: Any, resume: bool = False) -> Case:
 
 # -- building pipelines ------------------------------------------------------------------------
 def _attempts() -> dict[tuple[str, str], int]:
-    """Attempts per (stage, input) in this process (a transient stage's memory)."""
+    """Attempts per (stage, input) in this process (a transient stage's memory; a worker's
+    lasts as long as the worker, the calling process's is cleared between runs)."""
     book = getattr(sys, "_easycore_conformance_attempts", None)
     if book is None:
         book = {}
@@ -254,6 +255,7 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
     finally:
         it.close()
     before = {p.name for p in calls.iterdir()}
+    _attempts().clear()  # a new run: (inline) transient faults strike again
     want = reference(case)
     failures: list[Any] = []
     error = None

@@ -1,0 +1,117 @@
+"""What the engines reported differently before they shared one run core, each case on
+inline, worker processes and Ray (a real local Ray with 2 CPUs)."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from easycore import WorkerError, consumer, producer
+from helpers import our_actors, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+ENGINES = ["inline", "processes", "ray"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    if ray.is_initialized():  # pragma: no cover - a previous module's
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """After every test: no easycore actor alive (Ray's own processes stay for the module)."""
+    yield
+    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
+
+
+def where(engine: str) -> dict:
+    return {"inline": {"devices": "inline"}, "processes": {}, "ray": {"engine": "ray"}}[engine]
+
+
+@producer
+def first(x):
+    return x
+
+
+@producer
+def pair_sum(batch):
+    if 4 in batch:
+        msg = f"refuses {batch}"
+        raise ValueError(msg)
+    return sum(batch)
+
+
+@producer
+def plain_sum(batch):
+    return sum(batch)
+
+
+def two_pools(second):
+    return first.on(1) >> second.on(1, batch_size=2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+class TestOneBookkeeping:
+    def test_resume_with_a_batching_second_pool(self, engine, tmp_path):
+        """resume= with a pool that batches the previous pool's results: the result, then
+        the same call again from the ledger (it raised KeyError inline and on Ray)."""
+        db = tmp_path / "run.db"
+        want = [1, 5, 9, 13]
+        assert two_pools(plain_sum).map(range(8), resume=db, **where(engine)) == want
+        assert two_pools(plain_sum).map(range(8), resume=db, **where(engine)) == want
+
+    def test_a_failed_batch_is_reported_with_its_batch_index(self, engine):
+        """errors='skip': the batch [4, 5] of the second pool is Failure.index 2, with its
+        items and stage (it was 1 inline and on Ray)."""
+        failures = []
+        got = two_pools(pair_sum).map(
+            range(8), errors="skip", on_error=failures.append, **where(engine)
+        )
+        assert got == [1, 5, 13]
+        assert [(f.index, f.item, f.stage) for f in failures] == [(2, [4, 5], "pair_sum")]
+
+    def test_a_consumer_error_names_the_value_it_folded(self, engine):
+        """A consumer raising on its third value names output unit 2, the batch it folded
+        (it was 4, a first-pool index, on worker processes)."""
+
+        @consumer(init=list)
+        def third_fails(acc, y):
+            if len(acc) == 2:
+                raise RuntimeError("the third")
+            acc.append(y)
+
+        with pytest.raises(WorkerError, match="batch 2") as info:
+            (two_pools(plain_sum) >> third_fails).map(range(8), **where(engine))
+        assert info.value.index == 2
+        assert isinstance(info.value.__cause__, RuntimeError)
+
+    def test_an_init_error_names_the_worker_in_its_pool(self, engine):
+        """An init that raises in the second pool names worker 0 of that pool (the slot
+        number across the chain, 1, on worker processes)."""
+
+        def broken():
+            raise RuntimeError("no model")
+
+        @producer(init=broken)
+        def late(x, *, state):
+            return x
+
+        with pytest.raises(WorkerError, match="no model") as info:
+            (first.on(1) >> late.on(1)).map(range(4), **where(engine))
+        assert info.value.worker == 0
+
+
+@pytest.mark.timeout(120, method="thread")  # the old wait took no signal
+class TestRayCapacity:
+    def test_pools_that_together_do_not_fit_are_a_value_error(self):
+        """Two pools of 2 + 1 CPU actors on a Ray of 2 CPUs: a ValueError at once, naming
+        both pools (it waited forever for the third actor)."""
+        with pytest.raises(ValueError, match=r"together ask for 3 CPU actor\(s\)"):
+            (first.on(2) >> plain_sum.on(1)).map(range(10), engine="ray")
+        assert first.on(1).map(range(3), engine="ray") == [0, 1, 2]  # still usable
