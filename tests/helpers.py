@@ -66,3 +66,21 @@ def wait_for(condition, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     return condition()
+
+
+def rebuild_away_from(pid: int, x: object) -> object:
+    """Unpickles anywhere but in process ``pid`` (there it raises)."""
+    if os.getpid() == pid:
+        msg = f"{x!r} cannot be rebuilt in this process"
+        raise RuntimeError(msg)
+    return x
+
+
+class HomeSick:
+    """A result that unpickles in a worker but not in the calling process ``caller``."""
+
+    def __init__(self, caller: int, x: object) -> None:
+        self.caller, self.x = caller, x
+
+    def __reduce__(self) -> tuple:
+        return (rebuild_away_from, (self.caller, self.x))

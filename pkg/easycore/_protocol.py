@@ -123,7 +123,8 @@ class ErrorReport(NamedTuple):
         """The ``WorkerError`` (a ``SerializationError`` for an unpicklable result) to raise,
         with the original exception as ``__cause__``."""
         if cls is None:
-            cls = SerializationError if self.stage == "<result pickling>" else WorkerError
+            unpicklable = self.stage in ("<result pickling>", "<result unpickling>")
+            cls = SerializationError if unpicklable else WorkerError
         error = user_error(
             self.stage,
             self.type_name,

@@ -42,11 +42,11 @@ import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
-__all__ = ["SHM_THRESHOLD", "Channel"]
+__all__ = ["SHM_THRESHOLD", "Channel", "Damaged", "Undecoded", "contains_undecoded"]
 
 SHM_THRESHOLD = 64 * 1024  # smaller payloads are cheaper inside the pickle
 MAX_POOL_BYTES = 2 << 30  # per direction and worker; past it, payloads go inline
@@ -326,6 +326,91 @@ def _has_numpy() -> bool:
     return True
 
 
+class Undecoded:
+    """Stands in for an object that could not be unpickled here (its class is missing, or
+    rebuilding it raised): ``error`` says why. See :meth:`Channel.decode`."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<not unpickled: {self.error!r}>"
+
+
+class Damaged(NamedTuple):
+    """A message that unpickled only with :class:`Undecoded` in places of its contents."""
+
+    message: Any
+    error: BaseException
+
+
+class _Missing:
+    """What a class that cannot be imported here unpickles as: building one is Undecoded."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Undecoded:
+        return Undecoded(self.error)
+
+
+def _tolerant(opcode: bytes, popped: int) -> Any:
+    """An unpickler step that calls code of the object's class: on an error, the ``popped``
+    entries it takes from the stack become one Undecoded."""
+    step = pickle._Unpickler.dispatch[opcode[0]]
+
+    def load(self: Any) -> None:
+        depth = len(self.stack)
+        try:
+            step(self)
+        except Exception as exc:
+            del self.stack[depth - popped :]
+            self.stack.append(Undecoded(exc))
+
+    return load
+
+
+class _LenientUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler, with what cannot be rebuilt here left as Undecoded (only
+    used once the fast one has failed on a frame)."""
+
+    dispatch = {
+        **pickle._Unpickler.dispatch,
+        **{
+            op[0]: _tolerant(op, popped)
+            for op, popped in (
+                (pickle.REDUCE, 2),
+                (pickle.BUILD, 2),
+                (pickle.NEWOBJ, 2),
+                (pickle.NEWOBJ_EX, 3),
+            )
+        },
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except Exception as exc:
+            return _Missing(exc)
+
+
+def contains_undecoded(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` holds an :class:`Undecoded` (in containers and attributes)."""
+    if type(value) is Undecoded:
+        return True
+    if depth > 32 or isinstance(value, str | bytes | int | float | type(None)):
+        return False
+    if isinstance(value, dict):
+        items: Any = [*value.keys(), *value.values()]
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = value
+    else:
+        items = getattr(value, "__dict__", {}).values()
+    return any(contains_undecoded(v, depth + 1) for v in items)
+
+
 class Channel:
     """One end of a worker pipe: framing, pickling, and this side's shared-memory segments.
 
@@ -456,7 +541,15 @@ class Channel:
             self.next_peer_id += 1
         _local.channel = self
         try:
-            released, forgotten, payload = pickle.loads(memoryview(frame)[1:])
+            try:
+                released, forgotten, payload = pickle.loads(memoryview(frame)[1:])
+            except Exception as exc:
+                # Something in it cannot be rebuilt in this process (a class it lacks, a
+                # __setstate__ that raises): read it again leaving those parts Undecoded,
+                # so that the receiver can tell which results are hit.
+                unpickler = _LenientUnpickler(io.BytesIO(memoryview(frame)[1:]))
+                released, forgotten, payload = unpickler.load()
+                payload = Damaged(payload, exc)
         finally:
             _local.channel = None
         if released:

@@ -66,7 +66,7 @@ from easycore._protocol import (
 )
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
-from easycore._transport import CONTROL, Channel
+from easycore._transport import CONTROL, Channel, Damaged
 
 __all__ = ["WorkerSpec", "worker_main"]
 
@@ -514,6 +514,8 @@ def _serve(
             continue
         try:
             task = src.decode(frame, fds)
+            if type(task) is Damaged:
+                raise task.error
         except BaseException as exc:
             # A task that pickled in the caller but does not unpickle here: say so for the
             # oldest chunk we hold (chunks arrive and are answered in order).

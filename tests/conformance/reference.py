@@ -15,7 +15,8 @@ time, with no process, no chunk and no retry machinery:
   and stage; with ``"skip"`` the output unit is left out and reported as a
   ``Failure(index=output unit, item=its first-pool unit(s), stage)``;
 * the consumer folds the output values in order (or, unordered, in any order: the suite's
-  unordered consumers are order-free).
+  unordered consumers are order-free); a consumer that raises on the k-th value is a
+  ``WorkerError`` naming output unit k's index.
 """
 
 from __future__ import annotations
@@ -179,7 +180,13 @@ def reference(case: Case) -> Outcome:
         for u in units
         if u.failure is not None
     )
+    spec = case.consumer
     if raised and case.errors == "raise":
+        # delivery stops at the first failed output unit; a consumer failing on a value
+        # before it may be what is raised (which one comes first is the engine's timing)
+        first_failed = next(o for o, u in enumerate(units) if u.failure is not None)
+        if spec is not None and spec.fails_at is not None and spec.fails_at < first_failed:
+            raised += (Raised(RuntimeError, spec.fails_at, "fold", None),)
         return Outcome(raised=raised)
     failures = tuple(
         (o, u.origin[0] if case.align == 1 else u.origin, u.failure[1])
@@ -188,7 +195,6 @@ def reference(case: Case) -> Outcome:
     )
     values = [u.value for u in units if u.failure is None]
     indices = [o for o, u in enumerate(units) if u.failure is None]
-    spec = case.consumer
     if spec is None:
         return Outcome(values, failures, done=tuple(done))
     if spec.fails_at is not None and spec.fails_at < len(values):

@@ -30,7 +30,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import first_time, our_actors, wait_for
+from helpers import HomeSick, first_time, our_actors, wait_for
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
 
@@ -342,6 +342,18 @@ class TestErrors:
             [1, threading.Lock(), 3], devices=1, engine="ray", errors="skip", on_error=seen.append
         )
         assert got == [1, 9] and [f.index for f in seen] == [1]
+
+    def test_a_result_that_does_not_unpickle_in_the_caller_is_named(self):
+        """A result that unpickles in an actor but not in the driver is a SerializationError
+        naming its item, set aside alone with errors="skip" (it was re-run without end)."""
+        here = os.getpid()
+        make = producer(lambda x: HomeSick(here, x) if x == 3 else x)
+        with pytest.raises(SerializationError, match="item 3") as info:
+            make.map(range(6), devices=2, engine="ray")
+        assert info.value.index == 3
+        seen: list[Failure] = []
+        got = make.map(range(6), devices=2, engine="ray", errors="skip", on_error=seen.append)
+        assert got == [0, 1, 2, 4, 5] and [(f.index, f.item) for f in seen] == [(3, 3)]
 
     def test_bad_arguments_fail_before_any_actor_starts(self):
         with pytest.raises(ValueError, match="Ray cluster has 2 CPU"):

@@ -22,7 +22,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import first_time
+from helpers import HomeSick, first_time
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -296,6 +296,22 @@ class TestPickling:
         data = [1, 2, Unloadable(), 4]
         with pytest.raises(SerializationError, match="unpickling item"):
             producer(lambda x: x).map(data, devices=1)
+
+    @pytest.mark.parametrize("pools", [1, 2])
+    def test_a_result_that_does_not_unpickle_in_the_caller_is_named(self, pools):
+        """A result that unpickles in a worker but not in the calling process is a
+        SerializationError naming its item (not a raw RuntimeError with no item), and
+        with errors="skip" only that item is set aside: the run goes on."""
+        here = os.getpid()
+        make = producer(lambda x: HomeSick(here, x) if x == 3 else x)
+        pipeline = make if pools == 1 else producer(lambda x: x).on(1) >> make.on(2)
+        with pytest.raises(SerializationError, match="cannot be unpickled") as info:
+            pipeline.map(range(8), devices=2)
+        assert info.value.index == 3
+        failures = []
+        got = pipeline.map(range(8), devices=2, errors="skip", on_error=failures.append)
+        assert got == [0, 1, 2, 4, 5, 6, 7]
+        assert [(f.index, f.item) for f in failures] == [(3, 3)]
 
     def test_unpicklable_function_preflight(self):
         """A work function that cannot be pickled is named before any worker starts."""

@@ -6,13 +6,13 @@ background thread). A pipeline is a chain of hops (pools); one pool is a chain o
     caller process                                      worker process (one per device per hop)
     --------------------------------------------------  -------------------------------------
     data ─lazy─> Source ─> Run.dispatch ─ Task (chunk) ─> pipe ─> reader thread ─> main thread:
-      ^ backpressure: at most Run.window() items         (duplex   (EOF: caller gone   prepared
+      ^ backpressure: at most books.window() items       (duplex   (EOF: caller gone   prepared
       │ taken and not yet yielded                         Unix      -> os._exit, no    stages run
       │                                                   socket)   orphans)           each unit
       │                                                                               │ slot k =
       │                                                                               │ (index,
       │                                                                               │  start)
-    yield / consumer fold <── Run.deliver <── Done (one per chunk, last hop) ─────────┘
+    yield / consumer fold <── books.deliver <── Done (one per chunk, last hop) ───────┘
                               (ordered: segments keyed by start index)
 
     with several hops, a chunk finished by hop h stays in its worker (Held) until a worker
@@ -38,6 +38,8 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
 
     runner.py    Runner: lifecycle, one run at a time (submit.Seat), map/imap/submit
     plan.py      the pipeline cut into a Chain of Hops; StageStats
+    core.py      the run's books, engine-neutral: input under the window, re-runs, retry
+                 charges, the error policy, ordering, chunk sizes, stats; Segment, Failed
     engine.py    ProcessEngine (worker processes) beside inline.py's InlineEngine
     ray_engine.py  RayEngine (engine="ray"): each hop a group of Ray actors (ray_actor.py),
                  runs in ray_run.py; imported only when a run asks for Ray
@@ -46,7 +48,7 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     sources.py   where items come from (iterable, range, submitted one at a time)
     sizing.py    adaptive chunk sizes, per hop
     ledger.py    where every chunk is (queued / held / moving), for exactly-once delivery
-    run.py       Run: the loop of named steps over the chain
+    run.py       Run: the process transport, the loop of named steps over the chain
     blame.py     after a death: the unit to charge, the error naming it, what re-runs
     fold.py      the consumer, in the calling process
     policy.py    errors="skip": failed units set aside and reported

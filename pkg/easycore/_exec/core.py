@@ -28,11 +28,14 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import attrs
+import cloudpickle
 
+from easycore._errors import SerializationError, after_retries, short_repr
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import ChunkSizer
 from easycore._exec.sources import Source
 from easycore._options import DEFAULT_PREFETCH, RunOptions
+from easycore._protocol import ErrorReport
 
 __all__ = [
     "RAISE",
@@ -266,6 +269,67 @@ class RunBooks:
         """Output unit ``out`` failed: settled by the policy, in its place in the stream."""
         self.store(out * self.align, [self.policy.settle(error, item, stage)], self.align)
 
+    def settle_report(
+        self,
+        report: ErrorReport,
+        hop: int,
+        index: int,
+        work: Work,
+        *,
+        device: str,
+        worker: int,
+        doing: str = "while running",
+        where: str = "",
+    ) -> Failed:
+        """Unit ``index`` of ``hop`` failed in a worker (``report``): the error naming it,
+        settled by the policy as the failure of its output unit among ``work``'s."""
+        out = index * self.hops[hop].unit // self.align
+        tries = after_retries(self.options.retries)
+        error = report.to_error(
+            what=f"{doing} {self.label(hop, index)}{tries}{where}",
+            device=device,
+            worker=worker,
+            index=self.index(hop, index),
+        )
+        item = self.unit_items(work.items, work.start, out)
+        return self.policy.settle(error, item, self.stage_of(hop, report.stage))
+
+    def unpicklable(self, work: Work, exc: BaseException) -> None:
+        """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
+        not): each output unit with an item that does not pickle fails, naming the item; the
+        others run again, one per chunk. A lone unit with no such item fails as a whole."""
+        parts = self.rerun(work)
+        again = []
+        for part in parts:
+            out = part.start // self.align
+            bad = next(
+                ((k, e) for k, item in enumerate(part.items) if (e := _pickling_error(item))),
+                None,
+            )
+            if bad is None and len(parts) > 1:
+                again.append(part)
+                continue
+            if bad is None:
+                label = self.label(len(self.hops) - 1, out)
+                error = SerializationError(
+                    f"{label} or its result cannot be pickled (or unpickled here): {exc}",
+                    "<result pickling>",
+                    None,
+                    None,
+                    self.index(len(self.hops) - 1, out),
+                )
+                error.__cause__ = exc
+            else:
+                at = part.start + bad[0]
+                msg = (
+                    f"{self.options.label(at)} cannot be pickled to reach a worker: {bad[1]} "
+                    f"(item: {short_repr(part.items[bad[0]])})"
+                )
+                error = SerializationError(msg, "<item pickling>", None, None, self.index(0, at))
+                error.__cause__ = bad[1]
+            self.fail(out, error, self.unit_items(part.items, part.start, out), self.hops[0].name)
+        self.again(again)
+
     def deliverable(self) -> bool:
         return self.next_out in self.segments if self.options.ordered else bool(self.ready)
 
@@ -308,3 +372,12 @@ class RunBooks:
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()
+
+
+def _pickling_error(item: Any) -> Exception | None:
+    """Why ``item`` does not pickle, or None (a probe: a copy, nothing is sent)."""
+    try:
+        cloudpickle.dumps(item)
+    except Exception as exc:
+        return exc
+    return None

@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from easycore._exec.plan import Hop
 from easycore._exec.workers import Worker, WorkerSet
 
 __all__ = ["Chunk", "ChunkState", "Ledger"]
@@ -89,8 +90,15 @@ class Ledger:
         if self.ordered:
             held.sort(key=lambda c: c.start)
 
+    def next_held(self, hop: int) -> tuple[Chunk, Worker] | None:
+        """The held chunk of ``hop`` to move on next (in input order when ordered), and the
+        worker that holds it."""
+        held = self.waiting[hop]
+        return (held[0], self.workers.workers[held[0].slot]) if held else None
+
     def move(self, chunk: Chunk, src: Worker, dst: Worker) -> None:
         """``src`` was told to send held ``chunk`` to ``dst`` (a worker of the next hop)."""
+        self.waiting[chunk.hop].remove(chunk)
         chunk.hop, chunk.src, chunk.slot = chunk.hop + 1, src.slot, dst.slot
         chunk.state = ChunkState.QUEUED
         dst.outstanding[chunk.id] = chunk
@@ -127,8 +135,35 @@ class Ledger:
             self.untrack(chunk)
         return running, lost
 
-    def held_chunks(self) -> Iterator[Chunk]:
-        return itertools.chain.from_iterable(self.waiting)
+    def units(self, hops: Sequence[Hop]) -> tuple[list[int], list[int]]:
+        """Per hop, units queued at its workers and units held waiting for the next hop
+        (snapshots: a submit run's thread may be changing the books)."""
+        queued, waiting = [], []
+        for hop in hops:
+            workers = [w for w in list(self.workers.workers) if w.hop == hop.index]
+            q = sum(len(c.items) for w in workers for c in list(w.outstanding.values()))
+            held = sum(len(c.items) for c in list(self.waiting[hop.index]))
+            queued.append(-(-q // hop.unit))
+            waiting.append(-(-held // hop.unit))
+        return queued, waiting
+
+    def drop_held(self) -> list[Chunk]:
+        """Forget every held chunk (an early stop); they are returned, to tell holders."""
+        held = list(itertools.chain.from_iterable(self.waiting))
+        for chunk in held:
+            self.untrack(chunk)
+        return held
+
+    def withdraw(self, w: Worker, chunk_id: int) -> None:
+        """An early stop: ``w`` answered for ``chunk_id``; forget the chunk wherever it is
+        (for a BadOutput, ``w`` is its sender, not where it is queued)."""
+        chunk = self.live.get(chunk_id) or w.outstanding.get(chunk_id)
+        if chunk is not None:
+            self.untrack(chunk)
+
+    def oldest_at(self, w: Worker) -> Chunk | None:
+        """The oldest chunk queued at ``w`` (the one it was reading when it could not)."""
+        return w.outstanding[min(w.outstanding)] if w.outstanding else None
 
     def clear(self) -> None:
         """The run is over: nothing of it stays tracked, here or in the workers' books."""

@@ -307,6 +307,49 @@ class RayEngine:
         self._await_started([fresh])
         return fresh
 
+    def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
+        """Kill each busy actor whose unit in hand has run past ``timeout`` (an actor answers
+        from its ``probe`` concurrency group while ``run`` works): [(actor, that unit)]."""
+        ray = ray_module()
+
+        busy = [a for pool in self.pools for a in pool if a.queue]
+        probes = [a.handle.now.options(concurrency_group="probe").remote() for a in busy]
+        killed = []
+        for actor, probe in zip(busy, probes, strict=True):
+            try:
+                held = ray.get(probe, timeout=5.0)
+            except ray.exceptions.RayError:
+                continue  # dead: its results say so
+            if held is not None and held[1] > timeout:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor.handle, no_restart=True)
+                killed.append((actor, held[0]))
+        return killed
+
+    def recycle_idle(self) -> None:
+        """Replace each actor due for it that has finished its chunks (its ``end``, then a
+        fresh actor's ``init``).
+
+        Raises:
+            WorkerError: its ``end`` raised.
+        """
+        ray = ray_module()
+
+        for pool in self.pools:
+            for actor in list(pool):
+                if actor.retiring and not actor.queue:
+                    report = None
+                    with contextlib.suppress(ray.exceptions.RayError):
+                        report = ray.get(actor.handle.finish.remote())
+                    if report is not None:
+                        raise report.to_error(
+                            what=f"while ending ({actor.where})",
+                            device=actor.device,
+                            worker=actor.index,
+                            index=None,
+                        )
+                    self.replace(actor)
+
     def stop(self, grace: float | None, report: bool) -> None:
         """Run ``end`` on every actor (``grace`` seconds at most), then kill them all.
 

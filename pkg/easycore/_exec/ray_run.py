@@ -20,7 +20,6 @@ import attrs
 from easycore._errors import (
     EasycoreError,
     ItemTimeout,
-    SerializationError,
     WorkerDied,
     after_retries,
     item_label,
@@ -83,6 +82,8 @@ class ActorPools(Protocol):
     pools: list[list[Actor]]
 
     def replace(self, actor: Actor) -> Actor: ...
+    def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
+    def recycle_idle(self) -> None: ...
 
 
 class RayRun:
@@ -139,7 +140,7 @@ class RayRun:
                 raise EasycoreError(msg)
             if self.options.timeout is not None:
                 self.check_clock()
-            self.recycle()
+            self.engine.recycle_idle()
 
     def dispatch(self) -> None:
         """Send chunks while the window has room: re-runs first, then new input.
@@ -191,7 +192,7 @@ class RayRun:
                     books.numbering if hop.index == 0 else (0, 1),
                 )
             except Exception as exc:  # an item that cannot be pickled
-                self.on_unpicklable(work, exc)
+                books.unpicklable(work, exc)
                 return True
             actor.queue.append(chunk)
             actor.assigned += math.ceil(len(work.items) / hop.unit)
@@ -220,10 +221,12 @@ class RayRun:
                 self.forget(chunk)
                 books.again([Work(chunk.start, chunk.work.items)])
             return
-        except ray.exceptions.RayTaskError as exc:  # a result that would not pickle
+        except (ray.exceptions.RayTaskError, ray.exceptions.RaySystemError) as exc:
+            # a result that would not pickle there, or not unpickle here (a class this
+            # process lacks, a __setstate__ that raises): its unit fails, named
             self.pending[ref] = (chunk, h)
             self.forget(chunk)
-            self.on_unpicklable(chunk.work, exc)
+            books.unpicklable(chunk.work, exc)
             return
         except ray.exceptions.RayError:  # a result lost with its node: run it again
             self.pending[ref] = (chunk, h)
@@ -244,23 +247,18 @@ class RayRun:
 
     def outputs(self, chunk: RayChunk, values: list[Any]) -> list[Any]:
         """The last hop's values, failed units settled by the policy."""
-        books = self.books
-        first = chunk.start // books.align
         out = []
-        for k, value in enumerate(values):
+        for value in values:
             if type(value) is Broken:
                 actor = chunk.actors[value.hop]
-                label = books.label(value.hop, value.unit)
-                tries = after_retries(self.options.retries)
-                error = value.report.to_error(
-                    what=f"while running {label}{tries} ({actor.where})",
+                value = self.books.settle_report(
+                    value.report,
+                    value.hop,
+                    value.unit,
+                    chunk.work,
                     device=actor.device,
                     worker=actor.index,
-                    index=books.index(value.hop, value.unit),
-                )
-                item = books.unit_items(chunk.work.items, chunk.start, first + k)
-                value = books.policy.settle(
-                    error, item, books.stage_of(value.hop, value.report.stage)
+                    where=f" ({actor.where})",
                 )
             out.append(value)
         return out
@@ -368,61 +366,17 @@ class RayRun:
         msg = f"{who} died while running {label}{tries}: {first_line(exc)}"
         return WorkerDied(msg, actor.device, actor.index, None, books.index(0, first))
 
-    def on_unpicklable(self, work: Work, exc: BaseException) -> None:
-        """An item of ``work`` (or a result) would not pickle."""
-        books = self.books
-        parts = books.rerun(work)
-        if len(parts) > 1:  # run its units one by one to name the one
-            books.again(parts)
-            return
-        first = work.start // books.align
-        label = self.options.label(work.start) if books.align == 1 else f"unit {first}"
-        error = SerializationError(f"{label} or its result could not be pickled: {exc}")
-        error.__cause__ = exc
-        item = books.unit_items(work.items, work.start, first)
-        books.fail(first, error, item, self.hops[0].name)
-
     def check_clock(self) -> None:
-        """Kill an actor whose unit in hand passed ``timeout`` (then as for a death)."""
-        ray = ray_module()
-
-        now = time.monotonic()
+        """Units past ``timeout`` have had their actors killed: deaths charging them."""
         timeout = self.options.timeout
         assert timeout is not None
+        now = time.monotonic()
         if now - self.last_probe < min(timeout / 4, 0.5):
             return
         self.last_probe = now
-        busy = [a for pool in self.engine.pools for a in pool if a.queue]
-        probes = [a.handle.now.options(concurrency_group="probe").remote() for a in busy]
-        for actor, probe in zip(busy, probes, strict=True):
-            try:
-                held = ray.get(probe, timeout=5.0)
-            except ray.exceptions.RayError:
-                continue  # dead: its results say so
-            if held is not None and held[1] > timeout and actor.queue:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor.handle, no_restart=True)
-                self.on_death(actor, TimeoutError(), culprit=held[0])
-
-    def recycle(self) -> None:
-        """Replace retiring actors that have finished their chunks (``end``, then a fresh
-        actor's ``init``)."""
-        ray = ray_module()
-
-        for pool in self.engine.pools:
-            for actor in list(pool):
-                if actor.retiring and not actor.queue:
-                    report = None
-                    with contextlib.suppress(ray.exceptions.RayError):
-                        report = ray.get(actor.handle.finish.remote())
-                    if report is not None:
-                        raise report.to_error(
-                            what=f"while ending ({actor.where})",
-                            device=actor.device,
-                            worker=actor.index,
-                            index=None,
-                        )
-                    self.engine.replace(actor)
+        for actor, unit in self.engine.kill_overdue(timeout):
+            if actor.queue:
+                self.on_death(actor, TimeoutError(), culprit=unit)
 
     # -- stopping ----------------------------------------------------------------------------
     def drain(self) -> None:

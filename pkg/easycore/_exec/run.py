@@ -28,14 +28,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import cloudpickle
-
 from easycore._errors import (
     EasycoreError,
     SerializationError,
-    after_retries,
     item_label,
-    short_repr,
 )
 from easycore._exec.blame import assign_blame, death_error, requeue
 from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment, Work
@@ -55,6 +51,7 @@ from easycore._protocol import (
     Task,
     Unreadable,
 )
+from easycore._transport import Damaged, contains_undecoded
 
 __all__ = ["Run"]
 
@@ -99,14 +96,7 @@ class Run:
 
     # -- insight -----------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
-        queued, waiting = [], []
-        for hop in self.hops:
-            # snapshots: another thread (a submit run) may be changing these
-            workers = [w for w in list(self.workers.workers) if w.hop == hop.index]
-            q = sum(len(c.items) for w in workers for c in list(w.outstanding.values()))
-            held = sum(len(c.items) for c in list(self.ledger.waiting[hop.index]))
-            queued.append(-(-q // hop.unit))
-            waiting.append(-(-held // hop.unit))
+        queued, waiting = self.ledger.units(self.hops)
         return self.books.stats(queued, waiting)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -155,23 +145,22 @@ class Run:
         """Wait for the next message, death or submitted item; handle it; enforce timeouts."""
         source = self.books.source
         wake = source.wakeup()
+        timeout = self.options.timeout
         self.workers.wait_and_handle(
-            self._wait_time(), self.on_message, () if wake is None else (wake,)
+            self.workers.wait_time(timeout), self.on_message, () if wake is None else (wake,)
         )
         if wake is not None:
             source.drain_wakeups()
-        self._check_timeouts()
+        self.workers.kill_overdue(timeout)
 
     # -- dispatch ----------------------------------------------------------------------------
     def dispatch(self, most_chunks: int | None = None) -> None:
         """Route held chunks on, give releases back, replace workers due for it (once they
         hold no chunk), then send new chunks to the first hop (at most ``most_chunks``)."""
         self._route()
-        self._give_back()
+        self.workers.give_back(self.chain.last)
         if self.recycling:
-            for w in self.workers.workers:
-                if w.retiring and not (w.stopping or w.outstanding or w.holding):
-                    self.workers.retire(w)
+            self.workers.retire_idle()
         books = self.books
         timed = self.options.timeout is not None
         most = self.options.max_items_per_worker
@@ -208,7 +197,7 @@ class Run:
             try:
                 frame = w.chan.encode(task)
             except Exception as exc:
-                self._unpicklable(work, exc)
+                books.unpicklable(work, exc)
                 continue
             self.ledger.send(chunk_id, work.start, work.items, w)
             try:
@@ -220,44 +209,24 @@ class Run:
             if not w.has_room(books.depth):
                 open_.remove(w)
 
-    def _give_back(self) -> None:
-        """Tell last-hop workers which of their segments we are done with.
-
-        Workers of the first hop learn it from the next chunk we send them; the others get
-        no chunks from us, so a bare note carries the list (else they would map new shared
-        memory for every result).
-        """
-        if self.chain.last.index == 0:
-            return
-        for w in self.workers.of_hop(self.chain.last):
-            if w.alive and w.chan.released:
-                with contextlib.suppress(OSError):
-                    w.chan.send(None)
-
     def _route(self) -> None:
         """Send chunks finished by hop h to workers of hop h + 1 that have room."""
-        books = self.workers.workers
         for h in range(len(self.hops) - 2, -1, -1):
-            held = self.ledger.waiting[h]
             targets = self.workers.of_hop(self.hops[h + 1])
-            while held:
+            while (held := self.ledger.next_held(h)) is not None:
                 room = [t for t in targets if t.has_room(self.books.depth)]
                 if not room:
                     break
                 dst = min(room, key=lambda t: len(t.outstanding))
-                chunk = held[0]
-                src = books[chunk.slot]
+                chunk, src = held
                 try:
                     key, fd = self.workers.pair(src, dst)
                 except OSError:
                     break  # dst is dying: its sentinel will tell us, the chunk stays held
-                held.pop(0)
                 try:
                     src.chan.send_control(Forward(chunk.id, key), fd)
                 except OSError:
-                    # the holder is dying: leave the chunk with it, its death re-runs it
-                    held.insert(0, chunk)
-                    break
+                    break  # the holder is dying: its death re-runs the chunk
                 finally:
                     if fd is not None:
                         os.close(fd)
@@ -267,35 +236,6 @@ class Run:
     # A failed unit fails its output unit (what the last hop makes of `align` first-hop
     # units): the policy raises, or delivers a Failed in its place; the chunk's other output
     # units run again.
-    def _unpicklable(self, work: Work, exc: Exception) -> None:
-        """A chunk would not pickle: the units whose items do not fail; the others go again
-        (one per chunk)."""
-        books = self.books
-        again = []
-        for part in books.rerun(work):
-            for k, item in enumerate(part.items):
-                try:
-                    cloudpickle.dumps(item)  # a probe: must not consume releases
-                except Exception as inner:
-                    at = part.start + k
-                    msg = (
-                        f"{self.options.label(at)} cannot be pickled to reach a worker: "
-                        f"{inner} (item: {short_repr(item)})"
-                    )
-                    index = books.index(0, at)
-                    error = SerializationError(msg, "<item pickling>", None, None, index)
-                    error.__cause__ = inner
-                    out = part.start // books.align
-                    books.fail(
-                        out, error, books.unit_items(part.items, part.start, out), self.hops[0].name
-                    )
-                    break
-            else:
-                again.append(part)
-        if len(again) == 1 and len(again[0].items) == len(work.items):
-            raise SerializationError(f"a chunk of items cannot be pickled: {exc}") from exc
-        books.again(again)
-
     def _errors(
         self, w: Worker, chunk: Chunk, errors: list[tuple[int, ErrorReport]], doing: str
     ) -> dict[int, Failed]:
@@ -303,18 +243,15 @@ class Run:
         the output units they belong to (the policy may raise the first)."""
         books = self.books
         per = self.hops[w.hop].unit
+        work = Work(chunk.start, chunk.items)
         out: dict[int, Failed] = {}
         for k, report in errors:
             index = chunk.start // per + k  # a unit of w's hop
             unit = index * per // books.align
-            if unit in out:
-                continue
-            what = f"{doing} {books.label(w.hop, index)}{after_retries(self.options.retries)}"
-            error = report.to_error(
-                what=what, device=w.device, worker=w.index, index=books.index(w.hop, index)
-            )
-            item = books.unit_items(chunk.items, chunk.start, unit)
-            out[unit] = books.policy.settle(error, item, books.stage_of(w.hop, report.stage))
+            if unit not in out:
+                out[unit] = books.settle_report(
+                    report, w.hop, index, work, device=w.device, worker=w.index, doing=doing
+                )
         return out
 
     def _fail_held(self, chunk: Chunk, failed: dict[int, Failed]) -> None:
@@ -345,6 +282,8 @@ class Run:
                 self._fail_held(chunk, failed)
         elif isinstance(msg, Unreadable):
             self._on_unreadable(w, msg)
+        elif isinstance(msg, Damaged):
+            self._on_damaged(w, msg)
 
     def _on_finished(self, w: Worker, msg: Done | Held) -> None:
         held = isinstance(msg, Held)
@@ -361,7 +300,8 @@ class Run:
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
         books.count(h, n, msg.elapsed)
         books.measured(h, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
-        self._check_health(w, n)
+        if self.recycling:
+            w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
         failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
         if isinstance(msg, Held):
             if failed:
@@ -378,22 +318,31 @@ class Run:
         self.ledger.finish(chunk)
         books.store(chunk.start, values, len(chunk.items))
 
-    def _check_health(self, w: Worker, n: int) -> None:
-        """Mark a worker for replacement after ``max_items_per_worker`` units, or once its
-        resident memory passed ``max_worker_memory`` (it finishes the chunks it has)."""
-        if not self.recycling:
-            return
-        w.units_done += n
-        most, memory = self.options.max_items_per_worker, self.options.max_worker_memory
-        due = most is not None and w.units_done >= most
-        w.retiring = due or (memory is not None and w.resident_bytes() > memory)
+    def _on_damaged(self, w: Worker, msg: Damaged) -> None:
+        """Results that did not all unpickle here: the units whose results hold something
+        this process cannot rebuild fail (all of the chunk's when it is not known which)."""
+        done = msg.message
+        if not isinstance(done, Done):
+            text = f"a message from worker {w.index} on {w.device} could not be unpickled here"
+            raise SerializationError(f"{text}: {msg.error}") from msg.error
+        bad = [k for k, v in enumerate(done.values) if contains_undecoded(v)]
+        error = SerializationError(
+            f"its result cannot be unpickled in the calling process: {msg.error}"
+        )
+        report = ErrorReport.of("<result unpickling>", error)
+        failed = dict(done.errors)
+        values = list(done.values)
+        for k in bad or range(len(values)):
+            failed.setdefault(k, report)
+            values[k] = None
+        self._on_finished(w, done._replace(values=values, errors=sorted(failed.items())))
 
     def _on_unreadable(self, w: Worker, msg: Unreadable) -> None:
-        if not w.outstanding:
+        chunk = self.ledger.oldest_at(w)
+        if chunk is None:
             text = f"a chunk could not be unpickled in worker {w.index} on {w.device}"
             raise SerializationError(text)
         books = self.books
-        chunk = w.outstanding[min(w.outstanding)]
         unit = self.hops[w.hop].unit
         first, last = chunk.start // unit, (chunk.end - 1) // unit
         what = (
@@ -445,70 +394,36 @@ class Run:
         books.again(requeue(lost, blame, unit, books.align, spared))
         self.workers.respawn(w.slot)
 
-    # -- timeouts ----------------------------------------------------------------------------
-    def _wait_time(self) -> float | None:
-        timeout = self.options.timeout
-        if timeout is None:
-            return None
-        now = time.monotonic()
-        slots = self.workers.slots
-        assert slots is not None
-        nearest = timeout
-        for w in self.workers.workers:
-            start = slots.started(w.slot)
-            if w.alive and start > 1.0:  # timed units, also of chunks no longer tracked
-                nearest = min(nearest, start + timeout - now)
-        # A worker may start a unit without telling us; look again at least every 0.25 s.
-        return max(0.0, min(nearest, 0.25))
-
-    def _check_timeouts(self) -> None:
-        timeout = self.options.timeout
-        if timeout is None:
-            return
-        slots = self.workers.slots
-        assert slots is not None
-        now = time.monotonic()
-        for w in self.workers.workers:
-            if not w.alive or w.timed_out is not None:
-                continue
-            index, start = slots.index(w.slot), slots.started(w.slot)
-            if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
-                w.timed_out = int(index)
-                w.proc.kill()
-
     # -- an early stop -----------------------------------------------------------------------
     def drain(self) -> None:
         """Wait for the chunks in flight and drop their results (the caller stopped early)."""
         self.books.source.exhausted = True
         self.books.redo.clear()
-        for chunk in list(self.ledger.held_chunks()):
-            self.ledger.untrack(chunk)
+        for chunk in self.ledger.drop_held():
             with contextlib.suppress(OSError):
                 self.workers.workers[chunk.slot].chan.send_control(Drop(chunk.id))
+        timeout = self.options.timeout
         while self.ledger:
-            self.workers.wait_and_handle(self._wait_time(), self._discard)
-            self._check_timeouts()
+            self.workers.wait_and_handle(self.workers.wait_time(timeout), self._discard)
+            self.workers.kill_overdue(timeout)
 
     def _discard(self, w: Worker, msg: Any) -> None:
+        if isinstance(msg, Damaged):
+            msg = msg.message
         if msg is None:
             self.ledger.forget(w)
             self.workers.respawn(w.slot)
-            return
-        if isinstance(msg, Sent):
-            w.holding.pop(msg.chunk_id, None)
-            return
-        if isinstance(msg, Unreadable):
-            if not w.outstanding:
-                return
-            chunk_id = min(w.outstanding)
+        elif isinstance(msg, Sent):
+            self.ledger.sent(w, msg.chunk_id)
+        elif isinstance(msg, Unreadable):
+            chunk = self.ledger.oldest_at(w)
+            if chunk is not None:
+                self.ledger.untrack(chunk)
         else:
-            chunk_id = msg.chunk_id
-        chunk = self.ledger.live.get(chunk_id) or w.outstanding.get(chunk_id)
-        if chunk is not None:  # (for BadOutput, w is its sender, not where it is queued)
-            self.ledger.untrack(chunk)
-        if isinstance(msg, Held):
-            with contextlib.suppress(OSError):
-                w.chan.send_control(Drop(chunk_id))
+            self.ledger.withdraw(w, msg.chunk_id)
+            if isinstance(msg, Held):
+                with contextlib.suppress(OSError):
+                    w.chan.send_control(Drop(msg.chunk_id))
 
     def let_go(self) -> None:
         """Drop the input and results once the run is over (stats() keeps the counters)."""

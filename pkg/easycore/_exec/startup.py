@@ -1,6 +1,7 @@
 """Starting worker processes, and the process-global state that goes with it.
 
-This is the one module of easycore with global state, all of it here:
+The local engine's global state is all here (the Ray engine's, whether this process
+started Ray and how many runners use it, is in ``ray_engine``):
 
 * ``_PRELOAD_SET``: multiprocessing's forkserver has been told to preload torch;
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;

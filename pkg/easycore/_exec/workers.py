@@ -95,6 +95,13 @@ class Worker:
         is still starting queues them; it runs them once its ``init`` is done)."""
         return self.alive and not self.retiring and len(self.outstanding) < depth
 
+    def count_done(self, n: int, most: int | None, memory: int | None) -> None:
+        """It finished ``n`` units: due for replacement after ``most`` units, or once its
+        resident memory passed ``memory`` bytes (it finishes the chunks it has)."""
+        self.units_done += n
+        due = most is not None and self.units_done >= most
+        self.retiring = due or (memory is not None and self.resident_bytes() > memory)
+
     def resident_bytes(self) -> int:
         """Its resident memory now (0 when it cannot be read)."""
         try:
@@ -375,12 +382,58 @@ class WorkerSet:
             w.chan.close()
 
     # -- replacing a healthy worker (max_items_per_worker, max_worker_memory) ---------------
-    def retire(self, w: Worker) -> None:
-        """Ask ``w`` (holding no chunk) to run ``end`` and exit; a fresh worker replaces it
-        when it has (see :meth:`_read`)."""
-        w.stopping = True
-        with contextlib.suppress(OSError, ValueError):  # dying anyway: its sentinel tells us
-            w.conn.send_bytes(STOP)
+    def give_back(self, last: Hop) -> None:
+        """Tell the last hop's workers which of their shared-memory segments the caller is
+        done with. First-hop workers learn it from the next chunk sent to them; the others
+        get no chunks from the caller, so a bare note carries the list (else they would map
+        new shared memory for every result)."""
+        if last.index == 0:
+            return
+        for w in self.of_hop(last):
+            if w.alive and w.chan.released:
+                with contextlib.suppress(OSError):
+                    w.chan.send(None)
+
+    def retire_idle(self) -> None:
+        """Ask each worker due for replacement that holds no chunk to run ``end`` and exit;
+        a fresh worker replaces it when it has (see :meth:`_read`)."""
+        for w in self.workers:
+            if w.retiring and not (w.stopping or w.outstanding or w.holding):
+                w.stopping = True
+                with contextlib.suppress(OSError, ValueError):  # dying: its sentinel tells us
+                    w.conn.send_bytes(STOP)
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def wait_time(self, timeout: float | None) -> float | None:
+        """How long a wait may last before a unit can pass ``timeout`` (None: no limit)."""
+        if timeout is None:
+            return None
+        now = time.monotonic()
+        slots = self.slots
+        assert slots is not None
+        nearest = timeout
+        for w in self.workers:
+            start = slots.started(w.slot)
+            if w.alive and start > 1.0:  # timed units, also of chunks no longer tracked
+                nearest = min(nearest, start + timeout - now)
+        # A worker may start a unit without telling us; look again at least every 0.25 s.
+        return max(0.0, min(nearest, 0.25))
+
+    def kill_overdue(self, timeout: float | None) -> None:
+        """Kill each worker whose unit in hand has run past ``timeout`` (its death then
+        charges that unit: ``Worker.timed_out``)."""
+        if timeout is None:
+            return
+        slots = self.slots
+        assert slots is not None
+        now = time.monotonic()
+        for w in self.workers:
+            if not w.alive or w.timed_out is not None:
+                continue
+            index, start = slots.index(w.slot), slots.started(w.slot)
+            if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
+                w.timed_out = int(index)
+                w.proc.kill()
 
     def _replace(self, w: Worker) -> None:
         """A retired worker said goodbye: bury it and start a fresh one in its slot."""
