@@ -188,17 +188,23 @@ class TestResume:
         returns what an uninterrupted run returns."""
         work, computed = computed_log(tmp_path)
         db = tmp_path / "run.db"
-        marker = tmp_path / "crashed"
+        marker, go = tmp_path / "crashed", tmp_path / "go"
 
         @producer
         def stop_at_20(y):
+            # item 20 crashes the run once, after the caller has taken 10 results (so the
+            # file holds some whatever the timing)
             if y["x"] == 20 and first_time(marker):
+                assert wait_for(go.exists, 60)
                 raise RuntimeError("crash")
             return y
 
         job = work >> stop_at_20  # (the same run each time: a ledger knows whose it is)
+        results = job.imap(range(40), devices=2, resume=db)
         with pytest.raises(WorkerError, match="crash"):
-            job.map(range(40), devices=2, resume=db)
+            for k, _ in enumerate(results):
+                if k == 9:
+                    go.touch()
         done = ledger_keys(db)
         assert 0 < len(done) < 40
         first = computed()
