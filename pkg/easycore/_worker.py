@@ -17,7 +17,9 @@ A worker runs one hop of a chain of pools. Its threads::
   process at once: no orphans.
 * Before each unit the main thread writes the unit's index (and with a timeout, its start
   time) into the worker's shared slot (``easycore._protocol.Slots``), so the caller knows
-  which item a dead or timed-out worker held without any per-item message.
+  which item a dead or timed-out worker held without any per-item message. Before it
+  unpickles a chunk it writes ``UNPICKLING`` and the time: the first unit's clock starts
+  there, so a timeout counts an item's unpickling.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from easycore._protocol import (
+    AT_INDEX,
     AT_SENDING,
     AT_STARTED,
     IDLE,
@@ -48,6 +51,7 @@ from easycore._protocol import (
     RUNNING,
     SLOT_WIDTH,
     STOP,
+    UNPICKLING,
     AddPeer,
     BadOutput,
     Done,
@@ -512,23 +516,32 @@ def _serve(
             upstream.discard(src.chan)
             src.chan.close()
             continue
+        # An item's time starts now: a timeout counts its unpickling (a slow __setstate__),
+        # and a death in it is charged to the chunk (see UNPICKLING).
+        t0 = clock()
+        cur[at + AT_INDEX] = UNPICKLING
+        cur[at + AT_STARTED] = t0
         try:
             task = src.decode(frame, fds)
         except BaseException as exc:
+            cur[at + AT_STARTED] = IDLE
             # A task that pickled in the caller but does not unpickle here: say so for the
             # oldest chunk we hold (chunks arrive and are answered in order).
             _send(chan, Unreadable(ErrorReport.of("<item unpickling>", exc)))
             continue
         if task is None:  # only releases
+            cur[at + AT_STARTED] = IDLE
             continue
         if src is not chan:
             upstream.add(src)
         units = task.units
         if spec.group is not None:
             units = [units[i : i + spec.group] for i in range(0, len(units), spec.group)]
-        t0 = clock()
-        cur[at + AT_STARTED] = RUNNING
-        values, errors = stages.run_chunk(units, task.start // spec.unit, task, cur, at, stop)
+        if not task.timed:
+            cur[at + AT_STARTED] = RUNNING
+        values, errors = stages.run_chunk(
+            units, task.start // spec.unit, task, cur, at, stop, since=t0
+        )
         cur[at + AT_STARTED] = IDLE
         if stop.is_set():
             return
