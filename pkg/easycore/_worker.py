@@ -15,6 +15,9 @@ A worker runs one hop of a chain of pools. Its threads::
   and our ``send`` of a large result never deadlocks against the caller sending us work. On
   EOF of the caller's pipe (the caller is gone, nobody is left to report to) it ends the
   process at once: no orphans.
+* A worker leads a process group and is the subreaper of what its work starts; before it
+  exits it ends every process below it, also those in a session of their own
+  (``easycore._reaping``).
 * Before each unit the main thread writes the unit's index (and with a timeout, its start
   time) into the worker's shared slot (``easycore._protocol.Slots``), so the caller knows
   which item a dead or timed-out worker held without any per-item message. Before it
@@ -68,6 +71,7 @@ from easycore._protocol import (
     Unreadable,
     worker_view,
 )
+from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 from easycore._transport import CONTROL, Channel
@@ -97,7 +101,8 @@ class _PeerClosed(NamedTuple):
 
 
 def _die_with_caller() -> None:
-    """The caller is gone: end this worker and every process it started (its group)."""
+    """The caller is gone: end this worker and every process it started."""
+    end_children()
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
     os._exit(0)
@@ -108,11 +113,14 @@ def _lead_a_group() -> None:
 
     Whatever the work starts (multiprocessing, a DataLoader with workers, subprocess)
     joins the group, and the caller kills the group when this worker dies, is killed or
-    closes: nothing it started outlives it. Ctrl-C in a terminal goes to the caller's
-    group only, and the caller decides what happens (it ignored SIGINT here anyway).
+    closes: nothing it started outlives it. What leaves the group (a session of its own,
+    a daemon) stays below this worker, its subreaper, and ends with it (``_reaping``).
+    Ctrl-C in a terminal goes to the caller's group only, and the caller decides what
+    happens (it ignored SIGINT here anyway).
     """
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    become_subreaper()
     # multiprocessing refuses children to a daemonic process; this one's children die with
     # its group, which is what the daemon flag was there for.
     with contextlib.suppress(Exception):
@@ -154,6 +162,7 @@ def _or_die(target: Callable[..., None], *args: Any) -> None:
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
+        end_children()
         os._exit(70)
 
 
@@ -472,6 +481,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     failed = stages.start()
     if failed is not None:
         _send(chan, InitFailed(failed.report()))
+        end_children()  # what the init started
         return
     _send(chan, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
@@ -481,6 +491,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     goodbye = EndFailed(failed.report()) if failed is not None else None
     _send(chan, goodbye or Ended("torch" in sys.modules))
     _release_multiprocessing_objects()
+    end_children()  # whatever the work started and left running, in any session
     # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
     sys.stdout.flush()
     sys.stderr.flush()

@@ -648,7 +648,7 @@ class Run:
             index, start = slots.index(w.slot), slots.started(w.slot)
             if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
                 w.timed_out = int(index)
-                w.proc.kill()
+                w.kill()
 
     # -- an early stop -----------------------------------------------------------------------
     def drain(self) -> None:

@@ -32,6 +32,7 @@ from easycore._exec.startup import (
     hidden_main,
     kill_all,
     kill_group,
+    kill_workers,
     light_wanted,
     note_torch,
 )
@@ -107,6 +108,10 @@ class Worker:
                 return int(f.read().split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
             return 0
+
+    def kill(self) -> None:
+        """Kill the process now, and every process it started (its timeout passed)."""
+        kill_workers([self.proc])
 
     def exited(self) -> bool:
         """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
@@ -372,7 +377,7 @@ class WorkerSet:
     def _bury(w: Worker) -> None:
         w.proc.join(1.0)
         if w.proc.is_alive():  # pipe broke but the process lingers: finish it
-            w.proc.kill()
+            w.kill()
             w.proc.join(1.0)
         kill_group(w.proc.pid)  # and whatever it started
         w.alive = False
@@ -438,9 +443,7 @@ class WorkerSet:
             for w in workers:  # a goodbye said: it exits by itself, now
                 if w.slot in ended and w.proc.is_alive():
                     w.proc.join(0.5 if grace is not None else 5.0)
-            for w in workers:  # the others, all at once
-                if w.proc.is_alive():
-                    w.proc.kill()
+            kill_workers([w.proc for w in workers])  # the others, all at once
             for w in workers:
                 w.proc.join(2.0)
                 kill_group(w.proc.pid)  # what it started ends with it
