@@ -82,6 +82,7 @@ class ActorPools(Protocol):
     pools: list[list[Actor]]
 
     def replace(self, actor: Actor) -> Actor: ...
+    def overdue(self, actors: list[Actor]) -> list[tuple[int, float] | None]: ...
 
 
 class RayRun:
@@ -469,12 +470,7 @@ class RayRun:
             return
         self.last_probe = now
         busy = [a for pool in self.engine.pools for a in pool if a.queue]
-        probes = [a.handle.now.options(concurrency_group="probe").remote() for a in busy]
-        for actor, probe in zip(busy, probes, strict=True):
-            try:
-                held = ray.get(probe, timeout=5.0)
-            except ray.exceptions.RayError:
-                continue  # dead: its results say so
+        for actor, held in zip(busy, self.engine.overdue(busy), strict=True):
             if held is not None and held[1] > timeout and actor.queue:
                 with contextlib.suppress(Exception):
                     ray.kill(actor.handle, no_restart=True)
