@@ -202,6 +202,8 @@ def kill_workers(procs: Sequence[Any]) -> None:
         with contextlib.suppress(Exception):
             if p.is_alive():
                 live.append(p)
+    if not live:
+        return
     below = descendants(p.pid for p in live)
     for p in live:
         with contextlib.suppress(Exception):
