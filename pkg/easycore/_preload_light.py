@@ -21,10 +21,11 @@ import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
 import easycore._worker  # noqa: F401 - the worker's loop and what it imports
-from easycore._forkserver import remove_listener_at_exit
+from easycore._forkserver import end_what_it_adopts, remove_listener_at_exit
 from easycore._seeding import seed_loaded
 
 remove_listener_at_exit()  # a caller killed with SIGKILL cannot remove it
+end_what_it_adopts()  # what a killed or dead worker started ends here
 seed_loaded(0)  # first calls import and set up the generators
 
 gc.freeze()  # see _preload: a collection in a forked worker must not touch every page

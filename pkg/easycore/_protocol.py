@@ -20,9 +20,10 @@ Every message is a small named tuple (cheap to pickle, read by name, never by po
 A worker to the next hop's worker: the same ``Task``, carrying the held results as units.
 
 Besides messages, each worker has one *slot* of ``SLOT_WIDTH`` doubles in a shared array
-(:class:`Slots`): the index of the unit in hand, when it started, and the chunk whose results
-are being pickled or sent. The worker writes them without any message; the caller reads
-them when the worker dies or runs late, to know which item to blame.
+(:class:`Slots`): the index of the unit in hand (or that a chunk is being unpickled), when it
+started, and the chunk whose results are being pickled or sent. The worker writes them
+without any message; the caller reads them when the worker dies or runs late, to know which
+item to blame.
 """
 
 from __future__ import annotations
@@ -246,12 +247,16 @@ class EndFailed(NamedTuple):
 # the shared slots
 # ---------------------------------------------------------------------------------------------
 SLOT_WIDTH = 3  # doubles per worker:
-AT_INDEX = 0  # the index of the unit in hand (within its hop)
+AT_INDEX = 0  # the index of the unit in hand (within its hop), or UNPICKLING
 AT_STARTED = 1  # its start time when timed; RUNNING while a chunk runs untimed; IDLE
 AT_SENDING = 2  # the id of the chunk whose results are being pickled or sent, or NOT_SENDING
 IDLE = 0.0
 RUNNING = 1.0
 NOT_SENDING = -1.0
+# AT_INDEX while the worker unpickles a chunk (its oldest: it takes them in the order sent);
+# AT_STARTED then holds when it began, and stays the chunk's first unit's start time, so that
+# a timeout counts an item's unpickling.
+UNPICKLING = -1.0
 
 
 class Slots:

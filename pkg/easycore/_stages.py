@@ -187,13 +187,21 @@ class PreparedStages:
         return task.retries - task.spent.get((self.hop, index), 0)
 
     def run_chunk(
-        self, units: Any, base: int, task: Task, cur: Any, at: int, stop: Any
+        self,
+        units: Any,
+        base: int,
+        task: Task,
+        cur: Any,
+        at: int,
+        stop: Any,
+        since: float | None = None,
     ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
         """Run the stages over a chunk's units (unit ``k`` is unit ``base + k`` of the hop).
 
         Failed units are retried here while ``task`` allows; what still fails is reported as
         ``(position, ErrorReport)`` with ``None`` in its place. The index of the unit in
-        hand, and with a timeout its start time, go into the shared slot ``cur[at:]``.
+        hand, and with a timeout its start time, go into the shared slot ``cur[at:]``;
+        ``since`` (when the chunk's unpickling began) is the first unit's start time.
         """
         values: list[Any] = []
         errors: list[tuple[int, ErrorReport]] = []
@@ -224,7 +232,8 @@ class PreparedStages:
             allowed = self.retries_left(task, index)
             attempt = 0
             while True:
-                value, failed = self.run_marked(item, index, task, cur, at)
+                value, failed = self.run_marked(item, index, task, cur, at, since)
+                since = None  # a retry, and the next unit, start their own clock
                 if failed is None or attempt >= allowed:
                     break
                 attempt += 1
@@ -237,10 +246,11 @@ class PreparedStages:
         return values, errors
 
     def run_marked(
-        self, item: Any, index: int, task: Task, cur: Any, at: int
+        self, item: Any, index: int, task: Task, cur: Any, at: int, since: float | None = None
     ) -> tuple[Any, StageFailure | None]:
-        """:meth:`run` once, with the unit's index (and start time, when timed) in the slot."""
+        """:meth:`run` once, with the unit's index (and start time, when timed: ``since``, or
+        now) in the slot."""
         cur[at + AT_INDEX] = float(index)
         if task.timed:
-            cur[at + AT_STARTED] = time.monotonic()
+            cur[at + AT_STARTED] = time.monotonic() if since is None else since
         return self.run(item, index, task.seed, task.numbering)

@@ -15,9 +15,14 @@ A worker runs one hop of a chain of pools. Its threads::
   and our ``send`` of a large result never deadlocks against the caller sending us work. On
   EOF of the caller's pipe (the caller is gone, nobody is left to report to) it ends the
   process at once: no orphans.
+* A worker leads a process group and is the subreaper of what its work starts; before it
+  exits it ends every process below it, also those in a session of their own
+  (``easycore._reaping``).
 * Before each unit the main thread writes the unit's index (and with a timeout, its start
   time) into the worker's shared slot (``easycore._protocol.Slots``), so the caller knows
-  which item a dead or timed-out worker held without any per-item message.
+  which item a dead or timed-out worker held without any per-item message. Before it
+  unpickles a chunk it writes ``UNPICKLING`` and the time: the first unit's clock starts
+  there, so a timeout counts an item's unpickling.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from easycore._protocol import (
+    AT_INDEX,
     AT_SENDING,
     AT_STARTED,
     IDLE,
@@ -48,6 +54,7 @@ from easycore._protocol import (
     RUNNING,
     SLOT_WIDTH,
     STOP,
+    UNPICKLING,
     AddPeer,
     BadOutput,
     Done,
@@ -64,6 +71,7 @@ from easycore._protocol import (
     Unreadable,
     worker_view,
 )
+from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 from easycore._transport import CONTROL, Channel, Damaged
@@ -93,7 +101,8 @@ class _PeerClosed(NamedTuple):
 
 
 def _die_with_caller() -> None:
-    """The caller is gone: end this worker and every process it started (its group)."""
+    """The caller is gone: end this worker and every process it started."""
+    end_children()
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
     os._exit(0)
@@ -104,11 +113,14 @@ def _lead_a_group() -> None:
 
     Whatever the work starts (multiprocessing, a DataLoader with workers, subprocess)
     joins the group, and the caller kills the group when this worker dies, is killed or
-    closes: nothing it started outlives it. Ctrl-C in a terminal goes to the caller's
-    group only, and the caller decides what happens (it ignored SIGINT here anyway).
+    closes: nothing it started outlives it. What leaves the group (a session of its own,
+    a daemon) stays below this worker, its subreaper, and ends with it (``_reaping``).
+    Ctrl-C in a terminal goes to the caller's group only, and the caller decides what
+    happens (it ignored SIGINT here anyway).
     """
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    become_subreaper()
     # multiprocessing refuses children to a daemonic process; this one's children die with
     # its group, which is what the daemon flag was there for.
     with contextlib.suppress(Exception):
@@ -150,6 +162,7 @@ def _or_die(target: Callable[..., None], *args: Any) -> None:
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
+        end_children()
         os._exit(70)
 
 
@@ -468,6 +481,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     failed = stages.start()
     if failed is not None:
         _send(chan, InitFailed(failed.report()))
+        end_children()  # what the init started
         return
     _send(chan, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
@@ -477,6 +491,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     goodbye = EndFailed(failed.report()) if failed is not None else None
     _send(chan, goodbye or Ended("torch" in sys.modules))
     _release_multiprocessing_objects()
+    end_children()  # whatever the work started and left running, in any session
     # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
     sys.stdout.flush()
     sys.stderr.flush()
@@ -512,25 +527,34 @@ def _serve(
             upstream.discard(src.chan)
             src.chan.close()
             continue
+        # An item's time starts now: a timeout counts its unpickling (a slow __setstate__),
+        # and a death in it is charged to the chunk (see UNPICKLING).
+        t0 = clock()
+        cur[at + AT_INDEX] = UNPICKLING
+        cur[at + AT_STARTED] = t0
         try:
             task = src.decode(frame, fds)
             if type(task) is Damaged:
                 raise task.error
         except BaseException as exc:
+            cur[at + AT_STARTED] = IDLE
             # A task that pickled in the caller but does not unpickle here: say so for the
             # oldest chunk we hold (chunks arrive and are answered in order).
             _send(chan, Unreadable(ErrorReport.of("<item unpickling>", exc)))
             continue
         if task is None:  # only releases
+            cur[at + AT_STARTED] = IDLE
             continue
         if src is not chan:
             upstream.add(src)
         units = task.units
         if spec.group is not None:
             units = [units[i : i + spec.group] for i in range(0, len(units), spec.group)]
-        t0 = clock()
-        cur[at + AT_STARTED] = RUNNING
-        values, errors = stages.run_chunk(units, task.start // spec.unit, task, cur, at, stop)
+        if not task.timed:
+            cur[at + AT_STARTED] = RUNNING
+        values, errors = stages.run_chunk(
+            units, task.start // spec.unit, task, cur, at, stop, since=t0
+        )
         cur[at + AT_STARTED] = IDLE
         if stop.is_set():
             return

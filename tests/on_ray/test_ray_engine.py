@@ -417,6 +417,32 @@ class TestLongJobs:
         assert len(got) == 4 and len(set(got)) >= 2
 
 
+class TestSignals:
+    def test_a_producer_may_install_signal_handlers(self):
+        """signal.signal in a producer's init and in its work (a per-item alarm) works as on
+        the local engine: an actor runs the user's code on its main thread."""
+
+        def init():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # e.g. a library's exit hook
+            return 2
+
+        @producer(init=init)
+        def alarmed(x, *, state):
+            def too_long(signum, frame):
+                raise TimeoutError(f"item {x}")
+
+            old = signal.signal(signal.SIGALRM, too_long)
+            signal.alarm(30)
+            try:
+                return x * state
+            finally:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, old)
+
+        local = alarmed.map(range(6), devices=1)
+        assert alarmed.map(range(6), devices=2, engine="ray") == local == [0, 2, 4, 6, 8, 10]
+
+
 class TestStreaming:
     def test_imap_over_an_endless_generator_pulls_a_bounded_number(self):
         pulled = itertools.count()

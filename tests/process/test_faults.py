@@ -57,6 +57,23 @@ class Unloadable:
         return (_refuse_to_load, ())
 
 
+def _load_slowly(value, seconds, marker):
+    if marker is None or first_time(Path(marker)):
+        time.sleep(seconds)
+    return value
+
+
+class SlowToLoad:
+    """Pickles at once; unpickled (in the worker) it takes `seconds` (every time, or only the
+    first time with `marker`), then is `value`."""
+
+    def __init__(self, value, seconds, marker=None):
+        self.value, self.seconds, self.marker = value, seconds, marker
+
+    def __reduce__(self):
+        return (_load_slowly, (self.value, self.seconds, self.marker))
+
+
 def pipeline_failing_in(stage: str, how: str, marker: Path | None):
     """square >> summer, with `how` injected in `stage` (every time, or once with marker)."""
 
@@ -282,6 +299,25 @@ class TestTimeout:
             30,
             40,
         ]
+
+    def test_unpickling_counts(self):
+        """An item whose unpickling in the worker runs past `timeout` is an ItemTimeout too:
+        the clock starts when the worker takes the item, not after unpickling it."""
+        data = [0, 1, SlowToLoad(2, seconds=30), 3]
+        t0 = time.monotonic()
+        # (named alone, or as one of the chunk it came in: which one was slow is not known)
+        with pytest.raises(ItemTimeout, match=r"item 2\b.* ran past timeout=1.0s") as info:
+            producer(lambda x: x * 10).map(data, devices=1, timeout=1.0)
+        assert time.monotonic() - t0 < 15
+        assert info.value.index == 2
+
+    def test_unpickling_past_timeout_retried(self, tmp_path):
+        """With retries, an item whose unpickling timed out once is re-run on a fresh worker."""
+        data = [0, 1, SlowToLoad(2, seconds=30, marker=str(tmp_path / "slow")), 3]
+        t0 = time.monotonic()
+        got = producer(lambda x: x * 10).map(data, devices=1, timeout=1.0, retries=1)
+        assert got == [0, 10, 20, 30]
+        assert time.monotonic() - t0 < 15
 
 
 class TestPickling:

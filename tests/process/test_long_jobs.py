@@ -401,7 +401,16 @@ class TestWorkersReplaced:
 
 SPAWNER = textwrap.dedent(
     """
-    import multiprocessing, os, subprocess, time
+    import multiprocessing, os, subprocess, sys, time
+
+    DAEMON = (  # forks a child in a session of its own, says its pid and leaves it orphaned
+        "import os, time\\n"
+        "if os.fork() == 0:\\n"
+        "    os.setsid()\\n"
+        "    print(os.getpid(), flush=True)\\n"
+        "    os.close(1)\\n"
+        "    time.sleep(300)\\n"
+    )
 
     def _sleep():
         time.sleep(300)
@@ -410,7 +419,12 @@ SPAWNER = textwrap.dedent(
         child = multiprocessing.Process(target=_sleep)   # a worker's own process
         child.start()
         grand = subprocess.Popen(["sleep", "300"])        # and a program it runs
-        return (os.getpid(), child.pid, grand.pid)
+        session = subprocess.Popen(["sleep", "300"], start_new_session=True)   # setsid
+        out = subprocess.run(                             # a daemon (double fork, setsid)
+            [sys.executable, "-c", DAEMON],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True,
+        ).stdout
+        return (os.getpid(), child.pid, grand.pid, session.pid, int(out))
 
     def spawn_then_hang(path):
         pids = spawn(0)
@@ -420,6 +434,16 @@ SPAWNER = textwrap.dedent(
             os.rename(path + ".tmp", path)
             time.sleep(300)
         return pids
+
+    def spawn_then_exit(x):
+        _, *started = spawn(x)
+        with open(__file__ + ".pids", "w") as f:
+            f.write(" ".join(map(str, started)))
+        os._exit(3)
+
+    def started():
+        with open(__file__ + ".pids") as f:
+            return [int(p) for p in f.read().split()]
     """
 )
 
@@ -447,12 +471,16 @@ def gone(pids) -> bool:
 
 
 class TestWorkersChildren:
+    """What a producer starts: a multiprocessing child, a program, a program in a session of
+    its own (setsid, out of the worker's process group) and a daemon (setsid, its parent
+    gone): all of them end with their worker, however the worker ends."""
+
     def test_children_end_when_the_runner_closes(self, spawner_mod):
         """A producer may start processes; they are gone once its worker closes."""
         with producer(spawner_mod.spawn).open(devices=1) as runner:
-            ((_, child, grand),) = runner.map([0])
-            assert not gone([child, grand])
-        assert wait_for(lambda: gone([child, grand]))
+            ((_, *started),) = runner.map([0])
+            assert not gone(started)
+        assert wait_for(lambda: gone(started), 5), "a closed worker's processes live"
 
     def test_children_end_when_the_worker_is_killed(self, spawner_mod, tmp_path):
         """SIGKILL of a busy worker takes what it started with it; the item re-runs."""
@@ -463,15 +491,36 @@ class TestWorkersChildren:
             thread = threading.Thread(target=lambda: result.extend(runner.map([path], retries=1)))
             thread.start()
             assert wait_for(lambda: os.path.exists(path), 30)
-            pid, child, grand = (int(p) for p in Path(path).read_text().split())
+            pid, *started = (int(p) for p in Path(path).read_text().split())
             os.kill(pid, signal.SIGKILL)
-            assert wait_for(lambda: gone([pid, child, grand])), "a killed worker's children live"
+            assert wait_for(lambda: gone([pid, *started]), 5), "a killed worker's children live"
             thread.join(30)
-            ((pid2, child2, grand2),) = result
+            ((pid2, *started2),) = result
             assert pid2 != pid
         finally:
             runner.close()
-        assert wait_for(lambda: gone([child2, grand2]))
+        assert wait_for(lambda: gone(started2), 5)
+
+    @pytest.mark.parametrize("start_method", [None, "spawn"])
+    def test_children_end_when_the_worker_times_out(self, spawner_mod, tmp_path, start_method):
+        """A worker killed for a timeout takes what it started with it; the item re-runs."""
+        path = str(tmp_path / "pids")
+        with producer(spawner_mod.spawn_then_hang).open(
+            devices=1, start_method=start_method
+        ) as runner:
+            ((pid2, *started2),) = runner.map([path], timeout=3, retries=1)
+            pid, *started = (int(p) for p in Path(path).read_text().split())
+            assert pid2 != pid
+            assert wait_for(lambda: gone([pid, *started]), 5), "a timed-out worker's children live"
+        assert wait_for(lambda: gone(started2), 5)
+
+    def test_children_end_when_the_worker_dies(self, spawner_mod):
+        """A worker that dies on its own (os._exit) takes what it started with it."""
+        with pytest.raises(WorkerDied, match="exit code 3"):
+            producer(spawner_mod.spawn_then_exit).map([0], devices=1)
+        started = spawner_mod.started()
+        assert len(started) == 4
+        assert wait_for(lambda: gone(started), 5), "a dead worker's children live"
 
     def test_children_end_when_the_caller_is_killed(self, spawner_mod, tmp_path):
         """SIGKILL of the caller: workers and what they started all go."""
@@ -493,7 +542,7 @@ class TestWorkersChildren:
             [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
         )
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 3 and not gone(pids)
+        assert len(pids) == 5 and not gone(pids)
         proc.kill()
         proc.communicate(timeout=10)
         assert wait_for(lambda: gone(pids), 15), "orphans left behind"

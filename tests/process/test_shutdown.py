@@ -19,7 +19,7 @@ PKG = str(Path(__file__).resolve().parents[2] / "pkg")
 
 SCRIPT = textwrap.dedent(
     """
-    import os, sys, time
+    import os, signal, sys, time
     from easycore import producer
 
     pids, mode = sys.argv[1], sys.argv[2]
@@ -27,6 +27,11 @@ SCRIPT = textwrap.dedent(
     def init(worker):
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\\n")
+        if mode == "init":  # Ctrl-C comes while every worker is still in its init
+            time.sleep(100)
+        if mode == "deaf":  # the work ignores the signals a stop could send
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def end():
         with open(pids + ".end", "a") as f:
@@ -43,11 +48,16 @@ SCRIPT = textwrap.dedent(
 
     if mode == "pools":  # 1 + 2 workers: items go worker to worker
         print((first.on(1) >> slow.on(2)).map(range(1000)))
+    elif mode == "idle":  # worker 0 on a long item, worker 1 with nothing to do
+        print(slow.map([0], devices=2))
+    elif mode in ("init", "deaf"):
+        print(slow.map(range(0, 1000, 2), devices=3))  # long items only
     else:
         print(slow.map(range(1000), devices=2))
     """
 )
 MODES = {"one": 2, "pools": 3}  # mode -> workers it starts
+STUCK = {"init": 3, "deaf": 3, "idle": 2}  # modes of TestCtrlCPromptly -> workers
 
 
 def wait_for(cond, seconds: float) -> bool:
@@ -70,7 +80,8 @@ def start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
         env=env,
         start_new_session=True,  # our own process group, like a terminal's foreground job
     )
-    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == MODES[mode], 60), (
+    n = {**MODES, **STUCK}[mode]
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == n, 60), (
         "workers never started"
     )
     time.sleep(0.3)  # let them get into their long items
@@ -117,3 +128,39 @@ class TestKilledCaller:
         for p in workers:
             if psutil.pid_exists(p):
                 os.kill(p, signal.SIGKILL)
+
+
+class TestCtrlCPromptly:
+    @pytest.mark.parametrize("mode", ["init", "deaf"])
+    def test_workers_that_cannot_end_are_not_waited_for(self, tmp_path, mode):
+        """Ctrl-C while every worker is in `init`, or in a long item of work that ignores
+        SIGINT and SIGTERM: none of them could run `end` soon, so none is waited for; the
+        caller is out well within the grace `end` gets (2 s), and every worker is gone."""
+        proc, pids = start(tmp_path, mode)
+        workers = worker_pids(pids)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=15)
+        finally:
+            proc.kill()
+        took = time.monotonic() - t0
+        assert "KeyboardInterrupt" in err
+        assert wait_for(lambda: all_gone(workers), 5), "workers outlived Ctrl-C"
+        assert not (tmp_path / "pids.end").exists()  # killed: no `end` ran
+        # (before, the grace and then half a second per worker: 3.5 s for these three)
+        assert took < 2.0, f"the caller took {took:.1f} s to stop after Ctrl-C"
+
+    def test_an_idle_worker_still_runs_end(self, tmp_path):
+        """Ctrl-C: a worker with nothing in hand still runs `end`; the busy one is killed."""
+        proc, pids = start(tmp_path, "idle")
+        workers = worker_pids(pids)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=15)
+        finally:
+            proc.kill()
+        assert "KeyboardInterrupt" in err
+        assert wait_for(lambda: all_gone(workers), 5), "workers outlived Ctrl-C"
+        ended = [int(p) for p in (tmp_path / "pids.end").read_text().split()]
+        assert len(ended) == 1 and ended[0] in workers

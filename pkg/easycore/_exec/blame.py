@@ -26,7 +26,7 @@ from easycore._exec.ledger import Chunk
 from easycore._exec.plan import Chain
 from easycore._exec.workers import Worker
 from easycore._options import RunOptions
-from easycore._protocol import Slots
+from easycore._protocol import UNPICKLING, Slots
 
 __all__ = ["Blame", "assign_blame", "death_error", "requeue"]
 
@@ -39,16 +39,28 @@ class Blame:
     holder: Chunk | None  # the chunk that unit belongs to
     suspect: Chunk | None  # the chunk whose results it was pickling or sending
     charged: tuple[int, ...]  # units charged one run each; none: nothing of ours to blame
+    unpickling: Chunk | None = None  # the chunk it was unpickling (its units are charged)
 
 
 def assign_blame(
     w: Worker, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk], unit: int
 ) -> Blame:
-    """Blame the unit in hand, and results being sent; else the oldest chunk it had."""
+    """Blame the unit in hand, and results being sent; else the oldest chunk it had.
+
+    A worker that died (or ran past the timeout) unpickling a chunk was at its oldest (it
+    takes them in the order sent): a chunk of one unit names that unit; a bigger one has
+    all its units charged, and they run again one per chunk, which pins the unit down.
+    """
     busy = slots.started(w.slot) > 0
     culprit: int | None = w.timed_out
     if culprit is None and busy:
         culprit = int(slots.index(w.slot))
+    unpickling = None
+    if culprit == int(UNPICKLING):
+        unpickling = min(running, key=lambda c: c.id, default=None)
+        culprit = None
+        if unpickling is not None and len(unpickling.items) <= unit:
+            culprit = unpickling.start // unit
     holder = next((c for c in running if c.start <= (culprit or 0) * unit < c.end), None)
     if holder is None:
         culprit = None
@@ -57,6 +69,8 @@ def assign_blame(
     sending = slots.sending(w.slot)
     suspect = next((c for c in lost if c.id == sending), None)
     charged = {culprit} if culprit is not None else set()
+    if unpickling is not None:
+        charged |= {(unpickling.start + k) // unit for k in range(len(unpickling.items))}
     if suspect is not None:
         charged |= {(suspect.start + k) // unit for k in range(len(suspect.items))}
     if not charged and not busy and w.timed_out is None:
@@ -66,7 +80,7 @@ def assign_blame(
         oldest = min(running, key=lambda c: c.id, default=None)
         if oldest is not None:
             charged = {(oldest.start + k) // unit for k in range(len(oldest.items))}
-    return Blame(culprit, holder, suspect, tuple(sorted(charged)))
+    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling)
 
 
 def death_error(
@@ -91,6 +105,7 @@ def death_error(
         last = (blame.suspect.end - 1) // hop.unit
         also = f"the results of {chain.label(w.hop, first, options)} .. {item_label(last, None)}"
     culprit = blame.culprit
+    doing = "running" if blame.unpickling is None else "unpickling"
     if culprit is not None:
         label = plain(culprit)
         shown = ""
@@ -99,13 +114,26 @@ def death_error(
         if also:
             shown += f" while sending {also}"
         if w.timed_out is not None:
+            being = "" if blame.unpickling is None else ", unpickling it included"
             msg = (
-                f"{label} ran past timeout={options.timeout}s on {w.device} ({who}); "
+                f"{label} ran past timeout={options.timeout}s on {w.device} ({who}){being}; "
                 f"the worker was killed{tries}{shown}"
             )
             return ItemTimeout(msg, "<timeout>", w.device, w.index, reported(culprit))
-        msg = f"{who} on {w.device} died ({how}) while running {label}{tries}{shown}"
+        msg = f"{who} on {w.device} died ({how}) while {doing} {label}{tries}{shown}"
         return WorkerDied(msg, w.device, w.index, code, reported(culprit))
+    if blame.unpickling is not None:  # a chunk of several units: which one is not known
+        first = blame.unpickling.start // hop.unit
+        last = (blame.unpickling.end - 1) // hop.unit
+        span = f"{chain.label(w.hop, first, options)} .. {item_label(last, None)}"
+        if w.timed_out is not None:
+            msg = (
+                f"unpickling {span} ran past timeout={options.timeout}s on {w.device} "
+                f"({who}); the worker was killed{tries}"
+            )
+            return ItemTimeout(msg, "<timeout>", w.device, w.index, reported(first))
+        msg = f"{who} on {w.device} died ({how}) while unpickling {span}{tries}"
+        return WorkerDied(msg, w.device, w.index, code, reported(first))
     if blame.suspect is not None:
         msg = f"{who} on {w.device} died ({how}) while sending {also}{tries}"
         index = reported(blame.suspect.start // hop.unit)
@@ -120,11 +148,12 @@ def requeue(
 ) -> list[Work]:
     """What to run again, in input order: every lost chunk, the culprit's units alone (so
     it is pinned down), without the output units ``spared`` (failed instead, when the run
-    goes on; an output unit is ``align`` first-hop units), the others one per chunk."""
+    goes on; an output unit is ``align`` first-hop units), the others one per chunk. A chunk
+    that was being unpickled, its culprit unknown, runs again one output unit per chunk."""
     out: list[Work] = []
     for chunk in sorted(lost, key=lambda c: c.start):
         start, items = chunk.start, chunk.items
-        if spared:
+        if spared or (chunk is blame.unpickling and blame.culprit is None):
             out.extend(
                 Work(start + a, items[a : a + align])
                 for a in range(0, len(items), align)

@@ -24,7 +24,10 @@ from easycore._protocol import CACHED, ErrorReport, is_cached
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 
-__all__ = ["Broken", "Meta", "Placement", "StageActor", "rss_bytes"]
+__all__ = ["Broken", "Meta", "Placement", "StageActor", "UnitClock", "rss_bytes"]
+
+#: Seconds between a watchdog's looks at the unit in hand, at most.
+WATCH_EVERY = 0.25
 
 
 class Broken(NamedTuple):
@@ -63,8 +66,38 @@ def rss_bytes() -> int:
         return 0
 
 
+class UnitClock:
+    """Where the stage actors of an engine say that a unit ran past the run's ``timeout``
+    (made a Ray actor of its own, holding no CPU, by the driver).
+
+    A stage actor runs the user's code on its main thread, one task at a time (a Ray actor
+    with a second concurrency group runs every task on other threads, where
+    ``signal.signal`` raises): nothing can ask it anything while a unit runs. Its watchdog
+    thread tells the clock instead; the driver asks the clock, and kills that actor.
+    """
+
+    def __init__(self) -> None:
+        self.late: dict[int, tuple[int, float]] = {}  # actor key -> (unit, seconds run)
+
+    def note(self, key: int, index: int, elapsed: float) -> None:
+        """Actor ``key``'s unit ``index`` has run ``elapsed`` seconds, past the timeout."""
+        self.late[key] = (index, elapsed)
+
+    def clear(self, key: int) -> None:
+        """Actor ``key``'s late unit is over (or the actor is)."""
+        self.late.pop(key, None)
+
+    def overdue(self) -> dict[int, tuple[int, float]]:
+        """Every late unit in hand now, by actor key."""
+        return dict(self.late)
+
+
 class StageActor:
     """One hop's producers on one Ray actor (made a Ray actor class by the driver).
+
+    Its tasks run one at a time on its main thread, as a local worker runs the user's code
+    (``signal.signal`` works there); a watchdog thread tells ``clock`` when the unit in hand
+    passes the run's ``timeout``.
 
     Args:
         payload: the hop's producers and ``cfg``, cloudpickled by the driver.
@@ -76,6 +109,9 @@ class StageActor:
             ``CUDA_VISIBLE_DEVICES`` to it, so torch sees it as ``cuda:0``).
         entropy: seeds the actor's random streams when a run has no seed.
         batch: this hop groups the previous hop's results by this many (None: one each).
+        clock: the engine's :class:`UnitClock` actor (None before a run with a timeout).
+        key: this actor's name at the clock.
+        timeout: the run's ``timeout`` (see :meth:`watch`).
     """
 
     def __init__(
@@ -87,6 +123,9 @@ class StageActor:
         hop: int,
         entropy: int,
         batch: int | None,
+        clock: Any = None,
+        key: int = 0,
+        timeout: float | None = None,
     ) -> None:
         self.payload = payload
         self.paths = paths
@@ -95,6 +134,9 @@ class StageActor:
         self.hop = hop
         self.batch = batch
         self.entropy = entropy
+        self.clock = clock
+        self.key = key
+        self.timeout = timeout
         self.stages = PreparedStages((), device=self.device, cfg=None, worker=worker, hop=hop)
         self.lock = threading.Lock()
         self.current: tuple[int, float] | None = None  # (unit index, monotonic start)
@@ -118,8 +160,34 @@ class StageActor:
         self.stages = PreparedStages(
             stages, device=self.device, cfg=cfg, worker=self.worker, hop=self.hop
         )
+        threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
         failed = self.stages.start()
         return (failed.report() if failed is not None else None), where
+
+    def watch(self, timeout: float | None, clock: Any) -> None:
+        """The ``timeout`` of the run about to start (None: none), and the clock to tell."""
+        self.timeout, self.clock = timeout, clock
+
+    def _watch(self) -> None:
+        """(watchdog thread) Tell the clock when the unit in hand has run past the timeout,
+        and when that unit is over."""
+        told: tuple[int, float] | None = None
+        while True:
+            timeout, clock = self.timeout, self.clock
+            every = WATCH_EVERY if timeout is None else min(max(timeout / 4, 0.01), WATCH_EVERY)
+            time.sleep(every)
+            with self.lock:
+                current = self.current
+            if clock is None or current == told:
+                continue
+            if told is not None:
+                clock.clear.remote(self.key)
+                told = None
+            if timeout is not None and current is not None:
+                elapsed = time.monotonic() - current[1]
+                if elapsed > timeout:
+                    clock.note.remote(self.key, current[0], elapsed)
+                    told = current
 
     def run(
         self,
@@ -155,15 +223,6 @@ class StageActor:
             n += 1
             out.append(value if failed is None else Broken(self.hop, index, failed.report()))
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
-
-    def now(self) -> tuple[int, float] | None:
-        """(The unit in hand, seconds it has run), or None between units (for ``timeout``;
-        runs in its own thread while ``run`` works)."""
-        with self.lock:
-            current = self.current
-        if current is None:
-            return None
-        return current[0], time.monotonic() - current[1]
 
     def finish(self) -> ErrorReport | None:
         """Run every ``end``; the first failure, or None."""

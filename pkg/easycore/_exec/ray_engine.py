@@ -17,8 +17,12 @@ Ray object references instead of pipes::
   one: replies of finished chunks can die with the actor. Then none is charged and each
   runs again *solo* (alone on every actor of its path), where a death names it.
   The dead actor is replaced (its ``init`` runs) before more work goes to its pool.
-* ``timeout``: an actor reports the unit in hand from a second thread (a Ray concurrency
-  group); one past the limit has its actor killed, then as for a death, blaming that unit.
+* An actor runs the user's code on its main thread, one task at a time, as a local worker
+  does (``signal.signal`` works there; an actor with a second concurrency group would run
+  every task on other threads).
+* ``timeout``: an actor's watchdog thread tells the engine's clock (a small actor holding no
+  CPU, :class:`~.ray_actor.UnitClock`) when its unit in hand passes the limit; the driver
+  asks the clock, kills that actor, then as for a death, blaming that unit.
 * Ctrl-C or an error: queued tasks are cancelled, ``end`` gets a short grace, every actor is
   killed; a Ray this engine started is shut down (one the user started is left running).
 """
@@ -26,6 +30,7 @@ Ray object references instead of pipes::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,7 +46,7 @@ from easycore._errors import (
 from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, PipelineDef, StageStats, plan_chain
-from easycore._exec.ray_actor import StageActor
+from easycore._exec.ray_actor import StageActor, UnitClock
 from easycore._exec.ray_run import Actor, RayRun, first_line, ray_module
 from easycore._exec.sources import Source, source_of
 from easycore._options import RunOptions
@@ -182,18 +187,28 @@ def _one(device: Any) -> str:
 
 
 def _actor_class() -> Any:
-    """StageActor as a Ray actor class (made once per process)."""
+    """StageActor as a Ray actor class (made once per process). No concurrency groups: with
+    any, Ray runs every task off the actor's main thread."""
     global _ACTOR_CLASS
     if _ACTOR_CLASS is None:
         ray = ray_module()
 
-        _ACTOR_CLASS = ray.remote(
-            max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1}
-        )(StageActor)
+        _ACTOR_CLASS = ray.remote(max_restarts=0, max_task_retries=0)(StageActor)
     return _ACTOR_CLASS
 
 
+def _clock_class() -> Any:
+    """UnitClock as a Ray actor class (made once per process)."""
+    global _CLOCK_CLASS
+    if _CLOCK_CLASS is None:
+        ray = ray_module()
+
+        _CLOCK_CLASS = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(UnitClock)
+    return _CLOCK_CLASS
+
+
 _ACTOR_CLASS: Any = None
+_CLOCK_CLASS: Any = None
 
 
 class RayEngine:
@@ -219,6 +234,10 @@ class RayEngine:
         self.pools: list[list[Actor]] = []
         self.payloads: list[bytes] = []
         self.last_run: RayRun | None = None
+        self.clock: Any = None  # the UnitClock actor, while started
+        self.keys: dict[Actor, int] = {}  # each actor's name at the clock
+        self.next_key = itertools.count()
+        self.timeout: float | None = None  # the current run's (actors watch for it)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -260,12 +279,26 @@ class RayEngine:
         h = self.chain.hops[hop]
         opts: dict[str, Any] = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
+        key = next(self.next_key)
         handle = (
             _actor_class()
             .options(**opts)
-            .remote(self.payloads[hop], sys.path, device, index, hop, entropy, h.batch)
+            .remote(
+                self.payloads[hop],
+                sys.path,
+                device,
+                index,
+                hop,
+                entropy,
+                h.batch,
+                self.clock,
+                key,
+                self.timeout,
+            )
         )
-        return Actor(hop, index, device, handle)
+        actor = Actor(hop, index, device, handle)
+        self.keys[actor] = key
+        return actor
 
     def _await_started(self, actors: Sequence[Actor]) -> None:
         """Run ``start`` (device binding, every ``init``) on new actors and wait for it."""
@@ -302,24 +335,22 @@ class RayEngine:
         if kill:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
+        key = self.keys.pop(actor, None)
+        if key is not None and self.clock is not None:
+            self.clock.clear.remote(key)
         fresh = self._new_actor(actor.hop, actor.index, actor.device)
         self.pools[actor.hop][actor.index] = fresh
         self._await_started([fresh])
         return fresh
 
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
-        """Kill each busy actor whose unit in hand has run past ``timeout`` (an actor answers
-        from its ``probe`` concurrency group while ``run`` works): [(actor, that unit)]."""
+        """Kill each busy actor whose unit in hand has run past ``timeout`` (its clock
+        says so): [(actor, that unit)]."""
         ray = ray_module()
 
         busy = [a for pool in self.pools for a in pool if a.queue]
-        probes = [a.handle.now.options(concurrency_group="probe").remote() for a in busy]
         killed = []
-        for actor, probe in zip(busy, probes, strict=True):
-            try:
-                held = ray.get(probe, timeout=5.0)
-            except ray.exceptions.RayError:
-                continue  # dead: its results say so
+        for actor, held in zip(busy, self.overdue(busy), strict=True):
             if held is not None and held[1] > timeout:
                 with contextlib.suppress(Exception):
                     ray.kill(actor.handle, no_restart=True)
@@ -381,14 +412,39 @@ class RayEngine:
                         index=None,
                     )
         finally:
-            for actor in actors:
+            clock = [] if self.clock is None else [self.clock]
+            for handle in [a.handle for a in actors] + clock:
                 with contextlib.suppress(Exception):
-                    ray.kill(actor.handle, no_restart=True)
+                    ray.kill(handle, no_restart=True)
+            self.clock, self.timeout = None, None
+            self.keys.clear()
             if self.connected:
                 self.connected = False
                 _disconnect()
         if report and failure is not None:
             raise failure
+
+    def overdue(self, actors: Sequence[Actor]) -> list[tuple[int, float] | None]:
+        """Per actor: (its unit in hand, seconds run) when that unit has passed the run's
+        ``timeout``, else None."""
+        ray = ray_module()
+
+        late: dict[int, tuple[int, float]] = {}
+        if actors and self.clock is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                late = ray.get(self.clock.overdue.remote(), timeout=5.0)
+        return [late.get(self.keys.get(a, -1)) for a in actors]
+
+    def _watch_for(self, timeout: float | None) -> None:
+        """Tell every actor the ``timeout`` of the run about to start (before its tasks),
+        and the clock to tell when a unit passes it (started for the first timed run)."""
+        if timeout is not None and self.clock is None:
+            self.clock = _clock_class().remote()
+        elif timeout == self.timeout:
+            return
+        self.timeout = timeout
+        for a in [a for pool in self.pools for a in pool]:
+            a.handle.watch.remote(timeout, self.clock)
 
     def stats(self) -> list[StageStats]:
         if self.last_run is None:
@@ -406,6 +462,7 @@ class RayEngine:
         is_current: Callable[[], bool] = lambda: True,
     ) -> Iterator[Any]:
         """PRIMED, then the run's segments (``core.Segment``)."""
+        self._watch_for(options.timeout)
         run = RayRun(self, source_of(data), options, bars, policy)
         self.last_run = run
         try:

@@ -24,12 +24,15 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from easycore._reaping import descendants
+
 __all__ = [
     "check_capacity",
     "context",
     "hidden_main",
     "kill_all",
     "kill_group",
+    "kill_workers",
     "light_forkserver_pid",
     "light_wanted",
     "note_torch",
@@ -188,12 +191,32 @@ def kill_group(pid: int | None) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-def kill_all(procs: list[Any]) -> None:
-    """Kill and reap processes and what they started (a finaliser's last resort)."""
+def kill_workers(procs: Sequence[Any]) -> None:
+    """Kill worker processes and every process below them, also those that left the
+    worker's group (a session of their own, a daemon the worker adopted).
+
+    They are found before the workers die: afterwards they are the orphans of whoever
+    adopts them (a forkserver ends those it adopts; a spawned worker's go to init).
+    """
+    live = []
     for p in procs:
         with contextlib.suppress(Exception):
             if p.is_alive():
-                p.kill()
+                live.append(p)
+    if not live:
+        return
+    below = descendants(p.pid for p in live)
+    for p in live:
+        with contextlib.suppress(Exception):
+            p.kill()
+    for pid in below:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_all(procs: list[Any]) -> None:
+    """Kill and reap processes and what they started (a finaliser's last resort)."""
+    kill_workers(procs)
     for p in procs:
         with contextlib.suppress(Exception):
             p.join(1.0)

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -32,10 +32,12 @@ from easycore._exec.startup import (
     hidden_main,
     kill_all,
     kill_group,
+    kill_workers,
     light_wanted,
     note_torch,
 )
 from easycore._protocol import (
+    IDLE,
     PROTOCOL,
     SLOT_WIDTH,
     STOP,
@@ -53,6 +55,10 @@ __all__ = ["Worker", "WorkerSet"]
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+# In a stop with a grace (an abort), how long a worker in the middle of a unit is waited
+# for: a unit about to finish lets it run `end`; a long one is not waited for.
+UNIT_GRACE = 0.25
 
 
 def poller(fds: Sequence[int]) -> Any:
@@ -109,6 +115,10 @@ class Worker:
                 return int(f.read().split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
             return 0
+
+    def kill(self) -> None:
+        """Kill the process now, and every process it started (its timeout passed)."""
+        kill_workers([self.proc])
 
     def exited(self) -> bool:
         """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
@@ -374,7 +384,7 @@ class WorkerSet:
     def _bury(w: Worker) -> None:
         w.proc.join(1.0)
         if w.proc.is_alive():  # pipe broke but the process lingers: finish it
-            w.proc.kill()
+            w.kill()
             w.proc.join(1.0)
         kill_group(w.proc.pid)  # and whatever it started
         w.alive = False
@@ -433,7 +443,7 @@ class WorkerSet:
             index, start = slots.index(w.slot), slots.started(w.slot)
             if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
                 w.timed_out = int(index)
-                w.proc.kill()
+                w.kill()
 
     def _replace(self, w: Worker) -> None:
         """A retired worker said goodbye: bury it and start a fresh one in its slot."""
@@ -444,40 +454,50 @@ class WorkerSet:
     # -- stop --------------------------------------------------------------------------------
     def stop(self, grace: float | None) -> BaseException | None:
         """Tell every worker to run ``end`` and exit; wait up to ``grace`` s (None: for
-        good), then kill what is left. Returns the first ``end`` failure or death."""
+        good), then kill what is left. Returns the first ``end`` failure or death.
+
+        With a grace (an abort: an error or Ctrl-C), only workers that can run ``end`` soon
+        are waited for: one between units, or one finishing its unit within ``UNIT_GRACE``.
+        One still in ``init``, or in a long unit (whatever signals its code ignores: a
+        worker reads STOP only between units), is killed at once.
+        """
         workers, self.workers = self.workers, []
         failure: BaseException | None = None
+        ended: set[int] = set()  # slots that said goodbye (they exit by themselves)
         try:
             for w in workers:
                 if w.alive:
                     with contextlib.suppress(OSError, ValueError):
                         w.conn.send_bytes(STOP)
-            deadline = None if grace is None else time.monotonic() + grace
+            now = time.monotonic()
+            deadline = None if grace is None else now + grace
+            unit_deadline = None if grace is None else now + min(grace, UNIT_GRACE)
             waiting = {w.slot: w for w in workers if w.alive}
             while waiting:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if remaining == 0.0:
-                    break
-                objs = [w.conn for w in waiting.values()] + [
-                    w.proc.sentinel for w in waiting.values()
-                ]
-                if not mp.connection.wait(objs, remaining):
-                    break
                 for w in list(waiting.values()):
                     done, err = self._read_goodbye(w)
                     if err is not None and failure is None:
                         failure = err
                     if done:
                         del waiting[w.slot]
+                        ended.add(w.slot)
+                until = self._wait_until(waiting.values(), deadline, unit_deadline)
+                if not waiting or until == 0.0:
+                    break
+                objs = [w.conn for w in waiting.values()] + [
+                    w.proc.sentinel for w in waiting.values()
+                ]
+                remaining = None if until is None else max(0.0, until - time.monotonic())
+                mp.connection.wait(objs, remaining)
         except BaseException:
             kill_all([w.proc for w in workers])
             raise
         finally:
-            for w in workers:
-                if w.proc.is_alive():
+            for w in workers:  # a goodbye said: it exits by itself, now
+                if w.slot in ended and w.proc.is_alive():
                     w.proc.join(0.5 if grace is not None else 5.0)
-                if w.proc.is_alive():
-                    w.proc.kill()
+            kill_workers([w.proc for w in workers])  # the others, all at once
+            for w in workers:
                 w.proc.join(2.0)
                 kill_group(w.proc.pid)  # what it started ends with it
                 with contextlib.suppress(Exception):
@@ -487,6 +507,31 @@ class WorkerSet:
                 self._finalizer.detach()
                 self._finalizer = None
         return failure
+
+    def _wait_until(
+        self, waiting: Iterable[Worker], deadline: float | None, unit_deadline: float | None
+    ) -> float | None:
+        """Until when to wait for the goodbyes of ``waiting`` (None: for good; 0.0: not at all).
+
+        A worker still in ``init`` cannot run ``end`` before it is done; one in a unit only
+        once the unit is: it is waited for until ``unit_deadline`` (then, between units, it
+        is running ``end``, and has until ``deadline``).
+        """
+        if deadline is None or unit_deadline is None:
+            return None
+        now = time.monotonic()
+        if now >= deadline:
+            return 0.0
+        assert self.slots is not None
+        until = 0.0
+        for w in waiting:
+            if not w.ready:
+                continue  # still in init: not worth waiting for
+            if self.slots.started(w.slot) == IDLE:
+                return deadline  # running `end` (or about to): it has the grace
+            if now < unit_deadline:
+                until = unit_deadline  # in a unit: it may be about to finish it
+        return until
 
     def _read_goodbye(self, w: Worker) -> tuple[bool, BaseException | None]:
         """Read what a stopping worker sends; (finished?, error from its `end`)."""

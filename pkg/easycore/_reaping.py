@@ -1,0 +1,144 @@
+"""Finding and ending the processes a worker started, wherever they went (Linux).
+
+A worker leads a process group, and killing the group ends what it started, except what
+left the group: a program started in a session of its own (``setsid``,
+``start_new_session=True``) or a daemon (forked twice, its parent gone). Such a process is
+found through its parents instead:
+
+* a worker is a *child subreaper* (:func:`become_subreaper`): a process of its tree whose
+  parent dies is re-parented to the worker rather than to init, so every process the work
+  started is the worker's descendant while the worker lives, and it ends them all before it
+  exits (:func:`end_children`);
+* a worker that is killed, or dies on its own, cannot: its children go to the nearest
+  subreaper above it, its forkserver, which ends what it adopts (``easycore._forkserver``);
+  a caller that kills a worker first collects the worker's descendants
+  (:func:`descendants`) and ends them too (its workers' parent when they are spawned).
+
+Elsewhere than Linux these do nothing: the process group is all there is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable
+
+__all__ = ["become_subreaper", "children", "descendants", "end_children"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (``prctl``); True if it is now."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):  # pragma: no cover - no prctl
+        return False
+
+
+def _has_children_files() -> bool:
+    """Whether the kernel lists a task's children in /proc (CONFIG_PROC_CHILDREN)."""
+    me = os.getpid()
+    return os.path.exists(f"/proc/{me}/task/{me}/children")
+
+
+_CHILDREN_FILES = _has_children_files()
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, read from /proc (pid -> ppid)."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # pragma: no cover - no /proc
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        with contextlib.suppress(IndexError, ValueError):
+            out[int(name)] = int(fields[1])
+    return out
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now (zombies included)."""
+    if not _CHILDREN_FILES:
+        return [p for p, parent in _parents().items() if parent == pid]
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        path = f"/proc/{pid}/task/{tid}/children"
+        with contextlib.suppress(OSError, ValueError), open(path) as f:
+            out.extend(int(p) for p in f.read().split())
+    return out
+
+
+def descendants(roots: Iterable[int]) -> list[int]:
+    """Every process below ``roots`` now: children, theirs, and so on (roots excluded)."""
+    below: dict[int, list[int]] = {}
+    if not _CHILDREN_FILES:  # one reading of /proc for the whole tree
+        for p, parent in _parents().items():
+            below.setdefault(parent, []).append(p)
+
+    def find(pid: int) -> list[int]:
+        return children(pid) if _CHILDREN_FILES else below.get(pid, [])
+
+    out: list[int] = []
+    todo = list(roots)
+    seen = set(todo)
+    while todo:
+        for p in find(todo.pop()):
+            if p not in seen:
+                seen.add(p)
+                out.append(p)
+                todo.append(p)
+    return out
+
+
+def end_children(within: float = 1.0) -> None:
+    """Kill every child of this process and reap it, until none is left (``within`` s at
+    most, for one that does not die: a process stuck in the kernel).
+
+    In a subreaper, the children of a killed child come to it before that child is reaped,
+    so this ends the whole tree below it. Call it only on the way out: it reaps every child,
+    so a ``Popen`` of this process could not learn its child's exit status afterwards.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + within
+    while True:
+        left = children(me)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        reaped = False
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                break
+            reaped = True
+        if time.monotonic() > deadline:
+            return
+        if not reaped:
+            time.sleep(0.002)  # killed, not yet dead
