@@ -84,3 +84,20 @@ class HomeSick:
 
     def __reduce__(self) -> tuple:
         return (rebuild_away_from, (self.caller, self.x))
+
+
+def load_slowly(value, seconds, marker):
+    if marker is None or first_time(Path(marker)):
+        time.sleep(seconds)
+    return value
+
+
+class SlowToLoad:
+    """Pickles at once; unpickled (in the worker) it takes `seconds` (every time, or only the
+    first time with `marker`), then is `value`."""
+
+    def __init__(self, value, seconds, marker=None):
+        self.value, self.seconds, self.marker = value, seconds, marker
+
+    def __reduce__(self):
+        return (load_slowly, (self.value, self.seconds, self.marker))

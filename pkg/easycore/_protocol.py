@@ -124,7 +124,11 @@ class ErrorReport(NamedTuple):
         """The ``WorkerError`` (a ``SerializationError`` for an unpicklable result) to raise,
         with the original exception as ``__cause__``."""
         if cls is None:
-            unpicklable = self.stage in ("<result pickling>", "<result unpickling>")
+            unpicklable = self.stage in (
+                "<result pickling>",
+                "<result unpickling>",
+                "<item unpickling>",
+            )
             cls = SerializationError if unpicklable else WorkerError
         error = user_error(
             self.stage,

@@ -30,7 +30,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import HomeSick, first_time, our_actors, wait_for
+from helpers import HomeSick, SlowToLoad, first_time, our_actors, wait_for
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
 
@@ -566,3 +566,14 @@ def test_a_ray_address_where_nothing_answers_is_a_connection_error():
     )
     assert out.stdout.startswith("ConnectionError:"), out.stderr[-2000:]
     assert address in out.stdout
+
+
+class TestTimeoutCountsUnpickling:
+    def test_an_item_slow_to_unpickle_is_an_item_timeout(self):
+        """An item whose unpickling in the actor takes 30 s is an ItemTimeout with
+        timeout=2 (Ray unpickled a task's arguments before the actor's clock started)."""
+        t0 = time.monotonic()
+        with pytest.raises(ItemTimeout, match=r"item 2\b.*ran past timeout") as info:
+            square.map([0, 1, SlowToLoad(2, seconds=30), 3], devices=1, engine="ray", timeout=2)
+        assert time.monotonic() - t0 < 25  # (the 30 s would have run out)
+        assert info.value.index == 2

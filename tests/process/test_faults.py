@@ -22,7 +22,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import HomeSick, first_time
+from helpers import HomeSick, SlowToLoad, first_time
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,23 +55,6 @@ class Unloadable:
 
     def __reduce__(self):
         return (_refuse_to_load, ())
-
-
-def _load_slowly(value, seconds, marker):
-    if marker is None or first_time(Path(marker)):
-        time.sleep(seconds)
-    return value
-
-
-class SlowToLoad:
-    """Pickles at once; unpickled (in the worker) it takes `seconds` (every time, or only the
-    first time with `marker`), then is `value`."""
-
-    def __init__(self, value, seconds, marker=None):
-        self.value, self.seconds, self.marker = value, seconds, marker
-
-    def __reduce__(self):
-        return (_load_slowly, (self.value, self.seconds, self.marker))
 
 
 def pipeline_failing_in(stage: str, how: str, marker: Path | None):

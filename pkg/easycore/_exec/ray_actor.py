@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from easycore._protocol import CACHED, ErrorReport, is_cached
+from easycore._protocol import CACHED, UNPICKLING, ErrorReport, is_cached
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 
@@ -36,6 +36,14 @@ class Broken(NamedTuple):
     hop: int
     unit: int  # the unit's index at that hop
     report: ErrorReport
+
+
+class Packed(NamedTuple):
+    """A timed run's first-hop items, pickled by the driver so that the actor unpickles them
+    inside ``run``, where the timeout's clock sees it (Ray would before ``run`` starts)."""
+
+    n: int  # how many
+    blob: bytes
 
 
 class Placement(NamedTuple):
@@ -201,6 +209,12 @@ class StageActor:
         """Run unit ``base + k`` for each ``units[k]`` (grouped first by ``batch`` when this
         hop takes batches of the previous hop's results); failures come back as Broken."""
         t0 = time.perf_counter()
+        if type(units) is Packed:
+            units = self.unpack(units, base)
+            if type(units) is Broken:  # they did not unpickle here: each unit fails
+                return [units._replace(unit=base + k) for k in range(units.unit)], Meta(
+                    0, time.perf_counter() - t0, rss_bytes()
+                )
         if self.batch is not None:
             units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
         out: list[Any] = []
@@ -223,6 +237,20 @@ class StageActor:
             n += 1
             out.append(value if failed is None else Broken(self.hop, index, failed.report()))
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
+
+    def unpack(self, packed: Packed, base: int) -> Any:
+        """The items of a timed run, unpickled here on the clock: the first unit's (or, for
+        several, UNPICKLING's) time starts now, as a local worker's does. A Broken (its
+        ``unit``: how many) when they do not unpickle."""
+        with self.lock:
+            self.current = (base if packed.n == 1 else int(UNPICKLING), time.monotonic())
+        try:
+            return pickle.loads(packed.blob)
+        except Exception as exc:
+            return Broken(self.hop, packed.n, ErrorReport.of("<item unpickling>", exc))
+        finally:
+            with self.lock:
+                self.current = None
 
     def finish(self) -> ErrorReport | None:
         """Run every ``end``; the first failure, or None."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import attrs
+import cloudpickle
 
 from easycore._errors import (
     EasycoreError,
@@ -26,10 +27,10 @@ from easycore._errors import (
 )
 from easycore._exec.core import ErrorPolicy, RunBooks, Segment, Work
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.ray_actor import Broken, Meta, Placement
+from easycore._exec.ray_actor import Broken, Meta, Packed, Placement
 from easycore._exec.sources import Source, source_of
 from easycore._options import RunOptions, parse_bytes
-from easycore._protocol import CACHED, is_cached
+from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, is_cached
 
 __all__ = ["POLL", "Actor", "ActorPools", "RayChunk", "RayRun", "first_line", "ray_module"]
 
@@ -183,6 +184,9 @@ class RayRun:
         arg: Any = work.items
         for hop, actor in zip(self.hops, picks, strict=True):
             try:
+                if hop.index == 0 and self.options.timeout is not None:
+                    # unpickled inside run(), on the clock (see ray_actor.Packed)
+                    arg = Packed(len(work.items), cloudpickle.dumps(list(work.items), PROTOCOL))
                 arg, meta = actor.handle.run.options(num_returns=2).remote(
                     arg,
                     work.start // hop.unit,
@@ -298,8 +302,12 @@ class RayRun:
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
         # alone, where a death names it. (retries=0 raising names the oldest.)
+        unpickling = culprit == int(UNPICKLING)  # the oldest chunk, not one unit of it
+        if unpickling:
+            culprit = None
         ambiguous = (
-            culprit is None
+            not unpickling
+            and culprit is None
             and len(lost) > 1
             and (self.options.retries > 0 or self.books.policy.isolates)
         )
@@ -353,7 +361,7 @@ class RayRun:
         if culprit is not None:
             label = books.label(actor.hop, culprit)
             msg = (
-                f"{label} ran longer than timeout={self.options.timeout} s on {who}; "
+                f"{label} ran past timeout={self.options.timeout}s on {who}; "
                 f"the actor was killed{tries}"
             )
             index = books.index(actor.hop, culprit)
@@ -363,6 +371,13 @@ class RayRun:
             label = books.label(len(self.hops) - 1, out)
         else:
             label = f"{self.options.label(work.start)} .. {item_label(end - 1, None)}"
+        if isinstance(exc, TimeoutError):  # killed while unpickling the chunk's items
+            msg = (
+                f"unpickling {label} ran past timeout={self.options.timeout}s on {who}; "
+                f"the actor was killed{tries}"
+            )
+            index = books.index(0, first)
+            return ItemTimeout(msg, "<timeout>", actor.device, actor.index, index)
         msg = f"{who} died while running {label}{tries}: {first_line(exc)}"
         return WorkerDied(msg, actor.device, actor.index, None, books.index(0, first))
 
