@@ -7,6 +7,7 @@ import multiprocessing.resource_tracker
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,6 +73,12 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def worker_tempdirs() -> set[str]:
+    """The multiprocessing temporary directories workers made (``/tmp/pymp-easycore-*``)."""
+    base = tempfile.gettempdir()
+    return {name for name in os.listdir(base) if name.startswith("pymp-easycore-")}
+
+
 def foreign(entry: str) -> bool:
     """True when the name embeds the pid of a live process outside this test run.
 
@@ -90,6 +97,7 @@ def foreign(entry: str) -> bool:
 def no_leaks():
     """After every test: no worker process left, no new /dev/shm entry."""
     before_shm = shm_entries()
+    before_dirs = worker_tempdirs()
     before = {p.pid for p in live_workers()}
     yield
     deadline = time.monotonic() + 10
@@ -102,6 +110,8 @@ def no_leaks():
     assert not left, f"worker processes left behind: {[(p.pid, p.name()) for p in left]}"
     new_shm = {e for e in shm_entries() - before_shm if not foreign(e)}
     assert not new_shm, f"shared memory leaked: {sorted(new_shm)}"
+    new_dirs = {d for d in worker_tempdirs() - before_dirs if not foreign(d)}
+    assert not new_dirs, f"workers' temporary directories left: {sorted(new_dirs)}"
 
 
 DEVICE_KINDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

@@ -22,12 +22,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 
-__all__ = ["become_subreaper", "children", "descendants", "end_children"]
+__all__ = [
+    "become_subreaper",
+    "children",
+    "descendants",
+    "end_children",
+    "make_mp_tempdir",
+    "remove_mp_tempdir",
+]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -142,3 +151,32 @@ def end_children(within: float = 1.0) -> None:
             return
         if not reaped:
             time.sleep(0.002)  # killed, not yet dead
+
+
+def _mp_tempdir_prefix(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"pymp-easycore-{pid}-")
+
+
+def make_mp_tempdir() -> str | None:
+    """Give this process (a worker) multiprocessing's temporary directory now, named after
+    its pid: a forkserver or manager the work starts keeps its socket there, and
+    ``os._exit`` or a kill skip the finaliser that removes it, so whoever buries the worker
+    removes it by name (:func:`remove_mp_tempdir`). None if multiprocessing has one."""
+    import multiprocessing
+
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if not isinstance(config, dict) or config.get("tempdir") is not None:
+        return None
+    path = tempfile.mkdtemp(prefix=os.path.basename(_mp_tempdir_prefix(os.getpid())))
+    config["tempdir"] = path
+    return path
+
+
+def remove_mp_tempdir(pid: int) -> None:
+    """Remove the directory :func:`make_mp_tempdir` made in process ``pid`` (gone now)."""
+    prefix = _mp_tempdir_prefix(pid)
+    base = os.path.dirname(prefix)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            if name.startswith(os.path.basename(prefix)):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)

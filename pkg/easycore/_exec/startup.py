@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from easycore._reaping import descendants
+from easycore._reaping import descendants, remove_mp_tempdir
 
 __all__ = [
     "check_capacity",
@@ -185,10 +185,12 @@ def hidden_main(light: bool = False) -> Iterator[None]:
 
 
 def kill_group(pid: int | None) -> None:
-    """Kill what a worker started: its process group (a worker leads one; see _worker)."""
+    """Kill what a worker started: its process group (a worker leads one; see _worker),
+    and remove the temporary directory its multiprocessing used (a killed worker cannot)."""
     if pid:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+        remove_mp_tempdir(pid)
 
 
 def kill_workers(procs: Sequence[Any]) -> None:
