@@ -577,3 +577,45 @@ class TestTimeoutCountsUnpickling:
             square.map([0, 1, SlowToLoad(2, seconds=30), 3], devices=1, engine="ray", timeout=2)
         assert time.monotonic() - t0 < 25  # (the 30 s would have run out)
         assert info.value.index == 2
+
+
+def _start_session_child(path):
+    """Start `sleep` in a session of its own (out of the actor's process group), note its
+    pid in `path`, and hang the first time (a timeout then kills the actor)."""
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    marker = Path(f"{path}.hung")
+    with open(path, "a") as f:
+        f.write(f"{child.pid}\n")
+    if first_time(marker):
+        time.sleep(120)
+    return child.pid
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] == "Z"
+    except OSError:
+        return True
+
+
+class TestActorsChildren:
+    def test_a_session_child_ends_with_the_runner(self, tmp_path):
+        """A producer's child in a session of its own ends when the runner closes."""
+        path = tmp_path / "pid"
+        (tmp_path / "pid.hung").touch()  # (no hang)
+        with producer(_start_session_child).open(devices=1, engine="ray") as runner:
+            (pid,) = runner.map([str(path)])
+            assert not _gone(pid)
+        assert wait_for(lambda: _gone(pid), 10), "a closed actor's session child lives"
+
+    def test_a_session_child_ends_with_an_actor_killed_for_a_timeout(self, tmp_path):
+        """An actor killed for a timeout takes its work's session child with it."""
+        path = tmp_path / "pid"
+        (second,) = producer(_start_session_child).map(
+            [str(path)], devices=1, engine="ray", timeout=3, retries=1
+        )
+        first, again = (int(p) for p in path.read_text().split())
+        assert again == second != first
+        assert wait_for(lambda: _gone(first), 10), "a killed actor's session child lives"
+        assert wait_for(lambda: _gone(second), 10), "a closed actor's session child lives"

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from easycore._protocol import CACHED, UNPICKLING, ErrorReport, is_cached
+from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 
@@ -155,6 +156,9 @@ class StageActor:
 
         ray_: Any = ray
         ctx = ray_.get_runtime_context()
+        # what the work starts stays below this actor, also what leaves its session
+        # (setsid, a daemon): finish() ends it, and a driver killing the actor finds it
+        become_subreaper()
         where = Placement(ray_.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
         sys.path.extend(p for p in self.paths if p not in sys.path and os.path.isdir(p))
         seed_loaded(self.entropy)
@@ -253,8 +257,9 @@ class StageActor:
                 self.current = None
 
     def finish(self) -> ErrorReport | None:
-        """Run every ``end``; the first failure, or None."""
+        """Run every ``end``, then end what the work started; the first failure, or None."""
         failed = self.stages.finish()
+        end_children(1.0)
         return failed.report() if failed is not None else None
 
 

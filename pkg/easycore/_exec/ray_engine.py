@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -51,6 +52,7 @@ from easycore._exec.ray_run import Actor, RayRun, first_line, ray_module
 from easycore._exec.sources import Source, source_of
 from easycore._options import RunOptions
 from easycore._protocol import PROTOCOL
+from easycore._reaping import descendants
 
 __all__ = ["RayEngine", "check_fits", "ray_devices"]
 
@@ -110,6 +112,30 @@ def _disconnect() -> None:
         _OWNED = False
         with contextlib.suppress(Exception):
             ray.shutdown()
+
+
+def _kill(actors: Sequence[Actor]) -> None:
+    """Kill actors now, and what their work started on this machine (found first: killed,
+    an actor leaves its children to the raylet; those that left its session too)."""
+    ray = ray_module()
+
+    here = {p for a in actors if a.where is not None and (p := a.where.pid) and _local(p)}
+    below = descendants(here) if here else []
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor.handle, no_restart=True)
+    for pid in below:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _local(pid: int) -> bool:
+    """Whether ``pid`` is an easycore actor's process on this machine."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"ray::StageActor")
+    except OSError:
+        return False
 
 
 def ray_devices(devices: Any, resources: dict[str, float]) -> list[str]:
@@ -330,11 +356,8 @@ class RayEngine:
 
     def replace(self, actor: Actor, kill: bool = True) -> Actor:
         """A fresh actor (its ``init`` run) in ``actor``'s place."""
-        ray = ray_module()
-
         if kill:
-            with contextlib.suppress(Exception):
-                ray.kill(actor.handle, no_restart=True)
+            _kill([actor])
         key = self.keys.pop(actor, None)
         if key is not None and self.clock is not None:
             self.clock.clear.remote(key)
@@ -346,14 +369,11 @@ class RayEngine:
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
         """Kill each busy actor whose unit in hand has run past ``timeout`` (its clock
         says so): [(actor, that unit)]."""
-        ray = ray_module()
-
         busy = [a for pool in self.pools for a in pool if a.queue]
         killed = []
         for actor, held in zip(busy, self.overdue(busy), strict=True):
             if held is not None and held[1] > timeout:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor.handle, no_restart=True)
+                _kill([actor])
                 killed.append((actor, held[0]))
         return killed
 
@@ -412,10 +432,10 @@ class RayEngine:
                         index=None,
                     )
         finally:
-            clock = [] if self.clock is None else [self.clock]
-            for handle in [a.handle for a in actors] + clock:
+            _kill(actors)
+            if self.clock is not None:
                 with contextlib.suppress(Exception):
-                    ray.kill(handle, no_restart=True)
+                    ray.kill(self.clock, no_restart=True)
             self.clock, self.timeout = None, None
             self.keys.clear()
             if self.connected:
