@@ -580,15 +580,23 @@ class TestTimeoutCountsUnpickling:
 
 
 def _start_session_child(path):
-    """Start `sleep` in a session of its own (out of the actor's process group), note its
-    pid in `path`, and hang the first time (a timeout then kills the actor)."""
-    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    """Start a daemon: `sleep` in a session of its own whose parent exits at once (out of
+    the actor's process group, and not its child); note its pid in `path`, and hang the
+    first time (a timeout then kills the actor)."""
+    out = subprocess.run(
+        ["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"],
+        start_new_session=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(out.stdout)
     marker = Path(f"{path}.hung")
     with open(path, "a") as f:
-        f.write(f"{child.pid}\n")
+        f.write(f"{pid}\n")
     if first_time(marker):
         time.sleep(120)
-    return child.pid
+    return pid
 
 
 def _gone(pid: int) -> bool:
