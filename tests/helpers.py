@@ -101,3 +101,22 @@ class SlowToLoad:
 
     def __reduce__(self):
         return (load_slowly, (self.value, self.seconds, self.marker))
+
+
+def running_ray(num_cpus: int):
+    """A local Ray for a test module (the user's own: easycore leaves it running), as a
+    generator for a module-scoped fixture: ``yield from running_ray(2)``."""
+    import ray
+
+    if ray.is_initialized():  # pragma: no cover - a previous module's
+        ray.shutdown()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def no_actors_left():
+    """A leak check for Ray tests (Ray's own processes stay for the module): no easycore
+    actor alive after the test, as a generator for a fixture."""
+    yield
+    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"

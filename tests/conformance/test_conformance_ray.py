@@ -4,32 +4,26 @@ Ray; 8 logical CPUs, so that every generated pool fits)."""
 from __future__ import annotations
 
 import pytest
-import ray
 from generated import cases, check, check_resumed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conformance import SETTINGS
 
 from conftest import RAY_EXAMPLES
-from helpers import our_actors, wait_for
+from helpers import no_actors_left, running_ray
 
 pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    if ray.is_initialized():  # pragma: no cover - a previous module's
-        ray.shutdown()
-    ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    yield from running_ray(8)
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     """After every test: no easycore actor alive (Ray's own processes stay for the module)."""
-    yield
-    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
+    yield from no_actors_left()
 
 
 @settings(SETTINGS, max_examples=RAY_EXAMPLES)

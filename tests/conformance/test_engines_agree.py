@@ -4,10 +4,9 @@ inline, worker processes and Ray (a real local Ray with 2 CPUs)."""
 from __future__ import annotations
 
 import pytest
-import ray
 
 from easycore import WorkerError, consumer, producer
-from helpers import our_actors, wait_for
+from helpers import no_actors_left, running_ray
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -16,18 +15,13 @@ ENGINES = ["inline", "processes", "ray"]
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    if ray.is_initialized():  # pragma: no cover - a previous module's
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    yield from running_ray(2)
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     """After every test: no easycore actor alive (Ray's own processes stay for the module)."""
-    yield
-    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
+    yield from no_actors_left()
 
 
 def where(engine: str) -> dict:

@@ -8,23 +8,17 @@ no easycore actor is left alive after a test.
 from __future__ import annotations
 
 import pytest
-import ray
 
-from helpers import our_actors, wait_for
+from helpers import no_actors_left, running_ray
 
 
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray with 2 CPUs for the module (the user's own: easycore leaves it running)."""
-    if ray.is_initialized():  # pragma: no cover - a previous module's
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    yield from running_ray(2)
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     """After every test: no easycore actor process alive."""
-    yield
-    assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
+    yield from no_actors_left()
