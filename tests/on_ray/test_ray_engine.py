@@ -627,3 +627,51 @@ class TestActorsChildren:
         assert again == second != first
         assert wait_for(lambda: _gone(first), 10), "a killed actor's session child lives"
         assert wait_for(lambda: _gone(second), 10), "a closed actor's session child lives"
+
+
+def test_ctrl_c_does_not_wait_for_an_actor_deaf_to_signals(tmp_path):
+    """Ctrl-C while an actor is in a long unit that ignores SIGINT and SIGTERM: its `end`
+    could only run after the unit, so it is not waited for (2 s before): the caller is out
+    well within that grace, and the actor is gone."""
+    script = tmp_path / "deaf.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal, sys, time
+            from pathlib import Path
+            from easycore import producer
+
+            @producer
+            def deaf(x):
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                Path({str(tmp_path / "inside")!r}).touch()
+                time.sleep(60)
+                return x
+
+            try:
+                deaf.map([1], devices=1, engine="ray")
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                sys.exit(0)
+            """
+        )
+    )
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert wait_for((tmp_path / "inside").exists, 60)
+        actors = {p.pid for p in our_actors()}
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "interrupted"
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert wait_for(lambda: not ({p.pid for p in our_actors()} & actors), 20)
+    # (the grace alone was 2 s; what remains is disconnecting from Ray)
+    assert took < 2.0, f"the caller took {took:.1f} s to stop after Ctrl-C"

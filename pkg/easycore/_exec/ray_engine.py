@@ -34,6 +34,7 @@ import itertools
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from easycore._exec.plan import Chain, PipelineDef, StageStats, plan_chain
 from easycore._exec.ray_actor import StageActor, UnitClock
 from easycore._exec.ray_run import Actor, RayRun, first_line, ray_module
 from easycore._exec.sources import Source, source_of
+from easycore._exec.workers import UNIT_GRACE
 from easycore._options import RunOptions
 from easycore._protocol import PROTOCOL
 from easycore._reaping import descendants
@@ -127,6 +129,25 @@ def _kill(actors: Sequence[Actor]) -> None:
     for pid in below:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for_ends(actors: Sequence[Actor], refs: list[Any], grace: float | None) -> list[Any]:
+    """Wait for the ``end`` of each actor (``refs``): ``grace`` seconds at most, and only
+    UNIT_GRACE for those whose run was cancelled mid-work (their ``end`` waits behind a
+    unit that may not finish soon, as a local worker's does). The refs that are ready."""
+    ray = ray_module()
+
+    if not refs:
+        return []
+    if grace is None:
+        return list(ray.wait(refs, num_returns=len(refs))[0])
+    start = time.monotonic()
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(grace, UNIT_GRACE))
+    idle = [r for a, r in zip(actors, refs, strict=True) if not a.cut_short and r not in ready]
+    left = grace - (time.monotonic() - start)
+    if idle and left > 0:
+        ready += ray.wait(idle, num_returns=len(idle), timeout=left)[0]
+    return list(ready)
 
 
 def _local(pid: int) -> bool:
@@ -414,7 +435,7 @@ class RayEngine:
         failure: BaseException | None = None
         try:
             refs = [a.handle.finish.remote() for a in actors]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace) if refs else ([], [])
+            ready = _wait_for_ends(actors, refs, grace)
             for actor, ref in zip(actors, refs, strict=True):
                 if ref not in ready or failure is not None:
                     continue

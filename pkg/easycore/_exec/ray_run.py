@@ -56,6 +56,7 @@ class Actor:
     queue: deque[RayChunk] = attrs.Factory(deque)  # sent, not finished; the oldest runs
     assigned: int = 0  # units sent to it since it started (max_items_per_worker)
     retiring: bool = False  # finishes what it has, then a fresh actor takes its place
+    cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
 
     def describe(self, chain: Chain) -> str:
         who = chain.who(self.hop, self.index).replace("worker", "Ray actor", 1)
@@ -411,6 +412,9 @@ class RayRun:
         for ref in list(self.pending):
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
+        for pool in self.engine.pools:
+            for actor in pool:
+                actor.cut_short = actor.cut_short or bool(actor.queue)
         self.clear()
         self.books.source = source_of(())
 
