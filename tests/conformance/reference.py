@@ -11,9 +11,11 @@ time, with no process, no chunk and no retry machinery:
   ``seed_everything(derive_seed(seed, i, h))``;
 * a stage that raises is retried, with the whole pool's stages, up to ``retries`` times;
 * a unit that still fails fails the output unit (last pool's unit) that contains it: with
-  ``errors="raise"`` the run raises a ``WorkerError`` naming the failing pool's unit index
-  and stage; with ``"skip"`` the output unit is left out and reported as a
-  ``Failure(index=output unit, item=its first-pool unit(s), stage)``;
+  ``errors="raise"`` the run raises a ``WorkerError`` naming a failing pool's unit index
+  and stage (any failing unit's: which one an engine meets first is its timing); with
+  ``"skip"`` the output unit is left out and reported as a ``Failure(index=output unit,
+  item=its first-pool unit(s), stage)``, where several of its units failed, the stage of
+  the one that failed at the earliest pool (the first in input order among those);
 * the consumer folds the output values in order (or, unordered, in any order: the suite's
   unordered consumers are order-free); a consumer that raises on the k-th value is a
   ``WorkerError`` naming output unit k's index.
@@ -163,23 +165,27 @@ def reference(case: Case) -> Outcome:
     stream: list[Any] = list(case.items) if first is None else _batches(list(case.items), first)
     units = [_Unit(u, [u]) for u in stream]
     done = []
+    every: list[tuple[int, str, int]] = []  # every unit's failure, at every pool
     for h, pool in enumerate(case.pools):
         if h > 0 and pool.batch_size is not None:
             units = [
                 _Unit(
                     [u.value for u in group],
                     [o for u in group for o in u.origin],
-                    next((u.failure for u in group if u.failure is not None), None),
+                    min(
+                        (u.failure for u in group if u.failure is not None),
+                        key=lambda f: f[2],  # the earliest pool's, first in order among those
+                        default=None,
+                    ),
                 )
                 for group in _batches(units, pool.batch_size)
             ]
         done.append(sum(1 for u in units if u.failure is None))
+        ok = [u for u in units if u.failure is None]
         run_pool(pool, h, units, case)
-    raised = tuple(
-        Raised(ValueError, u.failure[0], u.failure[1], u.failure[2])
-        for u in units
-        if u.failure is not None
-    )
+        every += [u.failure for u in ok if u.failure is not None]
+    # with errors="raise", whichever failure an engine meets first is raised: any of them
+    raised = tuple(Raised(ValueError, i, stage, pool) for i, stage, pool in every)
     spec = case.consumer
     if raised and case.errors == "raise":
         # delivery stops at the first failed output unit; a consumer failing on a value

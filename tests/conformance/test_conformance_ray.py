@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from generated import cases, check, check_resumed
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_conformance import SETTINGS
+from test_conformance import SETTINGS, TWO_POOLS_FAIL
 
 from conftest import RAY_EXAMPLES
 from helpers import no_actors_left, running_ray
@@ -28,6 +28,7 @@ def no_leaks():
 
 @settings(SETTINGS, max_examples=RAY_EXAMPLES)
 @given(case=cases())
+@example(case=TWO_POOLS_FAIL)
 def test_ray_agrees_with_the_reference(case):
     """Results, order, Failure records, the raised error and stats() equal the reference."""
     check(case, "ray")

@@ -51,14 +51,22 @@ __all__ = [
 
 class Failed:
     """An output unit that failed, delivered in place of its result when the policy keeps
-    the run going: the error ``raise`` would have raised, its first-hop item(s), its stage."""
+    the run going: the error ``raise`` would have raised, its first-hop item(s), its stage,
+    and the hop it failed at.
 
-    __slots__ = ("exc", "item", "stage")
+    When several units of one output unit fail (a batching pool's batch), the output unit's
+    failure is the one at the earliest hop, the first in input order among those: every
+    engine reports that one (a chunk holds whole output units, so the process engine learns
+    of the earliest hop's failures first, together).
+    """
 
-    def __init__(self, exc: BaseException, item: Any = None, stage: str = "") -> None:
+    __slots__ = ("exc", "hop", "item", "stage")
+
+    def __init__(self, exc: BaseException, item: Any = None, stage: str = "", hop: int = 0) -> None:
         self.exc = exc
         self.item = item
         self.stage = stage
+        self.hop = hop
 
 
 class Segment(NamedTuple):

@@ -121,7 +121,8 @@ class InlineEngine:
             item = origin[0] if books.align == 1 else origin
             failed_before = _failed_in(unit)
             if failed_before is not None:  # (a unit of) an earlier hop failed: this one does
-                yield index, Failed(failed_before.exc, item, failed_before.stage), origin
+                before = failed_before
+                yield index, Failed(before.exc, item, before.stage, before.hop), origin
                 continue
             t0 = time.perf_counter()
             value, failed = stages.run_retrying(
@@ -133,6 +134,7 @@ class InlineEngine:
                 error = failed.to_error(what, books.index(hop, index))
                 error.__cause__ = failed.error
                 value = books.policy.settle(error, item, failed.stage)
+                value.hop = hop
             yield index, value, origin
 
 
@@ -145,9 +147,10 @@ def _batched(
 
 
 def _failed_in(unit: Any) -> Failed | None:
-    """The failure a unit carries: itself, or the first failed member of a batch."""
+    """The failure a unit carries: itself, or a batch's member that failed at the earliest
+    hop (the first in input order among those; see ``core.Failed``)."""
     if type(unit) is Failed:
         return unit
     if type(unit) is list:
-        return next((v for v in unit if type(v) is Failed), None)
+        return min((v for v in unit if type(v) is Failed), key=lambda f: f.hop, default=None)
     return None

@@ -264,9 +264,10 @@ class StageActor:
 
 
 def _broken_in(unit: Any) -> Broken | None:
-    """The failure a unit carries: itself, or the first failed member of a batch."""
+    """The failure a unit carries: itself, or a batch's member that failed at the earliest
+    hop (the first in input order among those), as on every engine (``core.Failed``)."""
     if type(unit) is Broken:
         return unit
     if type(unit) is list:
-        return next((v for v in unit if type(v) is Broken), None)
+        return min((v for v in unit if type(v) is Broken), key=lambda b: b.hop, default=None)
     return None
