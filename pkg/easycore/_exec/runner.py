@@ -413,7 +413,7 @@ class Runner:
         return future
 
     def _feed(self, source: LiveSource) -> Segments:
-        """The submit feeder's run (in its thread): tolerant, unordered, fed live."""
+        """The submit feeder's run (in its thread): under the skip policy, unordered, fed live."""
         generation = self._generation
         stream = self._engine.stream(
             source,

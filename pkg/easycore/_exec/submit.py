@@ -1,10 +1,11 @@
 """``Runner.submit``: items fed one at a time, each with its own future.
 
 A :class:`Seat` says who holds a runner (nobody, one ``map``/``imap`` stream, or the submit
-feeder), under one lock. The :class:`SubmitFeeder` is a thread running one tolerant,
-unordered run over a :class:`~easycore._exec.sources.LiveSource`: submitted items join it
-as they come, each result or error goes to its own future, and the run (and the feeder)
-ends as soon as nothing is queued or running; the next ``submit`` starts a new one.
+feeder), under one lock. The :class:`SubmitFeeder` is a thread running one unordered run
+under the skip policy (``core.SKIP``: a failure is delivered, not raised) over a
+:class:`~easycore._exec.sources.LiveSource`: submitted items join it as they come, each
+result or error goes to its own future, and the run (and the feeder) ends as soon as nothing
+is queued or running; the next ``submit`` starts a new one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ StreamFn = Callable[[LiveSource], Iterator[tuple[int, list[Any]]]]
 
 
 class SubmitFeeder:
-    """The thread behind ``submit``: one tolerant, unordered run fed live."""
+    """The thread behind ``submit``: one unordered run under the skip policy, fed live."""
 
     def __init__(self, seat: Seat, stream: StreamFn, item: Any, future: Any) -> None:
         # Made under the seat's lock, with the runner free: it takes the runner.
