@@ -108,6 +108,8 @@ class _Adopter:
         got = self.plain_waitpid(pid, options)
         if got[0] and self.knows:  # a child ended: its orphans may have come to us
             self.forked.discard(got[0])
+            if os.WIFEXITED(got[1]) and os.WEXITSTATUS(got[1]) == 0:
+                return got  # a worker that ended well ended what it started itself
             for orphan in children(os.getpid()):
                 if orphan not in self.forked:
                     with contextlib.suppress(OSError):

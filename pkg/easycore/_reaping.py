@@ -34,8 +34,9 @@ __all__ = [
     "children",
     "descendants",
     "end_children",
-    "make_mp_tempdir",
+    "name_mp_tempdir",
     "remove_mp_tempdir",
+    "remove_own_mp_tempdir",
 ]
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -121,6 +122,18 @@ def descendants(roots: Iterable[int]) -> list[int]:
     return out
 
 
+def _has_any_child() -> bool:
+    """Whether this process has a child, live or not yet reaped (a subreaper's descendants
+    all hang below its children), asked without reaping it."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except (AttributeError, OSError):  # pragma: no cover - no waitid: look
+        return True
+    return True
+
+
 def end_children(within: float = 1.0) -> None:
     """Kill every child of this process and reap it, until none is left (``within`` s at
     most, for one that does not die: a process stuck in the kernel).
@@ -129,6 +142,9 @@ def end_children(within: float = 1.0) -> None:
     so this ends the whole tree below it. Call it only on the way out: it reaps every child,
     so a ``Popen`` of this process could not learn its child's exit status afterwards.
     """
+    if not _has_any_child():
+        return  # (the common case: no /proc scan, which costs ~1 ms where the kernel has
+        # no children files, on every worker's way out)
     me = os.getpid()
     deadline = time.monotonic() + within
     while True:
@@ -157,23 +173,42 @@ def _mp_tempdir_prefix(pid: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"pymp-easycore-{pid}-")
 
 
-def make_mp_tempdir() -> str | None:
-    """Give this process (a worker) multiprocessing's temporary directory now, named after
-    its pid: a forkserver or manager the work starts keeps its socket there, and
-    ``os._exit`` or a kill skip the finaliser that removes it, so whoever buries the worker
-    removes it by name (:func:`remove_mp_tempdir`). None if multiprocessing has one."""
+def name_mp_tempdir() -> None:
+    """(in a worker) Have multiprocessing name the temporary directory it makes for this
+    process, if the work makes it need one, after the process's pid: a forkserver or a
+    manager the work starts keeps its socket there, and ``os._exit`` or a kill skip the
+    finaliser that removes it, so whoever buries the worker removes it by name
+    (:func:`remove_mp_tempdir`). Nothing is made until multiprocessing asks."""
+    import multiprocessing
+    import multiprocessing.util as util
+
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    original = getattr(util, "get_temp_dir", None)
+    if not isinstance(config, dict) or original is None:  # pragma: no cover - moved
+        return
+    prefix = os.path.basename(_mp_tempdir_prefix(os.getpid()))
+
+    def get_temp_dir() -> str:
+        if config.get("tempdir") is None:
+            config["tempdir"] = tempfile.mkdtemp(prefix=prefix)
+        return str(original())
+
+    util.get_temp_dir = get_temp_dir
+
+
+def remove_own_mp_tempdir() -> None:
+    """(in a worker, on its way out) Remove the directory multiprocessing made for it."""
     import multiprocessing
 
     config = getattr(multiprocessing.current_process(), "_config", None)
-    if not isinstance(config, dict) or config.get("tempdir") is not None:
-        return None
-    path = tempfile.mkdtemp(prefix=os.path.basename(_mp_tempdir_prefix(os.getpid())))
-    config["tempdir"] = path
-    return path
+    path = config.get("tempdir") if isinstance(config, dict) else None
+    if isinstance(path, str):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_mp_tempdir(pid: int) -> None:
-    """Remove the directory :func:`make_mp_tempdir` made in process ``pid`` (gone now)."""
+    """Remove the directory multiprocessing made in process ``pid``, now gone
+    (:func:`name_mp_tempdir`)."""
     prefix = _mp_tempdir_prefix(pid)
     base = os.path.dirname(prefix)
     with contextlib.suppress(OSError):

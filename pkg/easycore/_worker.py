@@ -74,8 +74,8 @@ from easycore._protocol import (
 from easycore._reaping import (
     become_subreaper,
     end_children,
-    make_mp_tempdir,
-    remove_mp_tempdir,
+    name_mp_tempdir,
+    remove_own_mp_tempdir,
 )
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
@@ -108,7 +108,7 @@ class _PeerClosed(NamedTuple):
 def _die_with_caller() -> None:
     """The caller is gone: end this worker and every process it started."""
     end_children()
-    remove_mp_tempdir(os.getpid())
+    remove_own_mp_tempdir()
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
     os._exit(0)
@@ -169,7 +169,7 @@ def _or_die(target: Callable[..., None], *args: Any) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         end_children()
-        remove_mp_tempdir(os.getpid())
+        remove_own_mp_tempdir()
         os._exit(70)
 
 
@@ -458,7 +458,7 @@ def _flush_releases(upstream: set[Channel]) -> None:
 def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     """Entry point of a worker process (the ``target`` given to ``Process``)."""
     entered = time.monotonic()
-    make_mp_tempdir()  # (removed at the end, or by whoever buries this worker)
+    name_mp_tempdir()  # (removed at the end, or by whoever buries this worker)
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _lead_a_group()
@@ -490,7 +490,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     if failed is not None:
         _send(chan, InitFailed(failed.report()))
         end_children()  # what the init started
-        remove_mp_tempdir(os.getpid())
+        remove_own_mp_tempdir()
         return
     _send(chan, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
@@ -501,7 +501,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     _send(chan, goodbye or Ended("torch" in sys.modules))
     _release_multiprocessing_objects()
     end_children()  # whatever the work started and left running, in any session
-    remove_mp_tempdir(os.getpid())
+    remove_own_mp_tempdir()
     # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
     sys.stdout.flush()
     sys.stderr.flush()
