@@ -197,12 +197,13 @@ def name_mp_tempdir() -> None:
 
 
 def remove_own_mp_tempdir() -> None:
-    """(in a worker, on its way out) Remove the directory multiprocessing made for it."""
+    """(in a worker, on its way out) Remove the directory multiprocessing made for it (one
+    it inherited, the caller's, holds the caller's forkserver socket: that one stays)."""
     import multiprocessing
 
     config = getattr(multiprocessing.current_process(), "_config", None)
     path = config.get("tempdir") if isinstance(config, dict) else None
-    if isinstance(path, str):
+    if isinstance(path, str) and path.startswith(_mp_tempdir_prefix(os.getpid())):
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -164,3 +164,27 @@ class TestCtrlCPromptly:
         assert wait_for(lambda: all_gone(workers), 5), "workers outlived Ctrl-C"
         ended = [int(p) for p in (tmp_path / "pids.end").read_text().split()]
         assert len(ended) == 1 and ended[0] in workers
+
+
+class TestFreshScript:
+    @pytest.mark.parametrize("imported_torch", [False, True])
+    def test_a_script_runs_one_shot_maps_one_after_another(self, imported_torch):
+        """A fresh script's one-shot maps, one after another, each on new workers: a worker
+        tidying its own temporary files never touches the caller's (once it removed the
+        directory of the caller's forkserver socket, and the next map could not start)."""
+        code = textwrap.dedent(
+            f"""
+            {"import torch" if imported_torch else ""}
+            from easycore import producer
+            square = producer(lambda x: x * x)
+            for _ in range(4):
+                assert square.map(range(10), devices=2) == [x * x for x in range(10)]
+            print("ok")
+            """
+        )
+        env = {**os.environ, "PYTHONPATH": PKG + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "ok"
