@@ -32,6 +32,7 @@ from easycore._errors import (
     WorkerDied,
     WorkerError,
 )
+from easycore._options import RunKwargs
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
 from easycore._seeding import derive_seed, seed_everything
@@ -47,6 +48,7 @@ __all__ = [
     "ItemTimeout",
     "Pipeline",
     "Registry",
+    "RunKwargs",
     "Runner",
     "SerializationError",
     "SkippedItemsWarning",

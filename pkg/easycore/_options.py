@@ -6,16 +6,26 @@ new option is one field here rather than one more argument in every signature.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+from typing_extensions import TypedDict
 
 from easycore._errors import item_label, short_repr
 
-__all__ = ["DEFAULT_PREFETCH", "Numbering", "RunOptions", "check_prefetch", "parse_bytes"]
+__all__ = [
+    "DEFAULT_PREFETCH",
+    "Numbering",
+    "RunKwargs",
+    "RunOptions",
+    "check_prefetch",
+    "parse_bytes",
+    "run_options",
+]
 
 # Chunks each worker may hold: queued, running, or finished and waiting for the caller.
 DEFAULT_PREFETCH = 2
@@ -195,3 +205,66 @@ class RunOptions:
 
     def global_index(self, index: int) -> int:
         return index if self.numbering is None else self.numbering.index(index)
+
+
+class RunKwargs(TypedDict, total=False):
+    """The options of one run, spelled once: the keyword arguments ``map`` and ``imap`` take.
+
+    ``Pipeline.map``/``imap``, ``Stage.map``/``imap`` and ``Runner.map``/``imap`` all accept
+    exactly these (typed ``**options: Unpack[RunKwargs]``); :func:`run_options` turns them
+    into one checked :class:`RunOptions`. What each one means: API.md sections 2 and 8 and
+    :meth:`Pipeline.map <easycore.Pipeline.map>`.
+    """
+
+    ordered: bool
+    batch_size: int | None
+    progress: bool
+    seed: int | None
+    timeout: float | None
+    retries: int
+    prefetch: int | None
+    errors: str
+    on_error: Callable[[Any], Any] | None
+    resume: str | os.PathLike[str] | None
+    key: Callable[[Any], Any] | None
+    retry_failed: bool
+    max_items_per_worker: int | None
+    max_worker_memory: int | str | None
+
+
+# Options that may also be given by position, after ``data`` (and ``devices``, ``cfg``), in
+# the order API.md section 2 lists them: ``summer.map(data, "inline", None, False)``.
+POSITIONAL = ("ordered", "batch_size", "progress", "seed", "timeout", "retries")
+
+
+def run_options(caller: str, positional: tuple[Any, ...], named: Mapping[str, Any]) -> RunOptions:
+    """The checked :class:`RunOptions` of a ``map``/``imap`` call, built in this one place.
+
+    Args:
+        caller: the method's name, for messages (``"map"``).
+        positional: options given by position, in :data:`POSITIONAL`'s order.
+        named: options given by keyword (:class:`RunKwargs`).
+
+    Raises:
+        TypeError: too many positional options, one given twice, or an unknown keyword (the
+            message names the closest known option).
+        ValueError: a value out of range (see :class:`RunOptions`).
+    """
+    if len(positional) > len(POSITIONAL):
+        msg = (
+            f"{caller}() takes at most {len(POSITIONAL)} options by position "
+            f"({', '.join(POSITIONAL)}), got {len(positional)}"
+        )
+        raise TypeError(msg)
+    known = RunKwargs.__optional_keys__
+    for name in named:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            msg = f"{caller}() got an unexpected keyword argument {name!r}{hint}"
+            raise TypeError(msg)
+    options = dict(zip(POSITIONAL, positional, strict=False))
+    for name in options.keys() & named.keys():
+        msg = f"{caller}() got multiple values for argument {name!r}"
+        raise TypeError(msg)
+    return RunOptions(**options, **named)

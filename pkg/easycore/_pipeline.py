@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 import attrs
+from typing_extensions import Unpack
 
 from easycore import _inject
-from easycore._options import RunOptions
+from easycore._options import RunKwargs, run_options
 
 if TYPE_CHECKING:
     from easycore._exec import Runner
@@ -140,26 +140,18 @@ class _Runs:
         data: Iterable[Any],
         devices: Any = "auto",
         cfg: Mapping[str, Any] | None = None,
-        ordered: bool = True,
-        batch_size: int | None = None,
-        progress: bool = False,
-        seed: int | None = None,
-        timeout: float | None = None,
-        retries: int = 0,
-        *,
+        *positional: Any,
         start_method: str | None = None,
         distributed: bool = False,
         engine: str = "local",
-        prefetch: int | None = None,
-        errors: str = "raise",
-        on_error: Callable[[Any], Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
-        key: Callable[[Any], Any] | None = None,
-        retry_failed: bool = False,
-        max_items_per_worker: int | None = None,
-        max_worker_memory: int | str | None = None,
+        **options: Unpack[RunKwargs],
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
+
+        The run's options are the keyword arguments of :class:`~easycore.RunKwargs`
+        (``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout`` and ``retries``
+        may also follow ``cfg`` by position, in that order); an unknown one is a
+        ``TypeError`` naming the closest option.
 
         ``devices`` applies to producers not bound with :meth:`Pipeline.on` (those run on their own
         pool's devices); ``batch_size`` batches the input of the first pool.
@@ -214,28 +206,13 @@ class _Runs:
         """
         from easycore._exec import run_map
 
-        options = RunOptions(
-            ordered=ordered,
-            batch_size=batch_size,
-            progress=progress,
-            timeout=timeout,
-            retries=retries,
-            seed=seed,
-            prefetch=prefetch,
-            errors=errors,
-            on_error=on_error,
-            resume=resume,
-            key=key,
-            retry_failed=retry_failed,
-            max_items_per_worker=max_items_per_worker,
-            max_worker_memory=max_worker_memory,
-        )
+        run = run_options("map", positional, options)
         return run_map(
             self._as_pipeline(),
             data,
             devices=devices,
             cfg=cfg,
-            options=options,
+            options=run,
             start_method=start_method,
             distributed=distributed,
             engine=engine,
@@ -246,23 +223,10 @@ class _Runs:
         data: Iterable[Any],
         devices: Any = "auto",
         cfg: Mapping[str, Any] | None = None,
-        ordered: bool = True,
-        batch_size: int | None = None,
-        progress: bool = False,
-        seed: int | None = None,
-        timeout: float | None = None,
-        retries: int = 0,
-        *,
+        *positional: Any,
         start_method: str | None = None,
         engine: str = "local",
-        prefetch: int | None = None,
-        errors: str = "raise",
-        on_error: Callable[[Any], Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
-        key: Callable[[Any], Any] | None = None,
-        retry_failed: bool = False,
-        max_items_per_worker: int | None = None,
-        max_worker_memory: int | str | None = None,
+        **options: Unpack[RunKwargs],
     ) -> Iterator[Any]:
         """Yield results lazily with bounded memory; for pipelines without a consumer.
 
@@ -281,28 +245,13 @@ class _Runs:
             raise TypeError(msg)
         from easycore._exec import run_imap
 
-        options = RunOptions(
-            ordered=ordered,
-            batch_size=batch_size,
-            progress=progress,
-            timeout=timeout,
-            retries=retries,
-            seed=seed,
-            prefetch=prefetch,
-            errors=errors,
-            on_error=on_error,
-            resume=resume,
-            key=key,
-            retry_failed=retry_failed,
-            max_items_per_worker=max_items_per_worker,
-            max_worker_memory=max_worker_memory,
-        )
+        run = run_options("imap", positional, options)
         return run_imap(
             pipeline,
             data,
             devices=devices,
             cfg=cfg,
-            options=options,
+            options=run,
             start_method=start_method,
             engine=engine,
         )

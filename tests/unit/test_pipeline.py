@@ -10,7 +10,9 @@ import attrs
 import cloudpickle
 import pytest
 
+import easycore
 from easycore import Pipeline, Stage, WorkerError, compose, consumer, producer
+from easycore import _options as easycore_options
 
 
 @producer
@@ -252,6 +254,36 @@ class TestBoolOptions:
             with pytest.raises(TypeError, match=match):
                 runner.imap([1], **kwargs)
         assert seen == []
+
+
+class TestRunOptionsSpelledOnce:
+    """Every map/imap (Pipeline, Stage, Runner) takes the options of RunKwargs, checked alike."""
+
+    def test_every_run_option_is_a_keyword_of_every_map(self):
+        """RunKwargs names exactly the options a run has: none missing, none made up."""
+        fields = {f.name for f in attrs.fields(easycore_options.RunOptions)} - {"numbering"}
+        assert set(easycore.RunKwargs.__optional_keys__) == fields
+        with square.open("inline") as runner:
+            calls = [square.map, compose(square).map, runner.map, square.imap, runner.imap]
+            for call in calls:
+                assert list(call([1, 2], seed=1, retries=1, prefetch=3)) == [1, 4]
+
+    @pytest.mark.parametrize("where", ["stage", "runner"])
+    def test_a_misspelt_option_names_the_closest(self, where):
+        """An unknown keyword is a TypeError that names the option meant, before any run."""
+        with square.open("inline") as runner:
+            call = square.map if where == "stage" else runner.map
+            with pytest.raises(TypeError, match="'ordred'; did you mean 'ordered'"):
+                call([1], ordred=False)
+
+    def test_positional_options_follow_api_order(self):
+        """ordered, batch_size, progress, seed, timeout, retries by position; no more, no twice."""
+        batches = producer(lambda xs: list(xs))
+        assert batches.map([1, 2, 3], "inline", None, True, 2) == [[1, 2], [3]]
+        with pytest.raises(TypeError, match="multiple values for argument 'ordered'"):
+            square.map([1], "inline", None, True, ordered=True)
+        with pytest.raises(TypeError, match="at most 6 options by position"):
+            square.map([1], "inline", None, True, None, False, None, None, 0, 2)
 
 
 class TestOn:

@@ -197,6 +197,12 @@ class RunBooks:
         """The stage a failure names: the hop's own name for a transport's ``<...>``."""
         return self.hops[hop].name if stage.startswith("<") else stage
 
+    def pins_down(self) -> bool:
+        """Whether units under suspicion (a death that names none of them) run again one by
+        one, so that only the one at fault is charged, retried or set aside; else (no
+        retries, errors raised) they fail together at once."""
+        return self.options.retries > 0 or self.policy.isolates
+
     # -- what goes out -----------------------------------------------------------------------
     def window(self, n_workers: int) -> int:
         """First-hop units that may be taken and not yet yielded (backpressure): what the

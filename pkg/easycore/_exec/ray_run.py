@@ -306,12 +306,7 @@ class RayRun:
         unpickling = culprit == int(UNPICKLING)  # the oldest chunk, not one unit of it
         if unpickling:
             culprit = None
-        ambiguous = (
-            not unpickling
-            and culprit is None
-            and len(lost) > 1
-            and (self.options.retries > 0 or self.books.policy.isolates)
-        )
+        ambiguous = not unpickling and culprit is None and len(lost) > 1 and self.books.pins_down()
         again: list[Work] = []
         for n, chunk in enumerate(lost):
             if ambiguous:
@@ -334,7 +329,7 @@ class RayRun:
             suspects = [culprit * hop.unit // books.align]
         elif end - first == 1:
             suspects = [first]
-        elif self.options.retries == 0 and not books.policy.isolates:
+        elif not books.pins_down():
             suspects = list(range(first, end))  # which one is unknown; none may re-run
         else:  # split it: a death of one alone pins the culprit down
             return books.rerun(work)

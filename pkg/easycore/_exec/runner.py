@@ -11,15 +11,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
+from typing_extensions import Unpack
 
 from easycore._devices import INLINE
-from easycore._errors import EasycoreError, Failure
+from easycore._errors import EasycoreError
 from easycore._exec.core import RAISE, SKIP
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
@@ -30,7 +30,13 @@ from easycore._exec.resume import RunIdentity, RunLedger
 from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
-from easycore._options import DEFAULT_PREFETCH, RunOptions, check_prefetch
+from easycore._options import (
+    DEFAULT_PREFETCH,
+    RunKwargs,
+    RunOptions,
+    check_prefetch,
+    run_options,
+)
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -193,55 +199,23 @@ class Runner:
         return self._active and self._generation == generation
 
     # -- running -----------------------------------------------------------------------------
-    def map(
-        self,
-        data: Iterable[Any],
-        ordered: bool = True,
-        batch_size: int | None = None,
-        progress: bool = False,
-        seed: int | None = None,
-        timeout: float | None = None,
-        retries: int = 0,
-        prefetch: int | None = None,
-        *,
-        errors: str = "raise",
-        on_error: Callable[[Failure], Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
-        key: Callable[[Any], Any] | None = None,
-        retry_failed: bool = False,
-        max_items_per_worker: int | None = None,
-        max_worker_memory: int | str | None = None,
-    ) -> Any:
+    def map(self, data: Iterable[Any], *positional: Any, **options: Unpack[RunKwargs]) -> Any:
         """Run ``data`` through the pipeline on this runner's workers.
 
-        ``prefetch`` overrides the runner's for this run (see :meth:`imap`); ``errors``,
-        ``on_error``, ``resume``, ``key``, ``retry_failed``, ``max_items_per_worker`` and
-        ``max_worker_memory`` are those of :meth:`Pipeline.map <easycore.Pipeline.map>`.
+        The options are :class:`~easycore.RunKwargs`, as for :meth:`Pipeline.map
+        <easycore.Pipeline.map>` (``ordered``, ``batch_size``, ``progress``, ``seed``,
+        ``timeout`` and ``retries`` also by position); ``prefetch`` overrides the runner's for
+        this run (see :meth:`imap`).
 
         Returns:
             The consumer's result, or a list of the producers' results without a consumer.
 
         Raises:
             RuntimeError: the runner is closed (call ``activate()``) or busy.
+            TypeError, ValueError: a bad option, before any item is sent.
             WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
         """
-        options = RunOptions(
-            ordered=ordered,
-            batch_size=batch_size,
-            progress=progress,
-            timeout=timeout,
-            retries=retries,
-            seed=seed,
-            prefetch=prefetch,
-            errors=errors,
-            on_error=on_error,
-            resume=resume,
-            key=key,
-            retry_failed=retry_failed,
-            max_items_per_worker=max_items_per_worker,
-            max_worker_memory=max_worker_memory,
-        )
-        return self.run_map(data, options)
+        return self.run_map(data, run_options("map", positional, options))
 
     def _settle(self, options: RunOptions) -> RunOptions:
         """The run's options with the runner's defaults filled in."""
@@ -261,23 +235,7 @@ class Runner:
         return fold(stream, consumer, self.cfg, options, self._chain, self._abort)
 
     def imap(
-        self,
-        data: Iterable[Any],
-        ordered: bool = True,
-        batch_size: int | None = None,
-        progress: bool = False,
-        seed: int | None = None,
-        timeout: float | None = None,
-        retries: int = 0,
-        prefetch: int | None = None,
-        *,
-        errors: str = "raise",
-        on_error: Callable[[Failure], Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
-        key: Callable[[Any], Any] | None = None,
-        retry_failed: bool = False,
-        max_items_per_worker: int | None = None,
-        max_worker_memory: int | str | None = None,
+        self, data: Iterable[Any], *positional: Any, **options: Unpack[RunKwargs]
     ) -> Iterator[Any]:
         """Yield the producers' results lazily, with bounded memory (no consumer allowed).
 
@@ -293,23 +251,7 @@ class Runner:
         if self.pipeline.consumer is not None:
             msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
             raise TypeError(msg)
-        options = RunOptions(
-            ordered=ordered,
-            batch_size=batch_size,
-            progress=progress,
-            timeout=timeout,
-            retries=retries,
-            seed=seed,
-            prefetch=prefetch,
-            errors=errors,
-            on_error=on_error,
-            resume=resume,
-            key=key,
-            retry_failed=retry_failed,
-            max_items_per_worker=max_items_per_worker,
-            max_worker_memory=max_worker_memory,
-        )
-        return self.run_imap(data, options)
+        return self.run_imap(data, run_options("imap", positional, options))
 
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
         """:meth:`imap` with its options as one value."""
