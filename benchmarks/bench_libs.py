@@ -48,6 +48,7 @@ LIB_MODULES: dict[str, tuple[str, ...]] = {
     "easycore": ("easycore", "easycore._exec"),
     "dataloader": ("torch",),
     "raydata": ("ray", "ray.data"),
+    "raytasks": ("ray",),
     "reference": (),
 }
 
@@ -345,7 +346,9 @@ def measure(
         import bench_training
 
         return bench_training.measure(lib, opts, workers)
-    if lib == "raydata" or opts.get("engine") == "ray":  # on a local Ray: its own harness
+    if (
+        lib in ("raydata", "raytasks") or opts.get("engine") == "ray"
+    ):  # on a local Ray: its own harness
         import bench_ray
 
         return bench_ray.measure(lib, workload, opts, n, workers)

@@ -4,6 +4,8 @@ Each measurement runs in a fresh process that starts its own local Ray
 (``ray.init(num_cpus=workers)``, not timed), runs the work once to warm up, then times a
 second run. Both libraries start their actors inside the timed run (an easycore ``.map`` and
 a Ray Data dataset each make their own actor pool), and both give results in input order.
+W2 is also run as plain Ray tasks (``ray.get([f.remote(i) for i in items])``): what Ray
+itself costs, which easycore's one-shot run of an init-less pool (on tasks) should match.
 
 * easycore: ``producer(fn).map(items, devices=workers, engine="ray")``; W5 as two pools,
   ``decode.on(workers - 1) >> model.on(1, batch_size=64)`` (the local engine's W5 layout).
@@ -23,12 +25,13 @@ import bench_workloads as wl
 
 
 def measure(lib: str, workload: str, opts: dict[str, str], n: int, workers: int) -> dict[str, Any]:
-    """Time one run of ``workload`` on ``lib`` (``"easycore"``, ``"raydata"``) on Ray."""
+    """Time one run of ``workload`` on ``lib`` (``"easycore"``, ``"raydata"``,
+    ``"raytasks"``) on Ray."""
     import ray
 
     ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
-        run = _easycore if lib == "easycore" else _raydata
+        run = {"easycore": _easycore, "raydata": _raydata, "raytasks": _raytasks}[lib]
         items = list(wl.items_for(workload, n))
         run(workload, items[: max(4 * workers, n // 20)], workers, opts)  # warm-up
         t0 = time.perf_counter()
@@ -78,6 +81,14 @@ class _Model:
         import numpy as np
 
         return {"y": np.array(wl.w5_predict_batch(list(batch["v"]), self.model))}
+
+
+def _raytasks(workload: str, items: Sequence[int], workers: int, opts: dict[str, str]) -> Any:
+    """W2 as plain Ray tasks, one per item, in input order: what Ray itself costs."""
+    import ray
+
+    busy = ray.remote(num_cpus=1)(wl.busy_5ms)
+    return ray.get([busy.remote(i) for i in items])
 
 
 def _raydata(workload: str, items: Sequence[int], workers: int, opts: dict[str, str]) -> Any:

@@ -295,6 +295,7 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
         Case("W2 ray", "sequential", "default", "baseline", "in-process loop (1.00x)"),
         Case("W2 ray", "raydata", "default", "peer", f"{rd}, default batch_size"),
         Case("W2 ray", "raydata", "batch_size=10", "peer", f"{rd}, batch_size=10 (~50 ms)"),
+        Case("W2 ray", "raytasks", "default", "context", "plain Ray tasks, one per item"),
         Case("W2 ray", "easycore", "engine=ray", "easycore", f"{ec}, engine='ray'"),
         Case("W2 ray", "easycore", "default", "local", f"{ec}, local engine"),
     ]
@@ -631,6 +632,10 @@ def targets(rows: list[Row]) -> list[Target]:
         elif g in ("W2 ray", "W5 ray"):
             unit = "speed-up" if g == "W2 ray" else "items/s"
             out.append(Target(g, f"easycore on Ray / best Ray Data, {unit}", rat, 1.0, True))
+            tasks = role(g, "context")
+            if g == "W2 ray" and ec and tasks:  # within 1.1x of plain Ray tasks' time
+                what = "easycore on Ray / plain Ray tasks, speed-up"
+                out.append(Target(g, what, ec.median / tasks.median, 1 / 1.1, True))
         elif g.startswith("W6"):
             best_ec = min(ecs, key=lambda r: r.median, default=None)
             out.append(

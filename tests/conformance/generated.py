@@ -48,6 +48,7 @@ def cases(draw: Any, resume: bool = False) -> Case:
             poison=draw(st.none() | st.none() | st.integers(0, MODULUS - 1)),
             transient=first and draw(st.booleans()),
             seeded=seed is not None and draw(st.booleans()),
+            kept=draw(st.booleans()),
         )
 
     stages = [stage(k == 0) for k in range(n_stages)]
@@ -103,7 +104,11 @@ def make_stage(spec: StageSpec, token: str, calls: Path | None) -> Any:
     first stage leaves a file (to see what a resumed run computed)."""
 
     def work(x: Any) -> int:
-        key = (f"{token}:{spec.name}", repr(x))
+        # A transient fault strikes the first attempt in a worker's run: a resumed run's
+        # workers may live in processes that ran the first (Ray tasks), so it is counted
+        # per run, the number check_resumed writes beside ``calls``.
+        run = _run_number(calls).read_text() if calls is not None else ""
+        key = (f"{token}:{spec.name}:{run}", repr(x))
         book = _attempts()
         book[key] = book.get(key, 0) + 1
         if calls is not None:
@@ -111,7 +116,11 @@ def make_stage(spec: StageSpec, token: str, calls: Path | None) -> Any:
         return spec.apply(x, first_attempt=book[key] == 1)
 
     work.__name__ = work.__qualname__ = spec.name
-    return producer(work)
+    return producer(init=dict)(work) if spec.kept else producer(work)
+
+
+def _run_number(calls: Path) -> Path:
+    return calls.with_name(calls.name + ".run")
 
 
 def build(case: Case, calls: Path | None = None) -> Any:
@@ -239,6 +248,7 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
     stop is computed again."""
     calls = tmp / f"calls-{uuid.uuid4().hex}"
     calls.mkdir()
+    _run_number(calls).write_text("1")
     db = tmp / f"{uuid.uuid4().hex}.db"
     pipeline = build(case, calls)
     taken: list[Any] = []
@@ -255,7 +265,8 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
     finally:
         it.close()
     before = {p.name for p in calls.iterdir()}
-    _attempts().clear()  # a new run: (inline) transient faults strike again
+    _attempts().clear()  # a new run: transient faults strike again (inline: here)
+    _run_number(calls).write_text("2")  # (in workers that ran the first run)
     want = reference(case)
     failures: list[Any] = []
     error = None

@@ -44,7 +44,9 @@ class StageSpec:
 
     ``poison``: raises ValueError when ``v % MODULUS == poison``; ``transient``: raises on
     the first attempt at each input (only ever on the first stage, whose inputs are
-    distinct), so it passes when ``retries >= 1``.
+    distinct), so it passes when ``retries >= 1``. ``kept``: the stage has an ``init`` (state
+    its workers keep; on Ray its pool runs on actors, else a one-shot run's on tasks), which
+    changes nothing here.
     """
 
     name: str
@@ -53,6 +55,7 @@ class StageSpec:
     poison: int | None = None
     transient: bool = False
     seeded: bool = False
+    kept: bool = False
 
     def apply(self, x: Any, first_attempt: bool) -> int:
         v = value_of(x)

@@ -168,6 +168,44 @@ def _spy_arrives(value: int, log: str) -> _Spy:
     return _Spy(value, log)
 
 
+def _runs_in(x, worker):
+    """What runs an item: Ray titles a task's process ``ray::run_task``, an actor's
+    ``ray::StageActor...``."""
+    with open("/proc/self/cmdline", "rb") as f:
+        title = f.read().split(b"\0")[0].decode()
+    return ("task" if title.startswith("ray::run_task") else "actor", worker)
+
+
+class TestTasksOrActors:
+    """A one-shot run of an init-less pool needs no actor (Ray starts tasks on its warm
+    workers in milliseconds); an init, a timeout, recycling or an open runner keep actors."""
+
+    def test_an_init_less_one_shot_pool_runs_on_tasks(self):
+        got = producer(_runs_in).map(range(12), devices=2, engine="ray")
+        assert {kind for kind, _ in got} == {"task"}
+        assert {w for _, w in got} <= {0, 1}  # `worker`: the slot within the pool
+
+    @pytest.mark.parametrize(
+        "how", ["init", "timeout", "max_items_per_worker", "max_worker_memory", "open"]
+    )
+    def test_what_keeps_worker_state_runs_on_actors(self, how):
+        stage = producer(init=dict)(_runs_in) if how == "init" else producer(_runs_in)
+        options = {"timeout": {"timeout": 60}, "max_items_per_worker": {"max_items_per_worker": 50}}
+        options["max_worker_memory"] = {"max_worker_memory": "64GiB"}
+        if how == "open":
+            with stage.open(devices=2, engine="ray") as runner:
+                got = runner.map(range(12))
+        else:
+            got = stage.map(range(12), devices=2, engine="ray", **options.get(how, {}))
+        assert {kind for kind, _ in got} == {"actor"}
+
+    def test_a_pool_of_tasks_feeds_a_pool_of_actors(self):
+        first = producer(_runs_in)
+        second = producer(init=dict)(lambda pair, *, state: (pair[0], _runs_in(0, 0)[0]))
+        got = (first.on(1) >> second.on(1)).map(range(10), engine="ray")
+        assert got == [("task", "actor")] * 10
+
+
 class TestPools:
     def test_two_pools_pass_object_references_not_through_the_driver(self, tmp_path):
         log = str(tmp_path / "unpickled")
@@ -262,15 +300,18 @@ class TestErrors:
         got = fragile.map(data, devices=2, engine="ray", retries=1)
         assert got == [x + 100 for x in data]
 
-    def test_out_of_retries_a_dead_actor_is_worker_died(self):
-        @producer
+    @pytest.mark.parametrize(("init", "kind"), [(dict, "Ray actor"), (None, "Ray task")])
+    def test_out_of_retries_a_dead_actor_is_worker_died(self, init, kind):
+        """A pool with an init runs on actors; one without, in a one-shot run, on plain
+        tasks: a death past the retries is the same WorkerDied naming the item."""
+
         def poison(x):
             if x == 2:
                 os._exit(1)
             return x
 
-        with pytest.raises(WorkerDied, match="Ray actor") as info:
-            poison.map(range(6), devices=1, engine="ray", retries=1)
+        with pytest.raises(WorkerDied, match=kind) as info:
+            producer(init=init)(poison).map(range(6), devices=1, engine="ray", retries=1)
         assert info.value.index == 2
         assert "item 2" in str(info.value)
 
@@ -472,16 +513,18 @@ class TestStreaming:
         assert sorted([first, *it]) == list(range(10))
 
 
-def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path):
-    """Ctrl-C in a script that let easycore start Ray: KeyboardInterrupt, nothing left."""
+@pytest.mark.parametrize("init", ["dict", "None"])
+def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path, init):
+    """Ctrl-C in a script that let easycore start Ray: KeyboardInterrupt, nothing left
+    (a pool with an init on actors, one without on plain tasks)."""
     script = tmp_path / "ctrl_c.py"
     script.write_text(
         textwrap.dedent(
-            """
+            f"""
             import sys, time
             from easycore import producer
 
-            @producer
+            @producer(init={init})
             def slow(x):
                 time.sleep(0.2)
                 return x
@@ -505,7 +548,8 @@ def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path):
     assert proc.stdout.readline().strip() == "running"
     actors = {p.pid for p in our_actors()}
     theirs = ray_services() - ours  # the Ray easycore started for the script
-    assert actors and theirs, "the script's actors and Ray should be running"
+    assert theirs, "the script's Ray should be running"
+    assert bool(actors) == (init == "dict"), "actors for a pool with an init, else tasks"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert "interrupted" in out

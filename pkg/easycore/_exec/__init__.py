@@ -143,7 +143,13 @@ def run_map(
     if options.resume is not None:  # not a ledger, or another run's: before any worker starts
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     with Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        engine=engine,
+        _wait=False,
+        _tasks=_stateless(options),
     ) as runner:
         return runner.run_map(data, options)
 
@@ -163,7 +169,13 @@ def run_imap(
     if options.resume is not None:
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     runner = Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        engine=engine,
+        _wait=False,
+        _tasks=_stateless(options),
     )
     try:
         results = runner.run_imap(data, options)
@@ -171,3 +183,13 @@ def run_imap(
         runner.__exit__(type(exc), exc, exc.__traceback__)
         raise
     return OwnedResults(runner, results)
+
+
+def _stateless(options: RunOptions) -> bool:
+    """Whether a one-shot run keeps nothing per worker between chunks (no ``timeout`` clock,
+    no recycling): on Ray its init-less pools then run as plain tasks, not actors."""
+    return (
+        options.timeout is None
+        and options.max_items_per_worker is None
+        and options.max_worker_memory is None
+    )

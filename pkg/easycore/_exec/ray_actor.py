@@ -25,7 +25,7 @@ from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages
 
-__all__ = ["Broken", "Meta", "Placement", "StageActor", "UnitClock", "rss_bytes"]
+__all__ = ["Broken", "Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
 
 #: Seconds between a watchdog's looks at the unit in hand, at most.
 WATCH_EVERY = 0.25
@@ -37,6 +37,7 @@ class Broken(NamedTuple):
     hop: int
     unit: int  # the unit's index at that hop
     report: ErrorReport
+    where: str = ""  # the Placement it failed at, for messages
 
 
 class Packed(NamedTuple):
@@ -149,17 +150,24 @@ class StageActor:
         self.stages = PreparedStages((), device=self.device, cfg=None, worker=worker, hop=hop)
         self.lock = threading.Lock()
         self.current: tuple[int, float] | None = None  # (unit index, monotonic start)
+        self.where = ""  # str(Placement), once started
 
-    def start(self) -> tuple[ErrorReport | None, Placement]:
-        """Bind the device and run every ``init``: (the failure or None, where it runs)."""
+    def start(self, task: bool = False) -> tuple[ErrorReport | None, Placement]:
+        """Bind the device and run every ``init``: (the failure or None, where it runs).
+
+        ``task``: this body serves Ray tasks (see :func:`run_task`) in a worker process that
+        Ray owns and reuses: it neither adopts that process's orphans nor watches a clock.
+        """
         import ray
 
         ray_: Any = ray
         ctx = ray_.get_runtime_context()
-        # what the work starts stays below this actor, also what leaves its session
-        # (setsid, a daemon): finish() ends it, and a driver killing the actor finds it
-        become_subreaper()
+        if not task:
+            # what the work starts stays below this actor, also what leaves its session
+            # (setsid, a daemon): finish() ends it, and a driver killing the actor finds it
+            become_subreaper()
         where = Placement(ray_.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
+        self.where = str(where)
         sys.path.extend(p for p in self.paths if p not in sys.path and os.path.isdir(p))
         seed_loaded(self.entropy)
         # Ray gives an actor's torch one thread per CPU it holds (OMP_NUM_THREADS); bind the
@@ -172,7 +180,8 @@ class StageActor:
         self.stages = PreparedStages(
             stages, device=self.device, cfg=cfg, worker=self.worker, hop=self.hop
         )
-        threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
+        if not task:
+            threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
         failed = self.stages.start()
         return (failed.report() if failed is not None else None), where
 
@@ -239,7 +248,9 @@ class StageActor:
             with self.lock:
                 self.current = None
             n += 1
-            out.append(value if failed is None else Broken(self.hop, index, failed.report()))
+            out.append(
+                value if failed is None else Broken(self.hop, index, failed.report(), self.where)
+            )
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
 
     def unpack(self, packed: Packed, base: int) -> Any:
@@ -251,7 +262,8 @@ class StageActor:
         try:
             return pickle.loads(packed.blob)
         except Exception as exc:
-            return Broken(self.hop, packed.n, ErrorReport.of("<item unpickling>", exc))
+            report = ErrorReport.of("<item unpickling>", exc)
+            return Broken(self.hop, packed.n, report, self.where)
         finally:
             with self.lock:
                 self.current = None
@@ -261,6 +273,43 @@ class StageActor:
         failed = self.stages.finish()
         end_children(1.0)
         return failed.report() if failed is not None else None
+
+
+# The bodies of init-less pools that Ray tasks ran in this worker process, by (pool, worker):
+# a task finds its body prepared by an earlier one (a few are kept: Ray reuses its workers).
+_BODIES: dict[tuple[str, int], StageActor] = {}
+_KEEP_BODIES = 16
+
+
+def run_task(
+    pool: str,
+    payload: bytes,
+    paths: Sequence[str],
+    worker: int,
+    hop: int,
+    batch: int | None,
+    *run_args: Any,
+) -> tuple[list[Any], Meta]:
+    """One chunk of an init-less CPU pool as a plain Ray task (made a remote function by the
+    driver): :meth:`StageActor.run` on this process's body for (``pool``, ``worker``),
+    prepared on first use. Ray starts a task on a warm worker in milliseconds, where an
+    actor needs a new process; with no ``init`` there is nothing else an actor would keep.
+
+    Raises:
+        RuntimeError: the stages did not unpickle here (the driver reports the chunk).
+    """
+    body = _BODIES.get((pool, worker))
+    if body is None:
+        entropy = int.from_bytes(os.urandom(8), "little") >> 1
+        body = StageActor(payload, paths, "cpu", worker, hop, entropy, batch)
+        failed, _ = body.start(task=True)
+        if failed is not None:
+            msg = f"the pool's producers did not load here: {failed.type_name}: {failed.text}"
+            raise RuntimeError(msg)
+        if len(_BODIES) >= _KEEP_BODIES:
+            _BODIES.pop(next(iter(_BODIES)))
+        _BODIES[(pool, worker)] = body
+    return body.run(*run_args)
 
 
 def _broken_in(unit: Any) -> Broken | None:

@@ -23,8 +23,16 @@ Ray object references instead of pipes::
 * ``timeout``: an actor's watchdog thread tells the engine's clock (a small actor holding no
   CPU, :class:`~.ray_actor.UnitClock`) when its unit in hand passes the limit; the driver
   asks the clock, kills that actor, then as for a death, blaming that unit.
-* Ctrl-C or an error: queued tasks are cancelled, ``end`` gets a short grace, every actor is
-  killed; a Ray this engine started is shut down (one the user started is left running).
+* A one-shot run with no ``timeout`` and no recycling runs a CPU pool whose stages have no
+  ``init`` and no ``end`` as plain Ray tasks (``ray_actor.run_task``), not actors: Ray
+  starts a task on a warm worker in milliseconds, where an actor needs a new process (about
+  0.4 s), and such a pool keeps nothing an actor would hold. Each of its workers is then a
+  slot of tasks (what ``worker`` injects); a task's death names its chunk, charged as an
+  actor's would be, and Ray's own retries are off.
+* Ctrl-C or an error: actors' queued tasks are cancelled, ``end`` gets a short grace,
+  every actor is killed (a plain task already sent finishes its chunk unseen: Ray's cancel
+  of a normal task can abort the driver when it races the task's reply); a Ray this
+  engine started is shut down (one the user started is left running).
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from easycore._errors import (
 from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, PipelineDef, StageStats, plan_chain
-from easycore._exec.ray_actor import StageActor, UnitClock
+from easycore._exec.ray_actor import StageActor, UnitClock, run_task
 from easycore._exec.ray_run import Actor, RayRun, first_line, ray_module
 from easycore._exec.sources import Source, source_of
 from easycore._exec.workers import UNIT_GRACE
@@ -62,6 +70,9 @@ __all__ = ["RayEngine", "check_fits", "ray_devices"]
 #: cluster without room for it would otherwise wait forever).
 START_TIMEOUT = float(os.environ.get("EASYCORE_RAY_START_TIMEOUT", "300"))
 
+
+#: Bytes of a task pool's producers sent along with each task (above: by reference).
+INLINE_PAYLOAD = 64 * 1024
 
 _USERS = 0  # runners of this process using Ray now
 _OWNED = False  # this process started (or connected) Ray and shuts it down after the last
@@ -244,6 +255,17 @@ def _actor_class() -> Any:
     return _ACTOR_CLASS
 
 
+def _task_function() -> Any:
+    """``run_task`` as a Ray remote function (made once per process): one CPU, two returns
+    (values, meta), no retries by Ray (the run's books charge them)."""
+    global _TASK_FUNCTION
+    if _TASK_FUNCTION is None:
+        ray = ray_module()
+
+        _TASK_FUNCTION = ray.remote(num_cpus=1, num_returns=2, max_retries=0)(run_task)
+    return _TASK_FUNCTION
+
+
 def _clock_class() -> Any:
     """UnitClock as a Ray actor class (made once per process)."""
     global _CLOCK_CLASS
@@ -256,6 +278,7 @@ def _clock_class() -> Any:
 
 _ACTOR_CLASS: Any = None
 _CLOCK_CLASS: Any = None
+_TASK_FUNCTION: Any = None
 
 
 class RayEngine:
@@ -263,7 +286,9 @@ class RayEngine:
 
     in_caller = False
 
-    def __init__(self, pipeline: PipelineDef, devices: Any, cfg: CfgNode) -> None:
+    def __init__(
+        self, pipeline: PipelineDef, devices: Any, cfg: CfgNode, tasks: bool = False
+    ) -> None:
         ray = ray_module()
 
         _connect()
@@ -278,8 +303,18 @@ class RayEngine:
             raise
         self.connected = True
         self.cfg = cfg
+        # Pools run as Ray tasks rather than actors (``tasks``: the run keeps no worker
+        # state: no timeout clock, no recycling): those on CPUs whose stages have neither
+        # ``init`` nor ``end``, so that nothing is lost by not keeping a process.
+        self.as_tasks = [
+            tasks
+            and set(h.devices) == {"cpu"}
+            and not any(st.has_init or st.end is not None for st in h.stages)
+            for h in self.chain.hops
+        ]
         self.pools: list[list[Actor]] = []
         self.payloads: list[bytes] = []
+        self.started = 0
         self.last_run: RayRun | None = None
         self.clock: Any = None  # the UnitClock actor, while started
         self.keys: dict[Actor, int] = {}  # each actor's name at the clock
@@ -297,13 +332,14 @@ class RayEngine:
         if not self.connected:
             _connect()
             self.connected = True
+        self.started += 1  # a task pool's name changes with each start
         try:
             self.payloads = [self._payload(hop.index) for hop in self.chain.hops]
             self.pools = [
                 [self._new_actor(hop.index, k, dev) for k, dev in enumerate(hop.devices)]
                 for hop in self.chain.hops
             ]
-            self._await_started([a for pool in self.pools for a in pool])
+            self._await_started([a for pool in self.pools for a in pool if a.task is None])
         except BaseException:
             self.stop(grace=0.0, report=False)
             raise
@@ -324,6 +360,8 @@ class RayEngine:
 
     def _new_actor(self, hop: int, index: int, device: str) -> Actor:
         h = self.chain.hops[hop]
+        if self.as_tasks[hop]:
+            return Actor(hop, index, device, None, task=self._task_sender(hop, index))
         opts: dict[str, Any] = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
         key = next(self.next_key)
@@ -346,6 +384,24 @@ class RayEngine:
         actor = Actor(hop, index, device, handle)
         self.keys[actor] = key
         return actor
+
+    def _task_sender(self, hop: int, index: int) -> Callable[..., Any]:
+        """What sends a chunk of worker ``index`` of task pool ``hop`` (see ``run_task``)."""
+        ray = ray_module()
+
+        h = self.chain.hops[hop]
+        fn = _task_function()
+        # A small payload goes inline with each task (Ray would fetch a reference from this
+        # process before every task); a big one once to the object store.
+        payload: Any = self.payloads[hop]
+        if len(payload) > INLINE_PAYLOAD:
+            payload = ray.put(payload)
+        pool = f"{os.getpid()}-{id(self)}-{self.started}-{hop}"
+
+        def send(*run_args: Any) -> Any:
+            return fn.remote(pool, payload, sys.path, index, hop, h.batch, *run_args)
+
+        return send
 
     def _await_started(self, actors: Sequence[Actor]) -> None:
         """Run ``start`` (device binding, every ``init``) on new actors and wait for it."""
@@ -376,7 +432,9 @@ class RayEngine:
                 )
 
     def replace(self, actor: Actor, kill: bool = True) -> Actor:
-        """A fresh actor (its ``init`` run) in ``actor``'s place."""
+        """A fresh actor (its ``init`` run) in ``actor``'s place (a task slot stays)."""
+        if actor.task is not None:
+            return actor
         if kill:
             _kill([actor])
         key = self.keys.pop(actor, None)
@@ -390,7 +448,7 @@ class RayEngine:
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
         """Kill each busy actor whose unit in hand has run past ``timeout`` (its clock
         says so): [(actor, that unit)]."""
-        busy = [a for pool in self.pools for a in pool if a.queue]
+        busy = [a for pool in self.pools for a in pool if a.queue and a.task is None]
         killed = []
         for actor, held in zip(busy, self.overdue(busy), strict=True):
             if held is not None and held[1] > timeout:
@@ -430,7 +488,7 @@ class RayEngine:
         """
         ray = ray_module()
 
-        actors = [a for pool in self.pools for a in pool]
+        actors = [a for pool in self.pools for a in pool if a.task is None]
         self.pools = []
         failure: BaseException | None = None
         try:
@@ -484,7 +542,7 @@ class RayEngine:
         elif timeout == self.timeout:
             return
         self.timeout = timeout
-        for a in [a for pool in self.pools for a in pool]:
+        for a in [a for pool in self.pools for a in pool if a.task is None]:
             a.handle.watch.remote(timeout, self.clock)
 
     def stats(self) -> list[StageStats]:

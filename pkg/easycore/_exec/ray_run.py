@@ -57,9 +57,19 @@ class Actor:
     assigned: int = 0  # units sent to it since it started (max_items_per_worker)
     retiring: bool = False  # finishes what it has, then a fresh actor takes its place
     cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
+    # Not an actor but a slot of Ray tasks (an init-less pool; see ray_actor.run_task): sends
+    # ``run``'s arguments as a task; its chunks run independently of each other.
+    task: Callable[..., Any] | None = None
+
+    def run(self, *args: Any) -> Any:
+        """Send a chunk: ``(values ref, meta ref)``."""
+        if self.task is not None:
+            return self.task(*args)
+        return self.handle.run.options(num_returns=2).remote(*args)
 
     def describe(self, chain: Chain) -> str:
-        who = chain.who(self.hop, self.index).replace("worker", "Ray actor", 1)
+        kind = "Ray task" if self.task is not None else "Ray actor"
+        who = chain.who(self.hop, self.index).replace("worker", kind, 1)
         return f"{who} on {self.device}" + (f", {self.where}" if self.where else "")
 
 
@@ -188,7 +198,7 @@ class RayRun:
                 if hop.index == 0 and self.options.timeout is not None:
                     # unpickled inside run(), on the clock (see ray_actor.Packed)
                     arg = Packed(len(work.items), cloudpickle.dumps(list(work.items), PROTOCOL))
-                arg, meta = actor.handle.run.options(num_returns=2).remote(
+                arg, meta = actor.run(
                     arg,
                     work.start // hop.unit,
                     self.options.seed,
@@ -219,9 +229,14 @@ class RayRun:
         try:
             meta: Meta = ray.get(ref)
             values = ray.get(chunk.values) if h == len(self.hops) - 1 else None
-        except ray.exceptions.RayActorError as exc:
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
             self.pending[ref] = (chunk, h)  # (on_death forgets every chunk of the actor)
-            self.on_death(self.dead_actor(chunk), exc, culprit=None)
+            dead = self.dead_actor(chunk)
+            if dead.task is None:
+                self.on_death(dead, exc, culprit=None)
+            else:  # a task's process died: that chunk alone was running there
+                self.forget(chunk)
+                books.again(self.blame(dead, chunk.work, exc, None))
             if ref in self.pending:  # it was not the dead actor's: run it again as it is
                 self.forget(chunk)
                 books.again([Work(chunk.start, chunk.work.items)])
@@ -263,7 +278,7 @@ class RayRun:
                     chunk.work,
                     device=actor.device,
                     worker=actor.index,
-                    where=f" ({actor.where})",
+                    where=f" ({value.where})",
                 )
             out.append(value)
         return out
@@ -404,9 +419,13 @@ class RayRun:
         """The run is over: cancel what is still queued (an error or an interrupt)."""
         ray = ray_module()
 
-        for ref in list(self.pending):
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+        for ref, (chunk, h) in list(self.pending.items()):
+            # Not a plain task's: ray.cancel of a normal task that is finishing races Ray's
+            # reply callback and can abort this process (a RAY_CHECK in its task manager,
+            # ray-project/ray#54846); such a chunk, already sent, runs to its end unseen.
+            if chunk.actors[h].task is None:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
         for pool in self.engine.pools:
             for actor in pool:
                 actor.cut_short = actor.cut_short or bool(actor.queue)

@@ -73,6 +73,7 @@ class Runner:
         prefetch: int | None = None,
         engine: str = "local",
         _wait: bool = True,
+        _tasks: bool = False,
     ) -> None:
         check_prefetch(prefetch)
         if engine not in ENGINES:
@@ -90,7 +91,8 @@ class Runner:
                 raise ValueError(msg)
             from easycore._exec.ray_engine import RayEngine  # imports ray: only here
 
-            ray_engine = RayEngine(pipeline, devices, self.cfg)  # connects: "auto" counts it
+            # connects: "auto" counts it; _tasks: a one-shot run that keeps no worker state
+            ray_engine = RayEngine(pipeline, devices, self.cfg, tasks=_tasks)
             self._engine = ray_engine
             self._chain = ray_engine.chain
         else:
