@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
 from easycore._errors import item_label, short_repr
+from easycore._seeding import check_epoch, epoch_seed
 
 __all__ = ["DEFAULT_PREFETCH", "Numbering", "RunOptions", "check_prefetch", "parse_bytes"]
 
@@ -127,6 +128,19 @@ def parse_bytes(value: Any) -> int | None:
     return size
 
 
+def _check_epoch(_: Any, __: Any, value: Any) -> None:
+    check_epoch(value)
+
+
+def _check_state(_: Any, __: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        msg = (
+            "state must be the dict an imap iterator's state_dict() returned, or None; got "
+            f"{short_repr(value)}"
+        )
+        raise ValueError(msg)
+
+
 def _check_errors(_: Any, __: Any, value: Any) -> None:
     if value not in ("raise", "skip"):
         msg = f"errors must be 'raise' or 'skip', got {value!r}"
@@ -181,11 +195,29 @@ class RunOptions:
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
     max_worker_memory: int | None = attrs.field(default=None, converter=parse_bytes)
+    # training that resumes (API.md section 12)
+    epoch: int = attrs.field(default=0, validator=_check_epoch)
+    state: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_state)
+    # set by the runner from ``state``: the stream begins at first-hop unit ``first``, and
+    # the output units starting at ``passed`` (beyond ``first``) were received already
+    first: int = 0
+    passed: frozenset[int] = frozenset()
 
     @property
     def skip(self) -> bool:
         """Failures are set aside (``errors="skip"``) rather than raised."""
         return self.errors == "skip"
+
+    @property
+    def run_seed(self) -> int | None:
+        """The seed the workers derive per-item seeds from: ``seed``, made another for
+        every ``epoch`` but 0 (see :func:`easycore.derive_seed`)."""
+        return None if self.seed is None else epoch_seed(self.seed, self.epoch)
+
+    @property
+    def markers(self) -> bool:
+        """Units may come as ``CACHED`` markers (``resume=``, or a resumed position)."""
+        return self.resume is not None or bool(self.passed)
 
     def label(self, index: int) -> str:
         """Name unit ``index`` of the first hop in messages."""

@@ -103,10 +103,17 @@ def open_runner(
     start_method: str | None,
     prefetch: int | None = None,
     engine: str = "local",
+    epoch: int = 0,
 ) -> Runner:
     """``Pipeline.open``: an active runner whose workers stay up."""
     return Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, prefetch=prefetch, engine=engine
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        prefetch=prefetch,
+        engine=engine,
+        epoch=epoch,
     )
 
 

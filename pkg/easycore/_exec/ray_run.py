@@ -191,7 +191,7 @@ class RayRun:
                 arg, meta = actor.handle.run.options(num_returns=2).remote(
                     arg,
                     work.start // hop.unit,
-                    self.options.seed,
+                    self.options.run_seed,
                     self.options.retries,
                     {i: k for (h, i), k in spent.items() if h == hop.index},
                     books.numbering if hop.index == 0 else (0, 1),
