@@ -345,6 +345,10 @@ def measure(
         import bench_training
 
         return bench_training.measure(lib, opts, workers)
+    if workload == "W7":  # resuming an epoch at 90%: easycore alone (no peer resumes)
+        import bench_training
+
+        return bench_training.measure_resume(opts, workers)
     if lib == "raydata" or opts.get("engine") == "ray":  # on a local Ray: its own harness
         import bench_ray
 
