@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "check_epoch",
     "derive_seed",
     "drop_hooks",
     "epoch_seed",

@@ -52,6 +52,18 @@ def test_pools_with_batching_resume_anywhere_on_ray():
                 assert len(first + rest) == len(full)
 
         check()
+        # output units received beyond the position (an unordered run's state) are neither
+        # delivered again nor lost
+        kw = {"seed": 9, "epoch": 2, "errors": "skip", "on_error": lambda f: None}
+        full = list(runner.imap(range(N), **kw))
+        it = runner.imap(range(N), **kw)
+        next(it)
+        state = it.state_dict()
+        it.close()
+        assert state["position"] == 3
+        state["received"] = [9, 18, 21]
+        rest = list(runner.imap(range(N), state=state, **kw))
+        assert rest == [r for r in full[1:] if r[0][0] not in (9, 18, 21)]
         # the same results as the local engine's inline run (seeds included)
         inline = (noisy >> batch_draw.on(1, batch_size=3)).open(devices="inline")
         with inline:

@@ -159,6 +159,34 @@ def test_items_before_the_position_are_not_read_or_computed(tmp_path):
         assert reader.starts == [150]
 
 
+@pytest.mark.parametrize("devices", ["inline", 2])
+def test_units_received_beyond_the_position_are_not_run_again(tmp_path, devices):
+    """An unordered run's state lists output units received beyond its position: a resumed
+    run neither computes nor delivers them (batches of 3 at the second pool)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    @producer
+    def mark(x):
+        (marks / str(x)).touch()
+        return (x, 0.0)
+
+    pipeline = mark.on(1 if devices == "inline" else 2) >> pair_sums.on(1, batch_size=3)
+    with pipeline.open(devices="inline") if devices == "inline" else pipeline.open() as runner:
+        it = runner.imap(range(30), seed=4)
+        next(it)
+        state = it.state_dict()  # position 3 (one batch of 3 received)
+        it.close()
+        full = list(runner.imap(range(30), seed=4))
+        state["received"] = [9, 18]  # as if an unordered run had received these batches
+        for f in marks.iterdir():
+            f.unlink()
+        rest = list(runner.imap(range(30), seed=4, state=state, ordered=False))
+    assert sorted(rest) == sorted(full[1:3] + full[4:6] + full[7:])
+    computed = sorted(int(p.name) for p in marks.iterdir())
+    assert computed == [x for x in range(3, 30) if x // 3 not in (3, 6)]
+
+
 def test_prefetched_results_not_received_come_again():
     """Results fetched ahead (prefetch) but never returned by next() are produced again:
     the position counts what the caller received."""

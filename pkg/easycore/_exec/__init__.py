@@ -55,6 +55,8 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     resume.py    resume=: the run ledger in SQLite (finished units sent as CACHED markers),
                  which knows what run it belongs to (RunIdentity)
     digest.py    digests equal in every process: of items, functions and cfg (for resume.py)
+    position.py  imap's state_dict()/state=: what the caller received, a stream that starts
+                 there (sequences by index; units received beyond it sent as CACHED markers)
     submit.py    Seat and SubmitFeeder behind Runner.submit
     sharded.py   map(distributed=True): a Runner per rank of a torchrun/Slurm job
 
