@@ -187,6 +187,18 @@ def test_units_received_beyond_the_position_are_not_run_again(tmp_path, devices)
     assert computed == [x for x in range(3, 30) if x // 3 not in (3, 6)]
 
 
+def test_arrays_and_tensors_resume_by_index():
+    import numpy as np
+    import torch
+
+    for data in (np.arange(1, 60, 7), torch.arange(1, 60, 7)):
+        it = producer(lambda x: int(x) * 2).imap(data, devices="inline")
+        first = [next(it) for _ in range(3)]
+        state = it.state_dict()
+        rest = list(producer(lambda x: int(x) * 2).imap(data, devices="inline", state=state))
+        assert first + rest == [x * 2 for x in range(1, 60, 7)]
+
+
 def test_prefetched_results_not_received_come_again():
     """Results fetched ahead (prefetch) but never returned by next() are produced again:
     the position counts what the caller received."""
@@ -230,6 +242,21 @@ class TestRefusals:
         state = it.state_dict()
         with pytest.raises(ValueError, match=named):
             noisy.imap(range(1, 50, 7), devices="inline", **{"seed": 1, **change}, state=state)
+
+    def test_a_class_iterating_its_own_way_needs_iter_from(self):
+        class Columns:  # indexing and iterating disagree (as a DataFrame's do)
+            def __len__(self):
+                return 2
+
+            def __getitem__(self, i):
+                return [1, 8][i]
+
+            def __iter__(self):
+                return iter(["a", "b"])
+
+        state = noisy.imap([1, 8], devices="inline").state_dict()
+        with pytest.raises(ValueError, match="iter_from"):
+            noisy.imap(Columns(), devices="inline", state=state)
 
     def test_another_input_length_is_refused(self):
         it = noisy.imap(range(1, 50, 7), devices="inline")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from easycore._errors import short_repr
@@ -147,8 +147,9 @@ def resumable_tail(data: Any, start: int) -> Iterable[Any]:
     """The items of ``data`` from item ``start`` on, reading none of those before it.
 
     A ``range`` is sliced (still a range), an object with ``iter_from(index)`` (the protocol
-    for readers of one's own) is asked for an iterator, a sequence (``len`` and integer
-    indexing, not a mapping) is indexed from ``start``.
+    for readers of one's own) is asked for an iterator, a sequence (a ``Sequence``, a numpy
+    array or torch tensor, or a map-style dataset: ``len`` and indexing, no ``__iter__``)
+    is indexed from ``start``.
 
     Raises:
         ValueError: ``data`` cannot start in the middle (a generator, an iterator, a set).
@@ -170,9 +171,24 @@ def resumable_tail(data: Any, start: int) -> Iterable[Any]:
 
 
 def _is_sequence(data: Any) -> bool:
-    if isinstance(data, (Mapping | str | bytes, Iterator)):
+    """Whether item ``i`` of iterating ``data`` is ``data[i]``: a ``Sequence``, an array or
+    tensor (iterated along its first axis), or a map-style dataset (``len`` and indexing
+    with no ``__iter__`` of its own, so that iterating it indexes it). A class with an
+    ``__iter__`` of its own may iterate something else (a DataFrame's columns): it says
+    how to resume with ``iter_from``."""
+    kind = type(data)
+    if isinstance(data, Mapping | str | bytes | Iterator):
         return False
-    return hasattr(type(data), "__getitem__") and hasattr(type(data), "__len__")
+    if isinstance(data, Sequence):
+        return True
+    if not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
+        return False
+    return not hasattr(kind, "__iter__") or _is_array(data)
+
+
+def _is_array(data: Any) -> bool:
+    module = type(data).__module__.split(".")[0]
+    return module in ("numpy", "torch") and hasattr(data, "shape")
 
 
 class _Tail:
