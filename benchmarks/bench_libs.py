@@ -346,9 +346,11 @@ def measure(
         import bench_training
 
         return bench_training.measure(lib, opts, workers)
-    if (
-        lib in ("raydata", "raytasks") or opts.get("engine") == "ray"
-    ):  # on a local Ray: its own harness
+    if workload == "W7":  # resuming an epoch at 90%: easycore alone (no peer resumes)
+        import bench_training
+
+        return bench_training.measure_resume(opts, workers)
+    if lib in ("raydata", "raytasks") or opts.get("engine") == "ray":  # on a local Ray
         import bench_ray
 
         return bench_ray.measure(lib, workload, opts, n, workers)

@@ -149,3 +149,60 @@ class _Batches:
 
     def __getitem__(self, i: int) -> Any:
         return make_batch(i, self.make)
+
+
+# ---------------------------------------------------------------------------------------------
+# W7: resuming a training epoch at 90% (API.md section 12)
+# ---------------------------------------------------------------------------------------------
+#: items per epoch, where the run resumes, items per batch, seconds of work per item
+RESUME_ITEMS, RESUME_AT, RESUME_BATCH, RESUME_ITEM_SECONDS = 100_000, 90_000, 64, 0.00005
+
+
+def resume_batch(batch: list[int]) -> tuple[int, int, float]:
+    """W7's work on a batch of indices: ~50 us of pure Python per item, then a seeded draw."""
+    import random
+
+    iters = int(RESUME_ITEM_SECONDS * _SPINS_PER_SECOND)
+    for i in batch:
+        wl.spin(i, iters)
+    return batch[0], len(batch), random.random()
+
+
+def measure_resume(opts: dict[str, str], workers: int) -> dict[str, Any]:
+    """One sample of W7: the time to the first batch after position ``RESUME_AT``.
+
+    ``how=resume``: ``imap(..., state=)`` from a state taken at 90% (untimed: a run to 90%
+    and its ``state_dict()``); ``how=skip``: a fresh ``imap`` whose first 90% of batches
+    are taken and dropped (computed); ``how=scratch``: the first batch of a fresh epoch (for
+    scale). Each on an open runner (workers up before the clock starts); the batch must be
+    the one at 90% (its first index, and the seeded draw of the uninterrupted run).
+    """
+    from easycore import derive_seed, producer, seed_everything
+
+    how = opts["how"]
+    data = list(range(RESUME_ITEMS))  # an epoch's index list (a sequence: resumes by index)
+    skip = RESUME_AT // RESUME_BATCH
+    kw: dict[str, Any] = {"batch_size": RESUME_BATCH, "seed": 0, "epoch": 1}
+    with producer(resume_batch).open(devices=workers) as runner:
+        state = None
+        if how == "resume":
+            it = runner.imap(data, **kw)
+            for _ in range(skip):
+                next(it)
+            state = it.state_dict()
+            it.close()
+        t0 = time.perf_counter()
+        it = runner.imap(data, state=state, **kw)
+        if how == "skip":
+            for _ in range(skip):
+                next(it)
+        first = next(it)
+        seconds = time.perf_counter() - t0
+        it.close()
+    want = 0 if how == "scratch" else skip
+    import random
+
+    seed_everything(derive_seed(0, want, epoch=1))
+    if first[0] != want * RESUME_BATCH or first[2] != random.random():
+        raise wl.WrongResult(f"W7 {how}: first batch {first} is not batch {want}")
+    return {"seconds": seconds, "extra": {}}

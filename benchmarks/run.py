@@ -127,6 +127,13 @@ GROUPS: dict[str, Group] = {
             "x ideal",
             False,
         ),
+        Group(
+            "W7",
+            "W7",
+            "items (batches of 64, 50 us each): first batch at 90% of the epoch",
+            "s",
+            False,
+        ),
     ]
 }
 
@@ -336,6 +343,15 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
                 g, "easycore", f"case={case},prefetch=32", "easycore", "easycore imap, prefetch=32"
             ),
         ]
+    # W7: resuming an epoch at 90% from imap's state_dict, against taking and dropping the
+    # first 90% of batches (what a loop without a saved position does), and a fresh start
+    cases += [
+        Case("W7", "easycore", "how=resume", "easycore", "easycore imap(state=...) at 90%"),
+        Case("W7", "easycore", "how=skip", "context", "easycore imap, first 90% taken, dropped"),
+        Case(
+            "W7", "easycore", "how=scratch", "reference", "easycore imap, first batch (epoch start)"
+        ),
+    ]
     return cases
 
 
@@ -636,6 +652,10 @@ def targets(rows: list[Row]) -> list[Target]:
             if g == "W2 ray" and ec and tasks:  # within 1.1x of plain Ray tasks' time
                 what = "easycore on Ray / plain Ray tasks, speed-up"
                 out.append(Target(g, what, ec.median / tasks.median, 1 / 1.1, True))
+        elif g == "W7":  # resuming costs no more than skipping (here: far less)
+            skip = role(g, "context")
+            frac = ec.median / skip.median if ec and skip else None
+            out.append(Target(g, "resume time to first batch / skipping's", frac, 1.0, False))
         elif g.startswith("W6"):
             best_ec = min(ecs, key=lambda r: r.median, default=None)
             out.append(
@@ -806,7 +826,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5,"
-        "W6 ('W6 fast', 'W6 slow', 'W6 pause')",
+        "W6 ('W6 fast', 'W6 slow', 'W6 pause'),W7",
     )
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(

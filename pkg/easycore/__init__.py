@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
+from easycore._checkpoint import load_checkpoint, save_checkpoint
 from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
@@ -35,7 +36,7 @@ from easycore._errors import (
 from easycore._options import RunKwargs
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
-from easycore._seeding import derive_seed, seed_everything
+from easycore._seeding import derive_seed, permutation, seed_everything
 
 if TYPE_CHECKING:
     from easycore._exec import Runner, StageStats
@@ -60,7 +61,10 @@ __all__ = [
     "compose",
     "consumer",
     "derive_seed",
+    "load_checkpoint",
+    "permutation",
     "producer",
+    "save_checkpoint",
     "seed_everything",
 ]
 

@@ -16,6 +16,7 @@ import attrs
 from typing_extensions import TypedDict
 
 from easycore._errors import item_label, short_repr
+from easycore._seeding import check_epoch, epoch_seed
 
 __all__ = [
     "DEFAULT_PREFETCH",
@@ -137,6 +138,19 @@ def parse_bytes(value: Any) -> int | None:
     return size
 
 
+def _check_epoch(_: Any, __: Any, value: Any) -> None:
+    check_epoch(value)
+
+
+def _check_state(_: Any, __: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        msg = (
+            "state must be the dict an imap iterator's state_dict() returned, or None; got "
+            f"{short_repr(value)}"
+        )
+        raise ValueError(msg)
+
+
 def _check_errors(_: Any, __: Any, value: Any) -> None:
     if value not in ("raise", "skip"):
         msg = f"errors must be 'raise' or 'skip', got {value!r}"
@@ -191,11 +205,29 @@ class RunOptions:
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
     max_worker_memory: int | None = attrs.field(default=None, converter=parse_bytes)
+    # training that resumes (API.md section 12)
+    epoch: int = attrs.field(default=0, validator=_check_epoch)
+    state: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_state)
+    # set by the runner from ``state``: the stream begins at first-hop unit ``first``, and
+    # the output units starting at ``passed`` (beyond ``first``) were received already
+    first: int = 0
+    passed: frozenset[int] = frozenset()
 
     @property
     def skip(self) -> bool:
         """Failures are set aside (``errors="skip"``) rather than raised."""
         return self.errors == "skip"
+
+    @property
+    def run_seed(self) -> int | None:
+        """The seed the workers derive per-item seeds from: ``seed``, made another for
+        every ``epoch`` but 0 (see :func:`easycore.derive_seed`)."""
+        return None if self.seed is None else epoch_seed(self.seed, self.epoch)
+
+    @property
+    def markers(self) -> bool:
+        """Units may come as ``CACHED`` markers (``resume=``, or a resumed position)."""
+        return self.resume is not None or bool(self.passed)
 
     def label(self, index: int) -> str:
         """Name unit ``index`` of the first hop in messages."""
@@ -230,6 +262,8 @@ class RunKwargs(TypedDict, total=False):
     retry_failed: bool
     max_items_per_worker: int | None
     max_worker_memory: int | str | None
+    epoch: int | None
+    state: Mapping[str, Any] | None
 
 
 # Options that may also be given by position, after ``data`` (and ``devices``, ``cfg``), in
@@ -237,13 +271,17 @@ class RunKwargs(TypedDict, total=False):
 POSITIONAL = ("ordered", "batch_size", "progress", "seed", "timeout", "retries")
 
 
-def run_options(caller: str, positional: tuple[Any, ...], named: Mapping[str, Any]) -> RunOptions:
+def run_options(
+    caller: str, positional: tuple[Any, ...], named: Mapping[str, Any], epoch: int = 0
+) -> RunOptions:
     """The checked :class:`RunOptions` of a ``map``/``imap`` call, built in this one place.
 
     Args:
         caller: the method's name, for messages (``"map"``).
         positional: options given by position, in :data:`POSITIONAL`'s order.
-        named: options given by keyword (:class:`RunKwargs`).
+        named: options given by keyword (:class:`RunKwargs`); ``state`` only for ``imap``
+            (it continues an imap iterator).
+        epoch: the epoch when ``named`` gives none (or None): an open runner's.
 
     Raises:
         TypeError: too many positional options, one given twice, or an unknown keyword (the
@@ -263,8 +301,15 @@ def run_options(caller: str, positional: tuple[Any, ...], named: Mapping[str, An
             hint = f"; did you mean {close[0]!r}?" if close else ""
             msg = f"{caller}() got an unexpected keyword argument {name!r}{hint}"
             raise TypeError(msg)
+    if caller != "imap" and "state" in named:
+        msg = f"{caller}() got an unexpected keyword argument 'state' (it continues an imap)"
+        raise TypeError(msg)
     options = dict(zip(POSITIONAL, positional, strict=False))
     for name in options.keys() & named.keys():
         msg = f"{caller}() got multiple values for argument {name!r}"
         raise TypeError(msg)
-    return RunOptions(**options, **named)
+    if named.get("epoch") is None:
+        options["epoch"] = epoch
+    return RunOptions(
+        **options, **{k: v for k, v in named.items() if k != "epoch" or v is not None}
+    )

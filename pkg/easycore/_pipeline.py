@@ -99,6 +99,7 @@ class _Runs:
         start_method: str | None = None,
         prefetch: int | None = None,
         engine: str = "local",
+        epoch: int = 0,
     ) -> Runner:
         """Start workers that stay up across calls; use as a context manager.
 
@@ -116,6 +117,8 @@ class _Runs:
             engine: ``"local"`` (worker processes on this machine) or ``"ray"`` (every pool
                 a group of Ray actors on the cluster ``ray.init()`` connects to; see
                 :meth:`map`).
+            epoch: the epoch of the runner's ``map``/``imap`` calls that do not give one
+                (see :meth:`map`).
 
         Returns:
             An active :class:`~easycore.Runner`.
@@ -133,6 +136,7 @@ class _Runs:
             start_method=start_method,
             prefetch=prefetch,
             engine=engine,
+            epoch=epoch,
         )
 
     def map(
@@ -190,6 +194,11 @@ class _Runs:
         actor holding one GPU; results pass between pools as Ray object references.
         Everything above holds the same (a seeded run gives the same results).
 
+        ``epoch=e`` (an int >= 0, default 0): with ``seed``, every item gets a seed of its
+        own that differs between epochs and is the same on every run
+        (:func:`easycore.derive_seed` ``(seed, index, epoch=e)``; epoch 0 gives the seeds
+        of a run without ``epoch``).
+
         Returns:
             The consumer's result, or a list of results when there is no consumer.
 
@@ -235,6 +244,17 @@ class _Runs:
         are exhausted, closed, or garbage-collected. ``prefetch=k``: each worker may hold ``k``
         chunks, queued, running or finished and waiting for the caller (see
         :meth:`Runner.imap`).
+
+        The iterator's ``state_dict()`` is its position, a small JSON-serialisable dict;
+        ``imap(..., state=that)`` continues with exactly the next result, every result after
+        it the uninterrupted run's (seeds included), without computing the items before it
+        (see :meth:`Runner.imap` for the inputs that can resume). ``epoch``: see
+        :meth:`map`.
+
+        Raises:
+            ValueError: ``state`` is not an imap position or one of another run (another
+                seed, epoch, batch size or input length), or the input (a generator)
+                cannot start in the middle.
         """
         pipeline = self._as_pipeline()
         if pipeline.consumer is not None:

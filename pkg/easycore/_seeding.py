@@ -19,8 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "check_epoch",
     "derive_seed",
     "drop_hooks",
+    "epoch_seed",
+    "permutation",
     "seed_everything",
     "seed_loaded",
     "seed_on_import",
@@ -30,19 +33,93 @@ __all__ = [
 _LAST_SEED: int | None = None  # the last value given to seed_everything in this process
 
 
-def derive_seed(seed: int, index: int, pool: int = 0) -> int:
+def derive_seed(seed: int, index: int, pool: int = 0, *, epoch: int = 0) -> int:
     """The seed workers use for item ``index`` of a run with ``seed=seed``: a 63-bit int.
 
-    ``seed_everything(derive_seed(seed, i))`` in a loop of one's own gives item ``i`` the
-    random state a worker gives it (with ``batch_size``, ``i`` counts batches; ``pool`` is
-    the place of an ``.on`` pool in the pipeline, 0 for the first).
+    ``seed_everything(derive_seed(seed, i, epoch=e))`` in a loop of one's own gives item ``i``
+    the random state a worker gives it in a run with ``seed=seed, epoch=e`` (with
+    ``batch_size``, ``i`` counts batches; ``pool`` is the place of an ``.on`` pool in the
+    pipeline, 0 for the first). Epoch 0 gives the seeds of a run without ``epoch``; every
+    other epoch gives every item another seed, the same on every run.
+
+    Args:
+        seed: the run's ``seed``.
+        index: the item's (or batch's) index in the input.
+        pool: the pool's place in the pipeline (0: the first).
+        epoch: the run's ``epoch`` (an int >= 0).
+
+    Returns:
+        A non-negative int below ``2**63``.
+
+    Raises:
+        ValueError: ``epoch`` is negative or not an int.
 
     >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
     True
+    >>> derive_seed(0, 1, epoch=1) != derive_seed(0, 1)
+    True
     """
+    if epoch:
+        seed = epoch_seed(seed, epoch)
     key = f"{seed}:{index}" if pool == 0 else f"{seed}:{pool}:{index}"
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed a run with ``seed`` and ``epoch`` hands its workers (``seed`` at epoch 0):
+    per-item seeds are derived from it as from a plain seed.
+
+    Raises:
+        ValueError: ``epoch`` is not an int >= 0.
+    """
+    check_epoch(epoch)
+    if epoch == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}@epoch:{epoch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def check_epoch(epoch: Any) -> None:
+    """Raises ValueError unless ``epoch`` is an int >= 0."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        msg = f"epoch must be an int >= 0, got {epoch!r}"
+        raise ValueError(msg)
+
+
+def permutation(n: int, seed: int, epoch: int = 0) -> list[int]:
+    """A seeded permutation of ``range(n)``: the same on every run, another every epoch.
+
+    For shuffling a sized dataset per epoch in a way a resumed run repeats:
+    ``runner.imap([dataset[i] for i in permutation(len(dataset), seed, epoch)], ...)``, or
+    better an index list the producer loads from.
+
+    Args:
+        n: how many indices (an int >= 0).
+        seed: any int.
+        epoch: the epoch (an int >= 0).
+
+    Returns:
+        A list holding each of ``0 .. n-1`` once.
+
+    Raises:
+        ValueError: ``n`` or ``epoch`` is not an int >= 0, or ``seed`` not an int.
+
+    >>> sorted(permutation(5, seed=0)) == [0, 1, 2, 3, 4]
+    True
+    >>> permutation(10, 0, epoch=1) == permutation(10, 0, epoch=1) != permutation(10, 0)
+    True
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        msg = f"n must be an int >= 0, got {n!r}"
+        raise ValueError(msg)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        msg = f"seed must be an int, got {seed!r}"
+        raise ValueError(msg)
+    order = list(range(n))
+    # random.Random(int).shuffle is the same on every platform and Python 3 version
+    random.Random(derive_seed(seed, -1, epoch=epoch)).shuffle(order)
+    return order
 
 
 def seed_everything(value: int) -> None:

@@ -14,6 +14,7 @@ communication helpers a training or inference script needs::
     distributed.gather(obj, dst=0)           # that list on dst, None elsewhere
     distributed.broadcast(obj, src=0)        # src's obj on every rank
     distributed.barrier()
+    share = distributed.rank_share(dataset_indices)   # this rank's part of an epoch
 
     @distributed.main_only                   # runs on rank 0 only (None elsewhere)
     def save(result): ...
@@ -37,7 +38,7 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import attrs
@@ -61,11 +62,13 @@ __all__ = [
     "local_world_size",
     "main_only",
     "rank",
+    "rank_share",
     "world_size",
 ]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 
 DEFAULT_PORT = 29500  # torch's own default MASTER_PORT
 
@@ -382,6 +385,61 @@ def local_devices() -> list[str]:
     if gpus:
         return [f"cuda:{local_rank() % gpus}"]
     return ["cpu"] * max(1, cpu_count() // max(1, local_world_size()))
+
+
+def rank_share(
+    items: Sequence[_T], rank: int | None = None, world_size: int | None = None, pad: bool = True
+) -> list[_T]:
+    """This rank's share of a sized sequence: every ``world_size``-th item from ``rank``.
+
+    Every rank gets the same number of items, so that ranks step together (a collective in
+    each training step never waits for a rank that ran out): with ``pad=True`` the items are
+    first made a multiple of ``world_size`` long by repeating items from the start (as
+    torch's ``DistributedSampler`` does), with ``pad=False`` the remainder is dropped. The
+    shares are disjoint apart from that padding, and together cover every item (every item
+    but the dropped remainder with ``pad=False``). Which rank gets which item depends on
+    nothing but ``rank`` and ``world_size``, not on how many workers each rank runs.
+
+    Args:
+        items: a sequence (``len`` and integer indexing): items, or indices into a dataset
+            (e.g. :func:`easycore.permutation` of the epoch).
+        rank: this process's rank (default: the launcher's, see :func:`rank`).
+        world_size: how many ranks (default: the launcher's, see :func:`world_size`).
+        pad: repeat items to fill the last round (True), or drop the remainder (False).
+
+    Returns:
+        A list of ``ceil(n / world_size)`` items (``pad=True``) or ``n // world_size``.
+
+    Raises:
+        ValueError: ``world_size`` is not an int >= 1 or ``rank`` not in
+            ``0 .. world_size - 1``.
+        TypeError: ``items`` has no length or cannot be indexed.
+
+    >>> rank_share(range(10), rank=1, world_size=4)
+    [1, 5, 9]
+    >>> rank_share(range(10), rank=3, world_size=4)
+    [3, 7, 1]
+    >>> rank_share(range(10), rank=3, world_size=4, pad=False)
+    [3, 7]
+    """
+    if rank is None or world_size is None:
+        launched = get_dist_info()
+        rank = launched[0] if rank is None else rank
+        world_size = launched[1] if world_size is None else world_size
+    me, world = rank, world_size
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        msg = f"world_size must be an int >= 1, got {world!r}"
+        raise ValueError(msg)
+    if isinstance(me, bool) or not isinstance(me, int) or not 0 <= me < world:
+        msg = f"rank={me!r} is not a rank of a world of {world}: expected 0 .. {world - 1}"
+        raise ValueError(msg)
+    if not (hasattr(items, "__len__") and hasattr(items, "__getitem__")):
+        msg = f"rank_share needs a sized sequence (len and indexing), got {type(items).__name__}"
+        raise TypeError(msg)
+    n = len(items)
+    per_rank = -(-n // world) if pad else n // world
+    # rank r's k-th item is item (r + k * world) of the input padded from its start
+    return [items[(me + k * world) % n] for k in range(per_rank)] if n else []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,10 @@ class TestExports:
             "ItemTimeout",
             "FrozenError",
             "__version__",
+            "derive_seed",
+            "permutation",
+            "save_checkpoint",
+            "load_checkpoint",
         ]:
             assert name in easycore.__all__
 

@@ -55,6 +55,8 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     resume.py    resume=: the run ledger in SQLite (finished units sent as CACHED markers),
                  which knows what run it belongs to (RunIdentity)
     digest.py    digests equal in every process: of items, functions and cfg (for resume.py)
+    position.py  imap's state_dict()/state=: what the caller received, a stream that starts
+                 there (sequences by index; units received beyond it sent as CACHED markers)
     submit.py    Seat and SubmitFeeder behind Runner.submit
     sharded.py   map(distributed=True): a Runner per rank of a torchrun/Slurm job
 
@@ -103,10 +105,17 @@ def open_runner(
     start_method: str | None,
     prefetch: int | None = None,
     engine: str = "local",
+    epoch: int = 0,
 ) -> Runner:
     """``Pipeline.open``: an active runner whose workers stay up."""
     return Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, prefetch=prefetch, engine=engine
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        prefetch=prefetch,
+        engine=engine,
+        epoch=epoch,
     )
 
 

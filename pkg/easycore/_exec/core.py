@@ -166,12 +166,15 @@ class RunBooks:
         n = options.numbering
         self.numbering = (0, 1) if n is None else (n.first, n.step)
         self.charges = Charges(chain)
-        self.pulled = 0  # first-hop units taken from the source (the next one's index)
+        # A resumed stream (imap's state=) begins at first-hop unit `first`: every index,
+        # seed and message is then the uninterrupted run's (see easycore._exec.position).
+        self.first = options.first
+        self.pulled = self.first  # first-hop units taken from the source (the next one's index)
         self.taken = 0  # first-hop units taken and not yet yielded
         self.redo: deque[Work] = deque()  # to run again, ahead of new input
         self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start
         self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
-        self.next_out = 0
+        self.next_out = self.first
         self.sizers = [ChunkSizer() for _ in self.hops]
         self.chunk_size = self.align
         self.done = [0] * len(self.hops)
@@ -223,7 +226,7 @@ class RunBooks:
         if total is not None:
             # A known length: chunks shrink as the input runs out ("guided" scheduling), so
             # the workers finish together instead of one waiting on the other's last chunk.
-            share = -(-(total - self.pulled) // (2 * len(self.hops[0].devices)))
+            share = -(-(total - (self.pulled - self.first)) // (2 * len(self.hops[0].devices)))
             room = min(room, max(share, self.floor()))
         if room <= 0 or self.source.exhausted:
             return None

@@ -93,7 +93,7 @@ class InlineEngine:
         books = self.books = RunBooks(self.chain, source_of(()), options, policy)
         # (index of the unit at this hop, value, its first-hop units)
         units: Iterator[tuple[int, Any, list[Any]]] = (
-            (i, item, [item]) for i, item in enumerate(data)
+            (i, item, [item]) for i, item in enumerate(data, books.first)
         )
         for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
             if hop.batch:
@@ -126,7 +126,7 @@ class InlineEngine:
                 continue
             t0 = time.perf_counter()
             value, failed = stages.run_retrying(
-                unit, index, options.seed, options.retries, books.numbering
+                unit, index, options.run_seed, options.retries, books.numbering
             )
             books.count(hop, 1, time.perf_counter() - t0)
             if failed is not None:
@@ -142,7 +142,9 @@ def _batched(
     units: Iterator[tuple[int, Any, list[Any]]], size: int
 ) -> Iterator[tuple[int, Any, list[Any]]]:
     """Batches of ``size`` consecutive units (the last may be shorter), as units."""
-    for j, batch in enumerate(batched(units, size)):
+    for batch in batched(units, size):
+        # (a resumed stream begins at a whole output unit: so at a whole batch of each hop)
+        j = batch[0][0] // size
         yield j, [v for _, v, _ in batch], [o for _, _, origin in batch for o in origin]
 
 

@@ -10,7 +10,7 @@ once per run with the count and the first failure.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._errors import Failure, SkippedItemsWarning
@@ -20,8 +20,17 @@ from easycore._options import RunOptions
 __all__ = ["SkippedItemsWarning", "set_aside"]
 
 
-def set_aside(stream: Iterator[Any], options: RunOptions, align: int) -> Iterator[Any]:
-    """Pass ``stream``'s segments on without their failed units, reporting each."""
+def set_aside(
+    stream: Iterator[Any],
+    options: RunOptions,
+    align: int,
+    passed: Callable[[int], Any] | None = None,
+) -> Iterator[Any]:
+    """Pass ``stream``'s segments on without their failed units, reporting each.
+
+    ``passed(start)`` is told of each failed output unit (by its first first-hop unit) as
+    the stream moves past it, so that an imap position counts it as behind the caller.
+    """
     count = 0
     first: Failure | None = None
     try:
@@ -41,6 +50,8 @@ def set_aside(stream: Iterator[Any], options: RunOptions, align: int) -> Iterato
                     kept = []
                 at = start + (k + 1) * align
                 unit = start // align + k
+                if passed is not None:
+                    passed(unit * align)
                 failure = Failure(options.global_index(unit), value.item, value.stage, value.exc)
                 count += 1
                 if options.on_error is not None:

@@ -201,7 +201,7 @@ class RayRun:
                 arg, meta = actor.run(
                     arg,
                     work.start // hop.unit,
-                    self.options.seed,
+                    self.options.run_seed,
                     self.options.retries,
                     {i: k for (h, i), k in spent.items() if h == hop.index},
                     books.numbering if hop.index == 0 else (0, 1),

@@ -199,6 +199,8 @@ class RunIdentity:
             "seed": options.seed,
             "batch_size": first_batch(pipeline, options.batch_size),
         }
+        if options.epoch:  # (absent at epoch 0: ledgers written before epochs stay valid)
+            parts["epoch"] = options.epoch
         return cls(json.loads(_json(parts)))  # as it reads back from the file
 
     def rows(self) -> list[tuple[str, str]]:
@@ -237,6 +239,8 @@ class RunIdentity:
         for name in ("seed", "batch_size"):
             if stored.get(name) != new[name]:
                 out.append(f"{name}: {stored.get(name)} -> {new[name]}")
+        if stored.get("epoch", 0) != new.get("epoch", 0):
+            out.append(f"epoch: {stored.get('epoch', 0)} -> {new.get('epoch', 0)}")
         return out
 
     def check(self, path: str, stored: Mapping[str, Any]) -> None:

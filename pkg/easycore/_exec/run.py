@@ -185,14 +185,14 @@ class Run:
             chunk_id = next(self.ledger.ids)
             task = Task(
                 chunk_id,
-                self.options.seed,
+                self.options.run_seed,
                 work.start,
                 work.items,
                 timed,
                 self.options.retries,
                 books.charges.spent(work.start, work.end),
                 books.numbering,
-                self.options.resume is not None,
+                self.options.markers,
             )
             try:
                 frame = w.chan.encode(task)

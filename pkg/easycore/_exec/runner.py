@@ -26,6 +26,15 @@ from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
 from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
 from easycore._exec.policy import set_aside
+from easycore._exec.position import (
+    Position,
+    drop_passed,
+    length_of,
+    mark_passed,
+    read_state,
+    resumable_tail,
+    run_identity,
+)
 from easycore._exec.resume import RunIdentity, RunLedger
 from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
@@ -37,6 +46,7 @@ from easycore._options import (
     check_prefetch,
     run_options,
 )
+from easycore._seeding import check_epoch
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -72,10 +82,13 @@ class Runner:
         start_method: str | None = None,
         prefetch: int | None = None,
         engine: str = "local",
+        epoch: int = 0,
         _wait: bool = True,
         _tasks: bool = False,
     ) -> None:
         check_prefetch(prefetch)
+        check_epoch(epoch)
+        self.epoch = epoch  # the epoch of runs that do not name one
         if engine not in ENGINES:
             msg = f"engine must be one of {ENGINES}, got {engine!r}"
             raise ValueError(msg)
@@ -217,7 +230,7 @@ class Runner:
             TypeError, ValueError: a bad option, before any item is sent.
             WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
         """
-        return self.run_map(data, run_options("map", positional, options))
+        return self.run_map(data, run_options("map", positional, options, self.epoch))
 
     def _settle(self, options: RunOptions) -> RunOptions:
         """The run's options with the runner's defaults filled in."""
@@ -249,17 +262,48 @@ class Runner:
         items as take about 50 ms or make about 1 MiB of results; at most about
         ``n_workers * (k + 1)`` chunks are in flight or waiting, and with tensors or arrays
         the waiting results stay in shared memory (they are not copied again when taken).
+
+        Training that resumes: the iterator's ``state_dict()`` is its position (what the
+        caller has received), a small JSON-serialisable dict; ``imap(..., state=that)`` with
+        the same input, ``seed``, ``epoch`` and batch sizes continues with exactly the next
+        result, and every result after it is the uninterrupted run's. Items before the
+        position are not read or computed again: a ``range`` or a sequence resumes by
+        index, an object with ``iter_from(index)`` (an iterator of its items from that one
+        on) is asked for the rest; any other input (a generator) is a ``ValueError`` with
+        ``state=``. ``epoch`` (None: the one given to ``open``, 0 by default) gives every
+        item of a seeded run another seed in every epoch (see
+        :func:`easycore.derive_seed`).
+
+        Raises:
+            ValueError: ``state`` is not an imap position, is one of another run (another
+                seed, epoch, batch size or input length: the message names it), comes with
+                ``resume=``, or the input cannot start in the middle.
         """
         if self.pipeline.consumer is not None:
             msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
             raise TypeError(msg)
-        return self.run_imap(data, run_options("imap", positional, options))
+        return self.run_imap(data, run_options("imap", positional, options, self.epoch))
 
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
         """:meth:`imap` with its options as one value."""
-        return _Items(self._results(self._settle(options), data))
+        options = self._settle(options)
+        identity = run_identity(
+            options.seed, options.epoch, options.batch_size, self._chain.align, length_of(data)
+        )
+        position = Position(identity, self._chain.align)
+        if options.state is not None:
+            if options.resume is not None:
+                msg = "state= and resume= are two ways to resume: give one of them"
+                raise ValueError(msg)
+            first, passed = read_state(options.state, identity)
+            position.prefix, position.beyond = first, set(passed)
+            data = resumable_tail(data, first * (options.batch_size or 1))
+            options = attrs.evolve(options, first=first, passed=passed)
+        return _Items(self._results(options, data, position), position)
 
-    def _results(self, options: RunOptions, data: Iterable[Any]) -> _Claimed:
+    def _results(
+        self, options: RunOptions, data: Iterable[Any], position: Position | None = None
+    ) -> _Claimed:
         """Segments ``(index of first item, results)`` in the requested order.
 
         The runner is taken for this run now (a second run raises ``RuntimeError``) and
@@ -267,15 +311,20 @@ class Runner:
         """
         token = self._seat.claim(lambda: self._active)
         try:
-            stream = self._open_stream(data, options)
+            stream = self._open_stream(data, options, position)
         except BaseException:
             self._seat.release(token)
             raise
         return _Claimed(self._seat, token, stream)
 
-    def _open_stream(self, data: Iterable[Any], options: RunOptions) -> Segments:
+    def _open_stream(
+        self, data: Iterable[Any], options: RunOptions, position: Position | None = None
+    ) -> Segments:
         size = options.batch_size
+        align = self._chain.align
         source: Iterable[Any] = batched(data, size) if size else data
+        if options.passed:  # units received beyond the position: not run, not delivered
+            source = mark_passed(source, options.first, options.passed, align)
         ledger = None
         if options.resume is not None:
             identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
@@ -290,10 +339,13 @@ class Runner:
             policy=SKIP if options.skip else RAISE,
             is_current=lambda: self._is_current(generation),
         )
+        if options.passed:
+            stream = drop_passed(stream, align)
         if ledger is not None:
             stream = ledger.record(stream)
         if options.skip:
-            stream = set_aside(stream, options, self._chain.align)
+            passed = None if position is None else position.passed
+            stream = set_aside(stream, options, align, passed)
         supervised = self._supervised(stream, bars)
         primed = next(supervised)  # work starts now (an error here has closed the runner)
         assert primed is PRIMED
@@ -421,11 +473,17 @@ class _Claimed:
 
 class _Items:
     """A run's results one by one (its segments flattened); ``close()`` stops the run early:
-    what is in flight is waited for and dropped, and the runner stays usable."""
+    what is in flight is waited for and dropped, and the runner stays usable.
 
-    def __init__(self, segments: _Claimed) -> None:
+    ``position`` counts each result as the caller receives it (``state_dict``).
+    """
+
+    def __init__(self, segments: _Claimed, position: Position | None = None) -> None:
         self._segments = segments
         self._values: Iterator[Any] = iter(())
+        self._position = position
+        self._at = 0  # the first-hop unit where the next value's output unit begins
+        self._align = 1 if position is None else position.align
 
     def __iter__(self) -> _Items:
         return self
@@ -433,8 +491,20 @@ class _Items:
     def __next__(self) -> Any:
         while True:
             for value in self._values:
+                if self._position is not None:
+                    self._position.passed(self._at)
+                    self._at += self._align
                 return value
-            self._values = iter(next(self._segments)[1])
+            self._at, values = next(self._segments)
+            self._values = iter(values)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This stream's position: what the caller has received so far, as a small
+        JSON-serialisable dict for ``imap(..., state=...)`` (see :meth:`Runner.imap`)."""
+        if self._position is None:
+            msg = "this stream does not keep a position"
+            raise TypeError(msg)
+        return self._position.state()
 
     def close(self) -> None:
         self._values = iter(())
@@ -451,6 +521,16 @@ class OwnedResults:
 
     def __iter__(self) -> OwnedResults:
         return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the stream (see :meth:`Runner.imap`): what the caller has
+        received, as a small JSON-serialisable dict for ``imap(..., state=...)``."""
+        state_dict = getattr(self._results, "state_dict", None)
+        if state_dict is None:
+            msg = "this stream does not keep a position"
+            raise TypeError(msg)
+        result: dict[str, Any] = state_dict()
+        return result
 
     def __next__(self) -> Any:
         try:

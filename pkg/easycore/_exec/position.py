@@ -1,0 +1,248 @@
+"""Where an ``imap`` stream stands: what the caller has received, as a small dict, and a
+stream that starts from there (API.md section 12).
+
+Engine-neutral, like the run core: positions are counted in *first-hop units* (items, or
+``batch_size`` batches), the numbering every engine already shares, so a resumed run's
+indices, seeds and messages are those of the uninterrupted run on any engine.
+
+* :class:`Position` counts what the caller *received*: a result is counted when ``next()``
+  returns it (one fetched ahead but not yet returned is produced again after a resume), a
+  failure set aside by ``errors="skip"`` when the stream moves past it. With
+  ``ordered=False`` results arrive out of order: the position is a contiguous prefix plus
+  the few output units received beyond it (at most a window's worth).
+* :func:`read_state` checks a state against the run it is given to (seed, epoch, batch
+  sizes, length of the input) and says where to begin.
+* :func:`resumable_tail` is the input from a given item on, without reading what is before
+  it: a ``range`` is sliced, a sequence indexed, a reader with ``iter_from(index)`` asked;
+  anything else (a generator) cannot resume and is a ``ValueError``.
+* :func:`mark_passed` puts ``CACHED`` markers in place of units received beyond the prefix
+  (workers pass markers on without running anything) and :func:`drop_passed` takes them
+  out of the results, so that those units are neither computed nor delivered again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from easycore._errors import short_repr
+from easycore._protocol import CACHED, is_cached
+
+__all__ = [
+    "STATE_KIND",
+    "Position",
+    "drop_passed",
+    "length_of",
+    "mark_passed",
+    "read_state",
+    "resumable_tail",
+    "run_identity",
+]
+
+STATE_KIND = "easycore.imap"
+_VERSION = 1
+_IDENTITY = ("seed", "epoch", "batch_size", "align", "total")
+
+
+def run_identity(
+    seed: int | None, epoch: int, batch_size: int | None, align: int, total: int | None
+) -> dict[str, Any]:
+    """What a position is a position in: a state given to another run is refused."""
+    return {
+        "seed": seed,
+        "epoch": epoch,
+        "batch_size": batch_size,
+        "align": align,
+        "total": total,
+    }
+
+
+class Position:
+    """The first-hop units whose results the caller has received (or that were set aside).
+
+    ``prefix``: every unit before it; ``beyond``: the first units of output units past the
+    prefix that were received too (``ordered=False``).
+    """
+
+    def __init__(self, identity: dict[str, Any], align: int, prefix: int = 0, beyond: Any = ()):
+        self.identity = identity
+        self.align = align
+        self.prefix = prefix
+        self.beyond: set[int] = set(beyond)
+        self.results = 0  # results returned to the caller by this stream
+
+    def passed(self, start: int) -> None:
+        """The output unit that begins at first-hop unit ``start`` is behind the caller."""
+        if start != self.prefix:
+            self.beyond.add(start)
+            return
+        self.prefix += self.align
+        while self.prefix in self.beyond:
+            self.beyond.remove(self.prefix)
+            self.prefix += self.align
+
+    def state(self) -> dict[str, Any]:
+        """The position as a small JSON-serialisable dict (see :func:`read_state`)."""
+        return {
+            "kind": STATE_KIND,
+            "version": _VERSION,
+            **self.identity,
+            "position": self.prefix,
+            "received": sorted(self.beyond),
+        }
+
+
+def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int, frozenset[int]]:
+    """Where a stream resumed from ``state`` begins: ``(first, passed)``, first-hop units.
+
+    Raises:
+        ValueError: ``state`` is not an imap position, or one of another run (another
+            seed, epoch, batch size, or length of the input), naming what differs.
+    """
+    if state.get("kind") != STATE_KIND or state.get("version") != _VERSION:
+        msg = (
+            "state= must be a dict that an imap iterator's state_dict() returned (version "
+            f"{_VERSION}); got {short_repr(dict(state))}"
+        )
+        raise ValueError(msg)
+    diffs = []
+    for name in _IDENTITY:
+        was, now = state.get(name), identity[name]
+        if name == "total" and (was is None or now is None):
+            continue  # a length that one of the runs did not know cannot differ
+        if was != now:
+            diffs.append(f"{name} {was!r} -> {now!r}")
+    if diffs:
+        msg = (
+            f"state= is the position of another run ({'; '.join(diffs)}): resume with the "
+            "same input, seed, epoch and batch sizes as the run it was taken from"
+        )
+        raise ValueError(msg)
+    first, received = state.get("position"), state.get("received")
+    align = identity["align"]
+    ok = (
+        isinstance(first, int)
+        and first >= 0
+        and first % align == 0
+        and isinstance(received, list)
+        and all(isinstance(s, int) and s > first and s % align == 0 for s in received)
+    )
+    if not ok:
+        msg = f"state= holds a position that cannot be: {short_repr(dict(state))}"
+        raise ValueError(msg)
+    assert isinstance(first, int) and isinstance(received, list)
+    return first, frozenset(received)
+
+
+def length_of(data: Any) -> int | None:
+    """``len(data)``, or None when it has none."""
+    with contextlib.suppress(TypeError):
+        return len(data)
+    return None
+
+
+def resumable_tail(data: Any, start: int) -> Iterable[Any]:
+    """The items of ``data`` from item ``start`` on, reading none of those before it.
+
+    A ``range`` is sliced (still a range), an object with ``iter_from(index)`` (the protocol
+    for readers of one's own) is asked for an iterator, a sequence (a ``Sequence``, a numpy
+    array or torch tensor, or a map-style dataset: ``len`` and indexing, no ``__iter__``)
+    is indexed from ``start``.
+
+    Raises:
+        ValueError: ``data`` cannot start in the middle (a generator, an iterator, a set).
+    """
+    if type(data) is range:
+        return data[start:]
+    iter_from = getattr(data, "iter_from", None)
+    if callable(iter_from):
+        return _Tail(data, start, iter_from)
+    if _is_sequence(data):
+        return _Tail(data, start, None)
+    msg = (
+        f"state= resumes an input by index, but {short_repr(data)} (of type "
+        f"{type(data).__name__}) cannot start in the middle: give a sequence or range, or an "
+        "object with iter_from(index) returning an iterator from that item on (see the "
+        "guide, 'Training that resumes')"
+    )
+    raise ValueError(msg)
+
+
+def _is_sequence(data: Any) -> bool:
+    """Whether item ``i`` of iterating ``data`` is ``data[i]``: a ``Sequence``, an array or
+    tensor (iterated along its first axis), or a map-style dataset (``len`` and indexing
+    with no ``__iter__`` of its own, so that iterating it indexes it). A class with an
+    ``__iter__`` of its own may iterate something else (a DataFrame's columns): it says
+    how to resume with ``iter_from``."""
+    kind = type(data)
+    if isinstance(data, Mapping | str | bytes | Iterator):
+        return False
+    if isinstance(data, Sequence):
+        return True
+    if not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
+        return False
+    return not hasattr(kind, "__iter__") or _is_array(data)
+
+
+def _is_array(data: Any) -> bool:
+    module = type(data).__module__.split(".")[0]
+    return module in ("numpy", "torch") and hasattr(data, "shape")
+
+
+class _Tail:
+    """``data`` from item ``start`` on, with the length left when ``data`` has one."""
+
+    def __init__(self, data: Any, start: int, iter_from: Any) -> None:
+        self.data = data
+        self.start = start
+        self.iter_from = iter_from
+        n = length_of(data)
+        self.n = None if n is None else max(n - start, 0)
+
+    def __len__(self) -> int:
+        if self.n is None:
+            raise TypeError("the input has no length")
+        return self.n
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.iter_from is not None:
+            return iter(self.iter_from(self.start))
+        data = self.data
+        return (data[i] for i in range(self.start, len(data)))
+
+
+def mark_passed(
+    units: Iterable[Any], first: int, passed: frozenset[int], align: int
+) -> Iterator[Any]:
+    """``units`` (the stream from first-hop unit ``first``) with a ``CACHED`` marker in place
+    of each unit of an output unit that starts at one of ``passed``."""
+    last = max(passed) + align
+    it = iter(units)
+    for i, unit in zip(itertools.count(first), it, strict=False):
+        yield CACHED if i - i % align in passed else unit
+        if i + 1 >= last:
+            break
+    yield from it
+
+
+def drop_passed(stream: Iterator[Any], align: int) -> Iterator[Any]:
+    """``stream``'s segments without the values of units passed as markers."""
+    yield next(stream)  # PRIMED
+    for start, values in stream:
+        if not any(is_cached(v) for v in values):
+            yield start, values
+            continue
+        kept: list[Any] = []
+        at = start
+        for k, value in enumerate(values):
+            if not is_cached(value):
+                kept.append(value)
+                continue
+            if kept:
+                yield at, kept
+                kept = []
+            at = start + (k + 1) * align
+        if kept:
+            yield at, kept
