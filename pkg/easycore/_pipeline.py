@@ -198,13 +198,41 @@ class _Runs:
         actor holding one GPU; results pass between pools as Ray object references.
         Everything above holds the same (a seeded run gives the same results).
 
+        Args:
+            data: any iterable (generators too), consumed lazily under backpressure.
+            devices: an int (CPU workers), a list of device strings or ``torch.device`` s (one
+                worker each), ``"cuda"``, ``"auto"`` (every GPU, else one worker per core) or
+                ``"inline"`` (everything in this process).
+            cfg: a mapping or ``CfgNode``, injected frozen as ``cfg``.
+            ordered: results (and the consumer's items) in input order; False: as they finish.
+            batch_size: hand the first pool lists of up to this many items.
+            progress: show a tqdm bar per pool.
+            seed: seed ``random``, numpy and torch per item from ``(seed, index)``.
+            timeout: seconds an item may run in its worker; past it the worker is killed.
+            retries: how many times a failed item (or a dead worker's items) runs again.
+            start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+            distributed: share the items out between the ranks of a torchrun/Slurm job.
+            engine: ``"local"`` (worker processes here) or ``"ray"`` (Ray actors).
+            prefetch: chunks each worker may hold, queued, running or done (default 2).
+            errors: ``"raise"`` (default) or ``"skip"`` (set failed items aside).
+            on_error: with ``errors="skip"``, called in this process with each ``Failure``.
+            resume: path of an SQLite run ledger that makes the call resumable.
+            key: a function of an item giving its ledger key (default: its index).
+            retry_failed: on resume, run the items set aside before again.
+            max_items_per_worker: replace a worker after this many items.
+            max_worker_memory: replace a worker whose resident memory passed this (bytes, or
+                a string such as ``"4GiB"``).
+
         Returns:
             The consumer's result, or a list of results when there is no consumer.
 
         Raises:
-            WorkerError: user code raised (``__cause__`` is the original exception).
+            WorkerError: user code raised (``__cause__`` is the original exception);
+                ``ItemTimeout`` and ``SerializationError`` are kinds of it.
             WorkerDied: a worker process died.
-            ValueError: a bad argument or device, before any process starts.
+            TypeError: an argument of the wrong type, before any process starts.
+            ValueError: a bad argument or device, or a ``resume`` ledger of another run or
+                input, before any process starts.
 
         >>> @producer
         ... def square(x):
@@ -271,6 +299,36 @@ class _Runs:
         are exhausted, closed, or garbage-collected. ``prefetch=k``: each worker may hold ``k``
         chunks, queued, running or finished and waiting for the caller (see
         :meth:`Runner.imap`).
+
+        Args:
+            data: any iterable, endless ones included.
+            devices: as for :meth:`map`.
+            cfg: as for :meth:`map`.
+            ordered: as for :meth:`map`.
+            batch_size: as for :meth:`map`.
+            progress: as for :meth:`map`.
+            seed: as for :meth:`map`.
+            timeout: as for :meth:`map`.
+            retries: as for :meth:`map`.
+            start_method: as for :meth:`map`.
+            engine: as for :meth:`map`.
+            prefetch: as for :meth:`map`.
+            errors: as for :meth:`map`.
+            on_error: as for :meth:`map`.
+            resume: as for :meth:`map`.
+            key: as for :meth:`map`.
+            retry_failed: as for :meth:`map`.
+            max_items_per_worker: as for :meth:`map`.
+            max_worker_memory: as for :meth:`map`.
+
+        Returns:
+            An iterator of the results; closing it (or dropping it) stops the workers.
+
+        Raises:
+            TypeError: the pipeline has a consumer (use :meth:`map`), or a bad argument.
+            ValueError: a bad argument or device, before any process starts.
+            WorkerError: user code raised, when the iterator reaches that item.
+            WorkerDied: a worker process died.
         """
         pipeline = self._as_pipeline()
         if pipeline.consumer is not None:
@@ -314,6 +372,15 @@ class Stage(_Runs):
 
     Made by :func:`producer` and :func:`consumer`; calling a stage calls the function itself.
     Compose stages with ``>>`` or :func:`compose`; run them with ``map``, ``imap`` or ``open``.
+
+    Attributes:
+        fn: the decorated function.
+        kind: ``"producer"`` or ``"consumer"``.
+        init: a producer's ``init`` callable; a consumer's first accumulator (or its maker).
+        end: the ``end`` callable, or None.
+        fn_names: the injectable names ``fn`` declares.
+        init_names: the injectable names ``init`` declares.
+        end_names: the injectable names ``end`` declares.
     """
 
     fn: Callable[..., Any]
@@ -368,7 +435,19 @@ class Stage(_Runs):
         return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
 
     def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
-        """Give this producer its own pool of workers; see :meth:`Pipeline.on`."""
+        """Give this producer its own pool of workers; see :meth:`Pipeline.on`.
+
+        Args:
+            devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
+            batch_size: hand this pool lists of this many results of the pool before it.
+
+        Returns:
+            A one-stage :class:`Pipeline` bound to that pool.
+
+        Raises:
+            TypeError: the stage is a consumer.
+            ValueError: ``devices='inline'`` or a bad ``batch_size``.
+        """
         return compose(self).on(devices, batch_size)
 
     def _as_pipeline(self) -> Pipeline:
@@ -536,6 +615,11 @@ class Pipeline(_Runs):
     Pipeline(inc >> double)
     >>> (inc >> double).map([1, 2, 3], devices="inline")
     [4, 6, 8]
+
+    Attributes:
+        producers: the producer stages, in order.
+        consumer: the consumer stage, or None.
+        placement: per producer, the pool ``.on`` bound it to, or None (the run's devices).
     """
 
     producers: tuple[Stage, ...] = attrs.field(converter=_producers_converter, default=())
@@ -590,6 +674,14 @@ class Pipeline(_Runs):
         directly between workers. ``batch_size`` groups what the previous pool yields item by
         item into lists for this pool. Producers without ``.on`` run on ``map``'s ``devices``.
 
+        Args:
+            devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
+            batch_size: hand this pool lists of this many results of the pool before it
+                (on the first pool: of input items).
+
+        Returns:
+            A new pipeline; this one is unchanged.
+
         Raises:
             TypeError: the pipeline has a consumer or is already (partly) bound.
             ValueError: ``devices='inline'`` or a bad ``batch_size``.
@@ -622,6 +714,12 @@ class Pipeline(_Runs):
 
 def compose(*parts: Stage | Pipeline) -> Pipeline:
     """Chain stages and pipelines into a new :class:`Pipeline` (same as ``a >> b >> c``).
+
+    Args:
+        *parts: stages and pipelines, in order; a consumer only last.
+
+    Returns:
+        A new pipeline; the operands are unchanged.
 
     Raises:
         TypeError: an operand is not a stage or pipeline, a consumer is followed by anything,

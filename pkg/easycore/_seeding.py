@@ -37,6 +37,14 @@ def derive_seed(seed: int, index: int, pool: int = 0) -> int:
     random state a worker gives it (with ``batch_size``, ``i`` counts batches; ``pool`` is
     the place of an ``.on`` pool in the pipeline, 0 for the first).
 
+    Args:
+        seed: the run's ``seed=``.
+        index: the item's index in the input (the batch's, with ``batch_size``).
+        pool: the pool's place in the pipeline (0 for the first).
+
+    Returns:
+        A non-negative int below ``2**63``, the same in every process.
+
     >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
     True
     """
@@ -50,6 +58,9 @@ def seed_everything(value: int) -> None:
 
     numpy and torch are seeded now when loaded, else the moment they are first imported
     (importing torch only to seed it would cost a second).
+
+    Args:
+        value: the seed (for example ``derive_seed(seed, i)``).
 
     >>> import random
     >>> seed_everything(3); a = random.random()

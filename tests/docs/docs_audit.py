@@ -124,23 +124,14 @@ def _raises(fn: types.FunctionType) -> bool:
         src = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
         return False
-    tree = ast.parse(src)
-    top = tree.body[0]
-    for node in ast.walk(top):
-        if node is not top and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
+    todo = list(ast.iter_child_nodes(ast.parse(src).body[0]))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue  # a nested function raises in its own calls
         if isinstance(node, ast.Raise) and node.exc is not None:
-            if _inside_nested(top, node):
-                continue
             return True
-    return False
-
-
-def _inside_nested(top: ast.AST, target: ast.AST) -> bool:
-    for node in ast.walk(top):
-        if node is not top and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            if any(child is target for child in ast.walk(node)):
-                return True
+        todo.extend(ast.iter_child_nodes(node))
     return False
 
 
@@ -149,7 +140,7 @@ def params_of(fn: types.FunctionType, *, skip_first: bool) -> list[str]:
     params = list(inspect.signature(fn).parameters.values())
     if skip_first and params and params[0].name in ("self", "cls"):
         params = params[1:]
-    return [p.name for p in params]
+    return [p.name for p in params if not p.name.startswith("_")]
 
 
 def docstring_problems(qual: str, obj: Any) -> list[str]:
@@ -157,7 +148,7 @@ def docstring_problems(qual: str, obj: Any) -> list[str]:
     doc = own_doc(obj)
     if not doc:
         return ["no docstring"]
-    if isinstance(obj, types.ModuleType) or isinstance(obj, property):
+    if isinstance(obj, (types.ModuleType, property)):
         return []
     problems = []
     secs = sections(doc)
@@ -165,7 +156,8 @@ def docstring_problems(qual: str, obj: Any) -> list[str]:
         init = obj.__dict__.get("__init__")
         if isinstance(init, types.FunctionType) and init.__module__.startswith("easycore"):
             wanted = params_of(init, skip_first=True)
-            missing = set(wanted) - documented_params(secs.get("Args", ""))
+            described = documented_params(secs.get("Args", "") + secs.get("Attributes", ""))
+            missing = set(wanted) - described
             if missing:
                 problems.append(f"Args: lacks {sorted(missing)}")
         return problems

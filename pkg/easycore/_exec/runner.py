@@ -48,6 +48,18 @@ class Runner:
     Ctrl-C inside a call the runner is closed (``is_active`` is False, no process left);
     :meth:`activate` starts it again.
 
+    Args:
+        pipeline: the pipeline whose stages the workers run.
+        devices: the devices of producers not bound with ``.on``, as ``map`` takes them.
+        cfg: a mapping or ``CfgNode``, injected frozen as ``cfg``.
+        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+        prefetch: chunks each worker may hold for a run (default 2; see :meth:`imap`).
+        engine: ``"local"`` (worker processes here) or ``"ray"`` (Ray actors).
+
+    Raises:
+        ValueError: a bad argument or an impossible device, before any process starts.
+        WorkerError: an ``init`` raised.
+
     >>> from easycore import producer
     >>> @producer
     ... def inc(x):
@@ -135,6 +147,9 @@ class Runner:
 
         The pool whose workers are busy near 100% while the pool before it has results
         waiting is the bottleneck; give it more devices.
+
+        Returns:
+            One :class:`~easycore.StageStats` per pool, in pipeline order.
         """
         return self._engine.stats()
 
@@ -218,12 +233,30 @@ class Runner:
         ``on_error``, ``resume``, ``key``, ``retry_failed``, ``max_items_per_worker`` and
         ``max_worker_memory`` are those of :meth:`Pipeline.map <easycore.Pipeline.map>`.
 
+        Args:
+            data: any iterable, consumed lazily.
+            ordered: results in input order; False: as they finish.
+            batch_size: hand the first pool lists of up to this many items.
+            progress: show a tqdm bar per pool.
+            seed: seed every item from ``(seed, index)``.
+            timeout: seconds an item may run; past it its worker is killed.
+            retries: how many times a failed item runs again.
+            prefetch: chunks each worker may hold in this run.
+            errors: ``"raise"`` or ``"skip"``.
+            on_error: with ``errors="skip"``, called with each ``Failure``.
+            resume: path of an SQLite run ledger.
+            key: a function of an item giving its ledger key.
+            retry_failed: on resume, run the items set aside before again.
+            max_items_per_worker: replace a worker after this many items.
+            max_worker_memory: replace a worker past this resident memory.
+
         Returns:
             The consumer's result, or a list of the producers' results without a consumer.
 
         Raises:
             RuntimeError: the runner is closed (call ``activate()``) or busy.
-            WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
+            WorkerError: user code raised (``ItemTimeout``, ``SerializationError`` included).
+            WorkerDied: a worker process died.
         """
         options = RunOptions(
             ordered=ordered,
@@ -252,7 +285,15 @@ class Runner:
         )
 
     def run_map(self, data: Iterable[Any], options: RunOptions) -> Any:
-        """:meth:`map` with its options as one value."""
+        """:meth:`map` with its options as one value (for easycore's own callers).
+
+        Args:
+            data: the items.
+            options: the run's options.
+
+        Returns:
+            As :meth:`map`.
+        """
         options = self._settle(options)
         stream = self._results(options, data)
         consumer = self.pipeline.consumer
@@ -289,6 +330,30 @@ class Runner:
         items as take about 50 ms or make about 1 MiB of results; at most about
         ``n_workers * (k + 1)`` chunks are in flight or waiting, and with tensors or arrays
         the waiting results stay in shared memory (they are not copied again when taken).
+
+        Args:
+            data: any iterable, endless ones included.
+            ordered: as for :meth:`map`.
+            batch_size: as for :meth:`map`.
+            progress: as for :meth:`map`.
+            seed: as for :meth:`map`.
+            timeout: as for :meth:`map`.
+            retries: as for :meth:`map`.
+            prefetch: as for :meth:`map`.
+            errors: as for :meth:`map`.
+            on_error: as for :meth:`map`.
+            resume: as for :meth:`map`.
+            key: as for :meth:`map`.
+            retry_failed: as for :meth:`map`.
+            max_items_per_worker: as for :meth:`map`.
+            max_worker_memory: as for :meth:`map`.
+
+        Returns:
+            An iterator of the results; closing it ends the run (the runner stays up).
+
+        Raises:
+            TypeError: the pipeline has a consumer (use :meth:`map`).
+            RuntimeError: the runner is closed or busy.
         """
         if self.pipeline.consumer is not None:
             msg = f"imap is for pipelines without a consumer; {self.pipeline!r} has one: use map"
@@ -312,7 +377,15 @@ class Runner:
         return self.run_imap(data, options)
 
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
-        """:meth:`imap` with its options as one value."""
+        """:meth:`imap` with its options as one value (for easycore's own callers).
+
+        Args:
+            data: the items.
+            options: the run's options.
+
+        Returns:
+            As :meth:`imap`.
+        """
         return _Items(self._results(self._settle(options), data))
 
     def _results(self, options: RunOptions, data: Iterable[Any]) -> _Claimed:
@@ -392,6 +465,12 @@ class Runner:
         worker is respawned); the rest go on. ``map``/``imap`` and :meth:`close` first wait
         for the submitted items to finish. Safe to call from several threads, and from a
         future's callback.
+
+        Args:
+            item: one input item.
+
+        Returns:
+            A ``concurrent.futures.Future`` holding the item's result or its error.
 
         Raises:
             RuntimeError: the runner is closed or closing, or a ``map``/``imap`` is running.
