@@ -173,7 +173,7 @@ class RunOptions:
     # chunks each worker may hold, queued, running or done and waiting (None: the runner's)
     prefetch: int | None = attrs.field(default=None, validator=_check_prefetch)
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
-    # long jobs (API.md section 8)
+    # long jobs (contract section 8)
     errors: str = attrs.field(default="raise", validator=_check_errors)
     on_error: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
     resume: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)

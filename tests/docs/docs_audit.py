@@ -39,28 +39,41 @@ DATA_NAMES = {"easycore.__version__"}
 SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Yields|Raises|Attributes)\s*:\s*$")
 
 
-def public_objects() -> Iterator[tuple[str, Any]]:
-    """Yield ``(dotted name, object)`` for every public name, classes' members included."""
-    seen: set[int] = set()
+def public_names() -> list[tuple[str, Any]]:
+    """``(dotted name, object)`` for every name of a public module's ``__all__``."""
+    out = []
     for modname in PUBLIC_MODULES:
         module = importlib.import_module(modname)
-        yield modname, module
         for name in module.__all__:
             qual = f"{modname}.{name}"
-            if qual in DATA_NAMES:
-                continue
-            obj = getattr(module, name)
-            yield qual, obj
-            if inspect.isclass(obj) and id(obj) not in seen:
-                seen.add(id(obj))
-                yield from class_members(qual, obj)
+            if qual not in DATA_NAMES:
+                out.append((qual, getattr(module, name)))
+    return out
 
 
-def class_members(qual: str, cls: type) -> Iterator[tuple[str, Any]]:
-    """The public methods and properties a class defines or inherits from easycore."""
+def public_objects() -> Iterator[tuple[str, Any]]:
+    """Yield ``(dotted name, object)`` for every public module and name, and the public
+    methods and properties of public classes (a class exported twice: once)."""
+    names = public_names()
+    public_classes = {id(obj) for _, obj in names if inspect.isclass(obj)}
+    for modname in PUBLIC_MODULES:
+        yield modname, importlib.import_module(modname)
+    seen: set[int] = set()
+    for qual, obj in names:
+        yield qual, obj
+        if inspect.isclass(obj) and id(obj) not in seen:
+            seen.add(id(obj))
+            yield from class_members(qual, obj, public_classes)
+
+
+def class_members(qual: str, cls: type, public_classes: set[int]) -> Iterator[tuple[str, Any]]:
+    """The public methods and properties ``cls`` defines, or inherits from easycore's private
+    bases (a public base documents its own members, and the reference renders them there)."""
     names: dict[str, Any] = {}
     for base in reversed(cls.__mro__):
         if not base.__module__.startswith("easycore"):
+            continue
+        if base is not cls and id(base) in public_classes:
             continue
         for name, value in vars(base).items():
             if name.startswith("_"):
