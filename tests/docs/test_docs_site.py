@@ -84,7 +84,7 @@ def test_site_builds_strict(tmp_path):
     nav, a ``::: name`` that does not resolve fail it) and the built reference has an entry
     for every public name and every public method."""
     out = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,

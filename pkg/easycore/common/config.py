@@ -75,9 +75,9 @@ class HierarchicalCfgNode:
     >>> import os, tempfile
     >>> folder = tempfile.mkdtemp()
     >>> with open(os.path.join(folder, "b.yaml"), "w") as f:
-    ...     _ = f.write("A: from b\nB: from b\n")
+    ...     _ = f.write("A: from b\\nB: from b\\n")
     >>> with open(os.path.join(folder, "a.yaml"), "w") as f:
-    ...     _ = f.write("__BASE__: b.yaml\nA: from a\n")
+    ...     _ = f.write("__BASE__: b.yaml\\nA: from a\\n")
     >>> HierarchicalCfgNode.open(os.path.join(folder, "a.yaml")).dict()
     {'A': 'from a', 'B': 'from b'}
     """
