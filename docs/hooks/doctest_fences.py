@@ -24,8 +24,8 @@ def _code_span(match: re.Match[str]) -> str:
 
 
 def fence_doctests(text: str) -> str:
-    """Return ``text`` with every run of ``>>>`` lines (and their output) fenced, and Sphinx
-    roles as code spans."""
+    """Return ``text`` with every run of ``>>>`` lines (and their output) fenced, Sphinx
+    roles as code spans, and reST's ``::`` before a literal block as ``:``."""
     out: list[str] = []
     lines = _ROLE.sub(_code_span, text).splitlines()
     i = 0
@@ -36,7 +36,9 @@ def fence_doctests(text: str) -> str:
         if stripped.startswith("```"):
             in_fence = not in_fence
         if in_fence or not stripped.startswith(">>>"):
-            out.append(line)
+            # reST's "text::" before an indented literal block: Markdown's indented code
+            # block needs no marker, so the text ends with one colon.
+            out.append(line[:-1] if line.endswith("::") and not in_fence else line)
             i += 1
             continue
         indent = line[: len(line) - len(stripped)]

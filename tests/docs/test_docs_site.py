@@ -130,7 +130,9 @@ def test_docs_extension_fences_doctests():
     finally:
         sys.path.remove(str(DOCS / "hooks"))
     text = inspect.cleandoc(
-        """Summary with :class:`~easycore.Runner`.
+        """Summary with :class:`~easycore.Runner`, and code::
+
+            x = 1
 
         >>> x["A"]["B"]
         1
@@ -138,7 +140,9 @@ def test_docs_extension_fences_doctests():
         After."""
     )
     assert fence_doctests(text).splitlines() == [
-        "Summary with `Runner`.",
+        "Summary with `Runner`, and code:",
+        "",
+        "    x = 1",
         "",
         "```pycon",
         '>>> x["A"]["B"]',
