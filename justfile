@@ -10,7 +10,7 @@ setup:
 demo: setup
     {{python}} examples/demo.py
 
-# Run every test (unit, property, process, compat, examples).
+# Run every test (unit, property, process, compat, examples, the docs' examples and site build).
 test *args: setup
     {{python}} -m pytest {{args}}
 
@@ -19,6 +19,18 @@ lint: setup
     {{python}} -m ruff check pkg tests examples benchmarks
     {{python}} -m ruff format --check pkg tests examples benchmarks
     {{python}} -m pip install -q mypy && {{python}} -m mypy
+
+# Build the documentation site into site/ (MkDocs; warnings are errors: a broken link or a
+# name missing from the reference fails). NO_MKDOCS_2_WARNING silences Material's banner
+# about MkDocs 2, which is not a warning of this build.
+docs: setup
+    {{python}} -m pip install -q -c constraints.txt -e ".[docs]"
+    NO_MKDOCS_2_WARNING=1 {{python}} -m mkdocs build --strict
+
+# Serve the documentation at http://127.0.0.1:8000, rebuilt as you edit.
+docs-serve: setup
+    {{python}} -m pip install -q -c constraints.txt -e ".[docs]"
+    NO_MKDOCS_2_WARNING=1 {{python}} -m mkdocs serve
 
 # Benchmarks against multiprocessing.Pool, concurrent.futures, joblib and mpire.
 bench *args: setup

@@ -169,28 +169,63 @@ class BaseRunner:
     # -- the six methods a 0.4 runner overrides (defaults as 0.4 documents them) ----------
     @staticmethod
     def producer_init(device: str, cfg: CfgNode) -> None:
-        """Runs once in each worker; keep what ``producer_work`` needs in ``cfg``."""
+        """Runs once in each worker; keep what ``producer_work`` needs in ``cfg``.
+
+        Args:
+            device: the worker's device, such as ``"cpu"`` or ``"cuda:1"``.
+            cfg: the worker's own mutable copy of the runner's ``cfg``.
+        """
 
     @staticmethod
     def producer_work(device: str, cfg: CfgNode, data: Any) -> Any:
-        """Process one item in a worker; the return value goes to the consumer."""
+        """Process one item in a worker; the return value goes to the consumer.
+
+        Args:
+            device: the worker's device.
+            cfg: the worker's own ``cfg``, as ``producer_init`` left it.
+            data: one item of the call's input.
+
+        Returns:
+            The result handed to ``consumer_work`` (the default returns ``data``).
+        """
         return data
 
     @staticmethod
     def producer_end(device: str, cfg: CfgNode) -> None:
-        """Runs once in each worker at :meth:`close`."""
+        """Runs once in each worker at :meth:`close`.
+
+        Args:
+            device: the worker's device.
+            cfg: the worker's own ``cfg``.
+        """
 
     @staticmethod
     def consumer_init(cfg: CfgNode) -> None:
-        """Runs at the start of every call, in the calling process."""
+        """Runs at the start of every call, in the calling process.
+
+        Args:
+            cfg: this call's own mutable copy of the runner's ``cfg``.
+        """
 
     @staticmethod
     def consumer_work(cfg: CfgNode, data: Any) -> None:
-        """Receives each producer result, in the calling process."""
+        """Receives each producer result, in the calling process.
+
+        Args:
+            cfg: this call's ``cfg``.
+            data: one result of ``producer_work``.
+        """
 
     @staticmethod
     def consumer_end(cfg: CfgNode) -> Any:
-        """Runs at the end of every call; its value is the call's result."""
+        """Runs at the end of every call; its value is the call's result.
+
+        Args:
+            cfg: this call's ``cfg``.
+
+        Returns:
+            The call's result (the default returns None).
+        """
         return None
 
     # -- running ---------------------------------------------------------------------------
@@ -201,6 +236,9 @@ class BaseRunner:
 
     def __call__(self, data_iter: Iterable[Any]) -> Any:
         """Run every item of ``data_iter`` through the workers and the consumer.
+
+        Args:
+            data_iter: the items, any iterable.
 
         Returns:
             What ``consumer_end`` returned.

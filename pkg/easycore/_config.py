@@ -227,6 +227,9 @@ class CfgNode(dict[str, Any]):
     def is_frozen(self) -> bool:
         """Whether this node refuses changes.
 
+        Returns:
+            True when frozen.
+
         >>> CfgNode().is_frozen(), CfgNode(frozen=False).is_frozen()
         (True, False)
         """
@@ -237,6 +240,9 @@ class CfgNode(dict[str, Any]):
         """Make the tree mutable inside a ``with`` block; restore its previous state after.
 
         The state is restored even when the block raises.
+
+        Yields:
+            This node, mutable.
 
         >>> cfg = CfgNode({"LR": 0.1})
         >>> with cfg.unfrozen():
@@ -307,6 +313,13 @@ class CfgNode(dict[str, Any]):
     def update(self, *args: Any, **kwargs: Any) -> None:
         """Set keys like ``dict.update`` (not recursive; see :meth:`merge`).
 
+        Args:
+            *args: a mapping or an iterable of ``(key, value)`` pairs, as for ``dict``.
+            **kwargs: more keys and values.
+
+        Raises:
+            FrozenError: the node is frozen.
+
         >>> cfg = CfgNode(frozen=False)
         >>> cfg.update({"A": {"B": 1}})
         >>> cfg.A.B
@@ -320,6 +333,16 @@ class CfgNode(dict[str, Any]):
     def pop(self, *args: Any) -> Any:
         """Remove a key and return its value, like ``dict.pop``.
 
+        Args:
+            *args: the key, and optionally a default returned when it is missing.
+
+        Returns:
+            The value removed (or the default).
+
+        Raises:
+            FrozenError: the node is frozen.
+            KeyError: the key is missing and no default was given.
+
         >>> CfgNode({"A": 1}, frozen=False).pop("A")
         1
         """
@@ -328,6 +351,13 @@ class CfgNode(dict[str, Any]):
 
     def popitem(self) -> tuple[str, Any]:
         """Remove and return the last ``(key, value)`` pair, like ``dict.popitem``.
+
+        Returns:
+            The pair removed.
+
+        Raises:
+            FrozenError: the node is frozen.
+            KeyError: the node is empty.
 
         >>> CfgNode({"A": 1}, frozen=False).popitem()
         ('A', 1)
@@ -339,6 +369,16 @@ class CfgNode(dict[str, Any]):
         """Return ``self[key]``, setting it to ``default`` first if missing.
 
         Refused on a frozen node even when the key exists: it is a writing method.
+
+        Args:
+            key: the key.
+            default: the value to set when ``key`` is missing (dicts become nodes).
+
+        Returns:
+            The value now under ``key``.
+
+        Raises:
+            FrozenError: the node is frozen.
 
         >>> CfgNode(frozen=False).setdefault("A", {"B": 1})
         CfgNode({'B': 1}, frozen=False)
@@ -352,6 +392,9 @@ class CfgNode(dict[str, Any]):
 
     def clear(self) -> None:
         """Remove every key.
+
+        Raises:
+            FrozenError: the node is frozen.
 
         >>> cfg = CfgNode({"A": 1}, frozen=False)
         >>> cfg.clear()
@@ -372,6 +415,13 @@ class CfgNode(dict[str, Any]):
     def fromkeys(cls, iterable: Iterable[Any], value: Any = None) -> Any:
         """A new node with keys from ``iterable``, each set to ``value``.
 
+        Args:
+            iterable: the keys.
+            value: the value of every key.
+
+        Returns:
+            A new (frozen) node.
+
         >>> CfgNode.fromkeys(["A", "B"], 0)
         CfgNode({'A': 0, 'B': 0}, frozen=True)
         """
@@ -381,6 +431,9 @@ class CfgNode(dict[str, Any]):
 
     def copy(self: _N) -> _N:
         """Deep copy, keeping the frozen state.
+
+        Returns:
+            A new tree sharing nothing mutable with this one.
 
         >>> cfg = CfgNode({"A": {"B": [1]}})
         >>> other = cfg.copy()
@@ -525,6 +578,9 @@ class CfgNode(dict[str, Any]):
         Args:
             yaml_str: the YAML text.
 
+        Returns:
+            A new frozen node.
+
         Raises:
             ValueError: malformed YAML, a refused tag, a key given twice in one mapping or a
                 top level that is not a mapping; the message starts with
@@ -544,6 +600,9 @@ class CfgNode(dict[str, Any]):
         Args:
             path_or_file: a path, or a file object opened for reading.
             encoding: the encoding of a file opened from a path.
+
+        Returns:
+            A new frozen node.
 
         Raises:
             FileNotFoundError: no file at that path.

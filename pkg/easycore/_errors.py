@@ -72,6 +72,7 @@ class WorkerError(EasycoreError):
     names the stage, device, worker and item index and carries the remote traceback.
 
     Attributes:
+        message: the text ``str(error)`` gives (also ``args[0]``).
         stage: name of the function that raised (``"predict"``, ``"load (init)"``...).
         device: the worker's device string, ``None`` for the consumer.
         worker: the worker index, ``None`` for the consumer.
@@ -118,6 +119,7 @@ class WorkerDied(EasycoreError):
     the device, worker index, exit code or signal, and the item it held when known.
 
     Attributes:
+        message: the text ``str(error)`` gives (also ``args[0]``).
         device: the worker's device string.
         worker: the worker index.
         exitcode: the process exit code; negative ``-N`` means killed by signal ``N``.

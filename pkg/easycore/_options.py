@@ -197,7 +197,7 @@ class RunOptions:
     # chunks each worker may hold, queued, running or done and waiting (None: the runner's)
     prefetch: int | None = attrs.field(default=None, validator=_check_prefetch)
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
-    # long jobs (API.md section 8)
+    # long jobs (contract section 8)
     errors: str = attrs.field(default="raise", validator=_check_errors)
     on_error: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
     resume: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
@@ -243,9 +243,30 @@ class RunKwargs(TypedDict, total=False):
     """The options of one run, spelled once: the keyword arguments ``map`` and ``imap`` take.
 
     ``Pipeline.map``/``imap``, ``Stage.map``/``imap`` and ``Runner.map``/``imap`` all accept
-    exactly these (typed ``**options: Unpack[RunKwargs]``); :func:`run_options` turns them
-    into one checked :class:`RunOptions`. What each one means: API.md sections 2 and 8 and
-    :meth:`Pipeline.map <easycore.Pipeline.map>`.
+    exactly these (typed ``**options: Unpack[RunKwargs]``, so a type checker knows each);
+    they are checked, before any process starts, in this one place. A wrapper of one's own
+    can pass them on: ``def run(data, **options: Unpack[easycore.RunKwargs])``.
+
+    Attributes:
+        ordered: results (and the consumer's items) in input order (default); False: as
+            they finish.
+        batch_size: hand the first pool lists of up to this many items.
+        progress: show a tqdm bar per pool.
+        seed: seed ``random``, numpy and torch per item from ``(seed, index)``.
+        timeout: seconds an item may run in its worker; past it the worker is killed.
+        retries: how many times a failed item (or a dead worker's items) runs again.
+        prefetch: chunks each worker may hold, queued, running or done (default 2).
+        errors: ``"raise"`` (default) or ``"skip"`` (set failed items aside).
+        on_error: with ``errors="skip"``, called in this process with each ``Failure``.
+        resume: path of an SQLite run ledger that makes the call resumable.
+        key: a function of an item giving its ledger key (default: its index).
+        retry_failed: on resume, run the items set aside before again.
+        max_items_per_worker: replace a worker after this many items.
+        max_worker_memory: replace a worker whose resident memory passed this (bytes, or a
+            string such as ``"4GiB"``).
+        epoch: with ``seed``, every item gets another seed in every epoch (default 0, or
+            the one an open runner was given).
+        state: (``imap`` only) an imap iterator's ``state_dict()``: continue from there.
     """
 
     ordered: bool

@@ -199,13 +199,33 @@ class _Runs:
         (:func:`easycore.derive_seed` ``(seed, index, epoch=e)``; epoch 0 gives the seeds
         of a run without ``epoch``).
 
+        Args:
+            data: any iterable (generators too), consumed lazily under backpressure.
+            devices: an int (CPU workers), a list of device strings or ``torch.device`` s (one
+                worker each), ``"cuda"``, ``"auto"`` (every GPU, else one worker per core) or
+                ``"inline"`` (everything in this process).
+            cfg: a mapping or ``CfgNode``, injected frozen as ``cfg``.
+            *positional: ``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
+                ``retries`` by position, in that order.
+            start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+            distributed: share the items out between the ranks of a torchrun/Slurm job.
+            engine: ``"local"`` (worker processes here) or ``"ray"`` (on a Ray cluster).
+            **options: the run's options, each described in :class:`~easycore.RunKwargs`
+                (``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
+                ``retries``, ``prefetch``, ``errors``, ``on_error``, ``resume``, ``key``,
+                ``retry_failed``, ``max_items_per_worker``, ``max_worker_memory``,
+                ``epoch``; ``state`` is for :meth:`imap`).
+
         Returns:
             The consumer's result, or a list of results when there is no consumer.
 
         Raises:
-            WorkerError: user code raised (``__cause__`` is the original exception).
+            WorkerError: user code raised (``__cause__`` is the original exception);
+                ``ItemTimeout`` and ``SerializationError`` are kinds of it.
             WorkerDied: a worker process died.
-            ValueError: a bad argument or device, before any process starts.
+            TypeError: an argument of the wrong type, before any process starts.
+            ValueError: a bad argument or device, or a ``resume`` ledger of another run or
+                input, before any process starts.
 
         >>> @producer
         ... def square(x):
@@ -251,10 +271,27 @@ class _Runs:
         (see :meth:`Runner.imap` for the inputs that can resume). ``epoch``: see
         :meth:`map`.
 
+        Args:
+            data: any iterable, endless ones included (with ``state=``: a sequence, a
+                ``range`` or an object with ``iter_from``).
+            devices: as for :meth:`map`.
+            cfg: as for :meth:`map`.
+            *positional: as for :meth:`map`.
+            start_method: as for :meth:`map`.
+            engine: as for :meth:`map`.
+            **options: as for :meth:`map`, and ``state`` (see above).
+
+        Returns:
+            An iterator of the results, with ``state_dict()``; closing it (or dropping it)
+            stops the workers.
+
         Raises:
-            ValueError: ``state`` is not an imap position or one of another run (another
-                seed, epoch, batch size or input length), or the input (a generator)
-                cannot start in the middle.
+            TypeError: the pipeline has a consumer (use :meth:`map`), or a bad argument.
+            ValueError: a bad argument or device, before any process starts; ``state`` is
+                not an imap position or one of another run (another seed, epoch, batch size
+                or input length), or the input (a generator) cannot start in the middle.
+            WorkerError: user code raised, when the iterator reaches that item.
+            WorkerDied: a worker process died.
         """
         pipeline = self._as_pipeline()
         if pipeline.consumer is not None:
@@ -283,6 +320,15 @@ class Stage(_Runs):
 
     Made by :func:`producer` and :func:`consumer`; calling a stage calls the function itself.
     Compose stages with ``>>`` or :func:`compose`; run them with ``map``, ``imap`` or ``open``.
+
+    Attributes:
+        fn: the decorated function.
+        kind: ``"producer"`` or ``"consumer"``.
+        init: a producer's ``init`` callable; a consumer's first accumulator (or its maker).
+        end: the ``end`` callable, or None.
+        fn_names: the injectable names ``fn`` declares.
+        init_names: the injectable names ``init`` declares.
+        end_names: the injectable names ``end`` declares.
     """
 
     fn: Callable[..., Any]
@@ -337,7 +383,19 @@ class Stage(_Runs):
         return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
 
     def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
-        """Give this producer its own pool of workers; see :meth:`Pipeline.on`."""
+        """Give this producer its own pool of workers; see :meth:`Pipeline.on`.
+
+        Args:
+            devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
+            batch_size: hand this pool lists of this many results of the pool before it.
+
+        Returns:
+            A one-stage :class:`Pipeline` bound to that pool.
+
+        Raises:
+            TypeError: the stage is a consumer.
+            ValueError: ``devices='inline'`` or a bad ``batch_size``.
+        """
         return compose(self).on(devices, batch_size)
 
     def _as_pipeline(self) -> Pipeline:
@@ -505,6 +563,11 @@ class Pipeline(_Runs):
     Pipeline(inc >> double)
     >>> (inc >> double).map([1, 2, 3], devices="inline")
     [4, 6, 8]
+
+    Attributes:
+        producers: the producer stages, in order.
+        consumer: the consumer stage, or None.
+        placement: per producer, the pool ``.on`` bound it to, or None (the run's devices).
     """
 
     producers: tuple[Stage, ...] = attrs.field(converter=_producers_converter, default=())
@@ -559,6 +622,14 @@ class Pipeline(_Runs):
         directly between workers. ``batch_size`` groups what the previous pool yields item by
         item into lists for this pool. Producers without ``.on`` run on ``map``'s ``devices``.
 
+        Args:
+            devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
+            batch_size: hand this pool lists of this many results of the pool before it
+                (on the first pool: of input items).
+
+        Returns:
+            A new pipeline; this one is unchanged.
+
         Raises:
             TypeError: the pipeline has a consumer or is already (partly) bound.
             ValueError: ``devices='inline'`` or a bad ``batch_size``.
@@ -591,6 +662,12 @@ class Pipeline(_Runs):
 
 def compose(*parts: Stage | Pipeline) -> Pipeline:
     """Chain stages and pipelines into a new :class:`Pipeline` (same as ``a >> b >> c``).
+
+    Args:
+        *parts: stages and pipelines, in order; a consumer only last.
+
+    Returns:
+        A new pipeline; the operands are unchanged.
 
     Raises:
         TypeError: an operand is not a stage or pipeline, a consumer is followed by anything,

@@ -55,6 +55,9 @@ class Registry:
             name: the name to register under.
             obj: the object; leave it out to get a decorator.
 
+        Returns:
+            ``obj``, or without it a decorator that registers and returns its argument.
+
         Raises:
             KeyError: the name is taken in this registry.
             TypeError: no name given and the object has no ``__name__``.
@@ -96,6 +99,12 @@ class Registry:
     def get(self, name: str) -> Any:
         """The object registered under ``name``.
 
+        Args:
+            name: a registered name.
+
+        Returns:
+            The object.
+
         Raises:
             KeyError: no such name; the message lists close matches (and all names when few).
 
@@ -122,6 +131,9 @@ class Registry:
     def registered_names(self) -> list[str]:
         """Every registered name, in registration order.
 
+        Returns:
+            A new list of the names.
+
         >>> REG = Registry("DEMO")
         >>> _ = REG.register("b", 2), REG.register("a", 1)
         >>> REG.registered_names()
@@ -137,6 +149,9 @@ class Registry:
 
         Args:
             cfg: a mapping with a ``"type"`` key.
+
+        Returns:
+            What the registered object returned.
 
         Raises:
             KeyError: no ``"type"`` key, or an unknown name.

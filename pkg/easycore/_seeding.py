@@ -49,7 +49,7 @@ def derive_seed(seed: int, index: int, pool: int = 0, *, epoch: int = 0) -> int:
         epoch: the run's ``epoch`` (an int >= 0).
 
     Returns:
-        A non-negative int below ``2**63``.
+        A non-negative int below ``2**63``, the same in every process.
 
     Raises:
         ValueError: ``epoch`` is negative or not an int.
@@ -127,6 +127,9 @@ def seed_everything(value: int) -> None:
 
     numpy and torch are seeded now when loaded, else the moment they are first imported
     (importing torch only to seed it would cost a second).
+
+    Args:
+        value: the seed (for example ``derive_seed(seed, i)``).
 
     >>> import random
     >>> seed_everything(3); a = random.random()

@@ -288,6 +288,10 @@ def init(backend: str | None = None, *, timeout: float | None = None) -> None:
 def rank() -> int:
     """This process's global rank (0 without a launcher); works before :func:`init` too.
 
+    Returns:
+        The rank, from the process group once there is one, else from the launcher's
+        environment.
+
     >>> rank()
     0
     """
@@ -297,6 +301,9 @@ def rank() -> int:
 
 def world_size() -> int:
     """How many processes the job has (1 without a launcher).
+
+    Returns:
+        The world size.
 
     >>> world_size()
     1
@@ -308,6 +315,9 @@ def world_size() -> int:
 def is_distributed() -> bool:
     """True when the job has more than one rank (nncore's ``is_distributed``).
 
+    Returns:
+        Whether ``world_size() > 1``.
+
     >>> is_distributed()
     False
     """
@@ -316,6 +326,9 @@ def is_distributed() -> bool:
 
 def get_dist_info() -> tuple[int, int]:
     """``(rank, world_size)``: ``(0, 1)`` without a launcher (nncore's ``get_dist_info``).
+
+    Returns:
+        The pair ``(rank(), world_size())``.
 
     >>> get_dist_info()
     (0, 1)
@@ -326,6 +339,9 @@ def get_dist_info() -> tuple[int, int]:
 def local_rank() -> int:
     """This process's rank on its node (``LOCAL_RANK`` / ``SLURM_LOCALID``; 0 without one).
 
+    Returns:
+        The local rank.
+
     >>> local_rank()
     0
     """
@@ -335,6 +351,9 @@ def local_rank() -> int:
 def local_world_size() -> int:
     """How many of the job's processes run on this node (1 without a launcher).
 
+    Returns:
+        The number of ranks on this node.
+
     >>> local_world_size()
     1
     """
@@ -343,6 +362,9 @@ def local_world_size() -> int:
 
 def is_main() -> bool:
     """True on rank 0, the rank that logs, saves and runs a distributed map's consumer.
+
+    Returns:
+        Whether ``rank() == 0``.
 
     >>> is_main()
     True
@@ -355,6 +377,13 @@ def main_only(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
 
     No collective is involved (a rank never waits for another), so it suits logging,
     printing and saving. To hand rank 0's value to everyone, use :func:`broadcast`.
+
+    Args:
+        fn: the function to wrap.
+
+    Returns:
+        A function with ``fn``'s signature that returns ``fn``'s result on rank 0 and
+        ``None`` elsewhere.
 
     >>> @main_only
     ... def report(x):
@@ -377,6 +406,9 @@ def local_devices() -> list[str]:
     one GPU all use ``cuda:0``), else its share of the node's CPU cores:
     ``max(1, cores // local_world_size())`` CPU workers. Pass it to ``open`` to keep workers
     up across several calls.
+
+    Returns:
+        A list of device strings, as ``devices=`` takes them.
 
     >>> local_devices()[0] in ("cpu", "cuda:0")
     True
@@ -489,6 +521,13 @@ def all_gather(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank (``[obj]`` in a world of one).
 
     Objects travel by cloudpickle: anything a worker could receive (lambdas included).
+    Every rank must call it (a collective); the first call initialises the process group.
+
+    Args:
+        obj: this rank's object.
+
+    Returns:
+        The list of every rank's object, indexed by rank.
 
     >>> all_gather({"loss": 0.5})
     [{'loss': 0.5}]
@@ -498,6 +537,13 @@ def all_gather(obj: Any) -> list[Any]:
 
 def gather(obj: Any, dst: int = 0) -> list[Any] | None:
     """Every rank's ``obj``, in rank order, on rank ``dst``; ``None`` on the other ranks.
+
+    Args:
+        obj: this rank's object (cloudpickled).
+        dst: the rank that receives the list.
+
+    Returns:
+        The list of every rank's object on ``dst``, ``None`` on the others.
 
     Raises:
         ValueError: ``dst`` is not a rank of this job.
@@ -512,6 +558,13 @@ def gather(obj: Any, dst: int = 0) -> list[Any] | None:
 
 def broadcast(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank (the others' ``obj`` is ignored; pass ``None``).
+
+    Args:
+        obj: the object to send, on rank ``src``; ignored elsewhere.
+        src: the rank whose object everyone receives.
+
+    Returns:
+        Rank ``src``'s object (a copy, also on ``src``).
 
     Raises:
         ValueError: ``src`` is not a rank of this job.

@@ -1,4 +1,4 @@
-"""The reference interpreter: API.md sections 1-3 and 8 as plain sequential Python.
+"""The reference interpreter: contract sections 1-3 and 8 as plain sequential Python.
 
 A case (:class:`Case`) is a pipeline of simple integer stages cut into pools, an input, and
 run options. :func:`reference` computes what every engine must return for it, one unit at a

@@ -3,8 +3,9 @@
 Each topology runs ``scripts/run_job.py`` on two ranks over loopback (gloo); every rank
 pickles what it saw, and the tests compare that with the single-process run computed here.
 Two more launches run ``scripts/dead_rank.py`` (a rank dies outright) and the example with
-the README's one-node line. All launches run side by side, each bounded by a deadline; every
-process they start carries a token in its environment, so leftovers are found and killed.
+the one-node line of docs/guide/beyond-one-machine.md. All launches run side by side, each
+bounded by a deadline; every process they start carries a token in its environment, so
+leftovers are found and killed.
 """
 
 from __future__ import annotations
@@ -308,7 +309,7 @@ class TestDeadRank:
 
 class TestExample:
     def test_example_on_one_node(self, launches):
-        """The README's one-node launch runs the example; every rank gets the error once."""
+        """The documented one-node launch runs the example; every rank gets the error once."""
         job = launches["example"]
         assert job.returncodes == [0], job.output[-4000:]
         assert "world of 2 (torchrun)" in job.output

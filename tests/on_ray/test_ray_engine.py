@@ -1,4 +1,4 @@
-"""engine="ray" on a real local Ray with 2 CPUs: API.md section 7, with sections 2, 3 and 8
+"""engine="ray" on a real local Ray with 2 CPUs: contract section 7, with sections 2, 3 and 8
 holding as on the local engine."""
 
 from __future__ import annotations

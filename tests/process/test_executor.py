@@ -31,7 +31,7 @@ def whoami(x, *, device, worker):
 
 class TestMap:
     def test_headline(self):
-        """The API.md example: sum of squares on 4 CPU workers."""
+        """The contract's example (docs/contract.md): sum of squares on 4 CPU workers."""
         assert (square >> summer).map(range(100), devices=4) == 328350
 
     def test_ordered_equals_sequential(self, two_devices):

@@ -1,4 +1,4 @@
-"""Long jobs (API.md section 8): failures set aside, runs resumed after a crash, workers
+"""Long jobs (contract section 8): failures set aside, runs resumed after a crash, workers
 replaced, and processes started by workers gone with them."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Pipelines cut into pools with ``.on``: each pool its own workers, items moving worker to
-worker, and every guarantee of API.md section 3 per pool. The leak check in conftest runs
+worker, and every guarantee of contract section 3 per pool. The leak check in conftest runs
 after every case (no worker left, no shared memory left)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run ledger (API.md section 8, ``resume=``): it knows what run it belongs to, digests
+"""The run ledger (contract section 8, ``resume=``): it knows what run it belongs to, digests
 items the same way in any process, takes only keys it can keep apart, and refuses a path
 that cannot be a ledger before any worker starts."""
 

@@ -1,4 +1,4 @@
-"""Unit tests for CfgNode (API.md section 4)."""
+"""Unit tests for CfgNode (contract section 4)."""
 
 from __future__ import annotations
 

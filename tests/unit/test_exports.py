@@ -16,7 +16,7 @@ class TestExports:
             assert hasattr(easycore, name), name
 
     def test_contract_names(self):
-        """The names API.md fixes are exported."""
+        """The names the contract (docs/contract.md) fixes are exported."""
         for name in [
             "producer",
             "consumer",

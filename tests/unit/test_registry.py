@@ -1,4 +1,4 @@
-"""Unit tests for Registry (API.md section 5)."""
+"""Unit tests for Registry (contract section 5)."""
 
 from __future__ import annotations
 

@@ -36,10 +36,14 @@ class PipelineDef(Protocol):
 class StageStats:
     """What one pool of a runner did in the run under way (or the last run).
 
-    ``done``: items (batches, for a pool with ``batch_size``) it finished; ``busy``: the
-    fraction of its workers' time spent computing since the run started; ``queued``: items
-    sent to its workers and not finished; ``waiting``: items it finished that wait for room
-    in the next pool (a pool with many waiting items feeds a bottleneck).
+    Attributes:
+        name: the pool's name: its stages' names joined by ``" >> "``.
+        devices: the pool's devices, one per worker.
+        done: items (batches, for a pool with ``batch_size``) it finished.
+        busy: the fraction of its workers' time spent computing since the run started.
+        queued: items sent to its workers and not finished.
+        waiting: items it finished that wait for room in the next pool (a pool with many
+            waiting items feeds a bottleneck).
     """
 
     name: str

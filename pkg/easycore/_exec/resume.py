@@ -153,7 +153,7 @@ def _json(value: Any) -> str:
 @attrs.frozen
 class RunIdentity:
     """What computation a ledger's results are the results of, so that a ledger never hands
-    one run the results of another (API.md section 8). Kept in the ledger's ``meta`` table,
+    one run the results of another (contract section 8). Kept in the ledger's ``meta`` table,
     written when the file becomes a ledger and compared whenever a run resumes from it.
 
     Its parts (:attr:`parts`, each stored as JSON):

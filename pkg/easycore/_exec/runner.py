@@ -64,6 +64,19 @@ class Runner:
     Ctrl-C inside a call the runner is closed (``is_active`` is False, no process left);
     :meth:`activate` starts it again.
 
+    Args:
+        pipeline: the pipeline whose stages the workers run.
+        devices: the devices of producers not bound with ``.on``, as ``map`` takes them.
+        cfg: a mapping or ``CfgNode``, injected frozen as ``cfg``.
+        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+        prefetch: chunks each worker may hold for a run (default 2; see :meth:`imap`).
+        engine: ``"local"`` (worker processes here) or ``"ray"`` (Ray actors).
+        epoch: the epoch of the runner's ``map``/``imap`` calls that do not give one.
+
+    Raises:
+        ValueError: a bad argument or an impossible device, before any process starts.
+        WorkerError: an ``init`` raised.
+
     >>> from easycore import producer
     >>> @producer
     ... def inc(x):
@@ -156,6 +169,9 @@ class Runner:
 
         The pool whose workers are busy near 100% while the pool before it has results
         waiting is the bottleneck; give it more devices.
+
+        Returns:
+            One :class:`~easycore.StageStats` per pool, in pipeline order.
         """
         return self._engine.stats()
 
@@ -222,13 +238,21 @@ class Runner:
         ``timeout`` and ``retries`` also by position); ``prefetch`` overrides the runner's for
         this run (see :meth:`imap`).
 
+        Args:
+            data: any iterable, consumed lazily.
+            *positional: ``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
+                ``retries`` by position, in that order.
+            **options: the run's options, each described in :class:`~easycore.RunKwargs`
+                (``epoch`` None: the runner's; ``state`` is for :meth:`imap`).
+
         Returns:
             The consumer's result, or a list of the producers' results without a consumer.
 
         Raises:
             RuntimeError: the runner is closed (call ``activate()``) or busy.
             TypeError, ValueError: a bad option, before any item is sent.
-            WorkerError, WorkerDied, ItemTimeout: see :mod:`easycore._errors`.
+            WorkerError: user code raised (``ItemTimeout``, ``SerializationError`` included).
+            WorkerDied: a worker process died.
         """
         return self.run_map(data, run_options("map", positional, options, self.epoch))
 
@@ -241,7 +265,15 @@ class Runner:
         )
 
     def run_map(self, data: Iterable[Any], options: RunOptions) -> Any:
-        """:meth:`map` with its options as one value."""
+        """:meth:`map` with its options as one value (for easycore's own callers).
+
+        Args:
+            data: the items.
+            options: the run's options.
+
+        Returns:
+            As :meth:`map`.
+        """
         options = self._settle(options)
         stream = self._results(options, data)
         consumer = self.pipeline.consumer
@@ -274,7 +306,19 @@ class Runner:
         item of a seeded run another seed in every epoch (see
         :func:`easycore.derive_seed`).
 
+        Args:
+            data: any iterable, endless ones included (with ``state=``: a sequence, a
+                ``range`` or an object with ``iter_from``).
+            *positional: as for :meth:`map`.
+            **options: as for :meth:`map`, and ``state`` (see above).
+
+        Returns:
+            An iterator of the results, with ``state_dict()``; closing it ends the run (the
+            runner stays up).
+
         Raises:
+            TypeError: the pipeline has a consumer (use :meth:`map`), or a bad option.
+            RuntimeError: the runner is closed or busy.
             ValueError: ``state`` is not an imap position, is one of another run (another
                 seed, epoch, batch size or input length: the message names it), comes with
                 ``resume=``, or the input cannot start in the middle.
@@ -285,7 +329,18 @@ class Runner:
         return self.run_imap(data, run_options("imap", positional, options, self.epoch))
 
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
-        """:meth:`imap` with its options as one value."""
+        """:meth:`imap` with its options as one value (for easycore's own callers).
+
+        Args:
+            data: the items.
+            options: the run's options.
+
+        Returns:
+            As :meth:`imap`.
+
+        Raises:
+            ValueError: ``state`` with ``resume``, or a ``state`` that does not fit.
+        """
         options = self._settle(options)
         identity = run_identity(
             options.seed, options.epoch, options.batch_size, self._chain.align, length_of(data)
@@ -388,6 +443,12 @@ class Runner:
         worker is respawned); the rest go on. ``map``/``imap`` and :meth:`close` first wait
         for the submitted items to finish. Safe to call from several threads, and from a
         future's callback.
+
+        Args:
+            item: one input item.
+
+        Returns:
+            A ``concurrent.futures.Future`` holding the item's result or its error.
 
         Raises:
             RuntimeError: the runner is closed or closing, or a ``map``/``imap`` is running.

@@ -52,6 +52,9 @@ class CfgNode(easycore.CfgNode):
     def dict(self) -> dict[str, Any]:
         """The tree as plain nested dicts (0.4.2's ``dict()``).
 
+        Returns:
+            A new ``dict``, nested nodes as ``dict`` s too.
+
         >>> CfgNode({"A": 1, "B": {"C": 3}}).dict()
         {'A': 1, 'B': {'C': 3}}
         """
@@ -72,9 +75,9 @@ class HierarchicalCfgNode:
     >>> import os, tempfile
     >>> folder = tempfile.mkdtemp()
     >>> with open(os.path.join(folder, "b.yaml"), "w") as f:
-    ...     _ = f.write("A: from b\nB: from b\n")
+    ...     _ = f.write("A: from b\\nB: from b\\n")
     >>> with open(os.path.join(folder, "a.yaml"), "w") as f:
-    ...     _ = f.write("__BASE__: b.yaml\nA: from a\n")
+    ...     _ = f.write("__BASE__: b.yaml\\nA: from a\\n")
     >>> HierarchicalCfgNode.open(os.path.join(folder, "a.yaml")).dict()
     {'A': 'from a', 'B': 'from b'}
     """
@@ -84,6 +87,14 @@ class HierarchicalCfgNode:
     @classmethod
     def open(cls, file: str | os.PathLike[str], encoding: str = "utf-8") -> CfgNode:
         """Load ``file`` over its chain of bases.
+
+        Args:
+            file: the YAML file to load.
+            encoding: the encoding of it and its bases.
+
+        Returns:
+            A mutable node: the last base, overridden by each file down to ``file``, without
+            ``__BASE__`` keys.
 
         Raises:
             FileNotFoundError: a ``__BASE__`` names no file.
@@ -127,6 +138,14 @@ class HierarchicalCfgNode:
         """Save ``cfg``; with ``base_cfg_path``, only what differs from that base, plus a
         ``__BASE__`` key naming it (relative to ``save_path`` unless ``base_path_relative``
         is False).
+
+        Args:
+            cfg: the config to save.
+            save_path: the YAML file to write.
+            base_cfg_path: a config file ``cfg`` extends, or None to save all of ``cfg``.
+            base_path_relative: write ``__BASE__`` relative to ``save_path``'s folder
+                (else absolute).
+            encoding: the encoding of the files.
 
         Raises:
             FileNotFoundError: ``base_cfg_path`` names no file.

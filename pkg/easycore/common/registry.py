@@ -26,6 +26,9 @@ class Registry(easycore.Registry):
     def get_registered_names(self) -> list[str]:
         """Every registered name, in registration order (0.4's name for ``registered_names``).
 
+        Returns:
+            A new list of the names.
+
         >>> REG = Registry("DEMO")
         >>> _ = REG.register("a", 1)
         >>> REG.get_registered_names()
