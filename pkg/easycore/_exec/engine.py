@@ -38,6 +38,7 @@ class Engine(Protocol):
     """What a runner needs of an engine."""
 
     in_caller: bool  # runs user code in the calling process (submit then runs at once)
+    chain: Chain  # the pools it runs, planned
 
     def start(self) -> None: ...
     def stream(

@@ -10,6 +10,8 @@ indices, seeds and messages are those of the uninterrupted run on any engine.
   failure set aside by ``errors="skip"`` when the stream moves past it. With
   ``ordered=False`` results arrive out of order: the position is a contiguous prefix plus
   the few output units received beyond it (at most a window's worth).
+* :func:`start_at` is where an ``imap`` begins: the position it will count, and with
+  ``state=`` the options and input that resume there.
 * :func:`read_state` checks a state against the run it is given to (seed, epoch, batch
   sizes, length of the input) and says where to begin.
 * :func:`resumable_tail` is the input from a given item on, without reading what is before
@@ -27,7 +29,10 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from easycore._errors import short_repr
+from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "read_state",
     "resumable_tail",
     "run_identity",
+    "start_at",
 ]
 
 STATE_KIND = "easycore.imap"
@@ -57,6 +63,29 @@ def run_identity(
         "align": align,
         "total": total,
     }
+
+
+def start_at(
+    options: RunOptions, data: Iterable[Any], align: int
+) -> tuple[RunOptions, Iterable[Any], Position]:
+    """An ``imap``'s beginning: its options (with ``first``/``passed`` from ``state``), its
+    input (from the position on) and the :class:`Position` that will count what it yields.
+
+    Raises:
+        ValueError: ``state`` with ``resume``, a state of another run, or an input that
+            cannot start in the middle.
+    """
+    identity = run_identity(options.seed, options.epoch, options.batch_size, align, length_of(data))
+    position = Position(identity, align)
+    if options.state is None:
+        return options, data, position
+    if options.resume is not None:
+        msg = "state= and resume= are two ways to resume: give one of them"
+        raise ValueError(msg)
+    first, passed = read_state(options.state, identity)
+    position.prefix, position.beyond = first, set(passed)
+    data = resumable_tail(data, first * (options.batch_size or 1))
+    return attrs.evolve(options, first=first, passed=passed), data, position
 
 
 class Position:

@@ -24,17 +24,16 @@ from easycore._exec.core import RAISE, SKIP
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
-from easycore._exec.plan import PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
-from easycore._exec.policy import set_aside
-from easycore._exec.position import (
-    Position,
-    drop_passed,
-    length_of,
-    mark_passed,
-    read_state,
-    resumable_tail,
-    run_identity,
+from easycore._exec.plan import (
+    Chain,
+    PipelineDef,
+    StageStats,
+    first_batch,
+    frozen_cfg,
+    plan_chain,
 )
+from easycore._exec.policy import set_aside
+from easycore._exec.position import Position, drop_passed, mark_passed, start_at
 from easycore._exec.resume import RunIdentity, RunLedger
 from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
@@ -110,36 +109,12 @@ class Runner:
         # chunks each worker may hold for a run (queued, running, or done and waiting)
         self.prefetch = prefetch or DEFAULT_PREFETCH
         self.cfg = frozen_cfg(cfg)
-        self._engine: Engine
-        if engine == "ray" and pipeline.producers:
-            if isinstance(devices, str) and devices == INLINE:
-                msg = "devices='inline' runs in this process; it does not go with engine='ray'"
-                raise ValueError(msg)
-            from easycore._exec.ray_engine import RayEngine  # imports ray: only here
-
-            # connects: "auto" counts it; _tasks: a one-shot run that keeps no worker state
-            ray_engine = RayEngine(pipeline, devices, self.cfg, tasks=_tasks)
-            self._engine = ray_engine
-            self._chain = ray_engine.chain
-        else:
-            self._chain = plan_chain(pipeline, devices)
+        self._engine = _make_engine(
+            pipeline, devices, self.cfg, engine, start_method, _wait, _tasks
+        )
+        self._chain = self._engine.chain
         self.devices: tuple[str, ...] = self._chain.devices
         self._inline = INLINE in self.devices
-        if self._chain.named and start_method == "fork" and engine == "local":
-            msg = (
-                "a pipeline with several pools (.on) needs start_method 'forkserver' or "
-                "'spawn': with 'fork', workers inherit each other's pipes"
-            )
-            raise ValueError(msg)
-        if engine == "ray" and pipeline.producers:
-            pass  # (made above)
-        elif self._inline or not pipeline.producers:
-            self._engine = InlineEngine(self._chain, self.cfg)
-        else:
-            check_capacity(len(self.devices))
-            # _wait False: the runner a one-shot map opens sends work to each worker as soon
-            # as it is ready instead of after the slowest one (init errors surface in the map)
-            self._engine = ProcessEngine(self._chain, self.cfg, start_method, _wait)
         self._seat = Seat()
         self._active = False
         self._generation = 0  # +1 per activate(): a run of an earlier activation must stop
@@ -341,19 +316,7 @@ class Runner:
         Raises:
             ValueError: ``state`` with ``resume``, or a ``state`` that does not fit.
         """
-        options = self._settle(options)
-        identity = run_identity(
-            options.seed, options.epoch, options.batch_size, self._chain.align, length_of(data)
-        )
-        position = Position(identity, self._chain.align)
-        if options.state is not None:
-            if options.resume is not None:
-                msg = "state= and resume= are two ways to resume: give one of them"
-                raise ValueError(msg)
-            first, passed = read_state(options.state, identity)
-            position.prefix, position.beyond = first, set(passed)
-            data = resumable_tail(data, first * (options.batch_size or 1))
-            options = attrs.evolve(options, first=first, passed=passed)
+        options, data, position = start_at(self._settle(options), data, self._chain.align)
         return _Items(self._results(options, data, position), position)
 
     def _results(
@@ -385,7 +348,7 @@ class Runner:
             identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
             ledger = RunLedger(options.resume, options, self._chain.align, identity)
             source = ledger.source(source)
-        bars = self._progress_bars(data, size) if options.progress else None
+        bars = _progress_bars(self._chain, data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
             source,
@@ -418,20 +381,6 @@ class Runner:
         finally:
             for bar in bars or ():
                 bar.close()
-
-    def _progress_bars(self, data: Iterable[Any], batch_size: int | None) -> list[Any]:
-        from tqdm.auto import tqdm
-
-        total = None
-        with contextlib.suppress(TypeError):
-            n = len(data)  # type: ignore[arg-type]
-            total = n if batch_size is None else math.ceil(n / batch_size)
-        bars = []
-        for k, hop in enumerate(self._chain.hops):
-            n_units = None if total is None else math.ceil(total / hop.unit)
-            desc = f"{hop.name} ({len(hop.devices)})" if self._chain.named else None
-            bars.append(tqdm(total=n_units, unit="item", dynamic_ncols=True, position=k, desc=desc))
-        return bars
 
     # -- submit ------------------------------------------------------------------------------
     def submit(self, item: Any) -> concurrent.futures.Future[Any]:
@@ -623,3 +572,55 @@ class OwnedResults:
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 self.close()
+
+
+def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) -> list[Any]:
+    """One tqdm bar per hop of ``chain`` (a total when ``len(data)`` exists)."""
+    from tqdm.auto import tqdm
+
+    total = None
+    with contextlib.suppress(TypeError):
+        n = len(data)  # type: ignore[arg-type]
+        total = n if batch_size is None else math.ceil(n / batch_size)
+    bars = []
+    for k, hop in enumerate(chain.hops):
+        n_units = None if total is None else math.ceil(total / hop.unit)
+        desc = f"{hop.name} ({len(hop.devices)})" if chain.named else None
+        bars.append(tqdm(total=n_units, unit="item", dynamic_ncols=True, position=k, desc=desc))
+    return bars
+
+
+def _make_engine(
+    pipeline: PipelineDef,
+    devices: Any,
+    cfg: Any,
+    engine: str,
+    start_method: str | None,
+    wait: bool,
+    tasks: bool,
+) -> Engine:
+    """The engine of a runner: Ray, the calling process (``"inline"``, or nothing to run in
+    workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
+
+    ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
+    instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
+    run that keeps no worker state (on Ray, init-less pools run as tasks).
+    """
+    if engine == "ray" and pipeline.producers:
+        if isinstance(devices, str) and devices == INLINE:
+            msg = "devices='inline' runs in this process; it does not go with engine='ray'"
+            raise ValueError(msg)
+        from easycore._exec.ray_engine import RayEngine  # imports ray: only here
+
+        return RayEngine(pipeline, devices, cfg, tasks=tasks)  # connects: "auto" counts it
+    chain = plan_chain(pipeline, devices)
+    if chain.named and start_method == "fork" and engine == "local":
+        msg = (
+            "a pipeline with several pools (.on) needs start_method 'forkserver' or "
+            "'spawn': with 'fork', workers inherit each other's pipes"
+        )
+        raise ValueError(msg)
+    if INLINE in chain.devices or not pipeline.producers:
+        return InlineEngine(chain, cfg)
+    check_capacity(len(chain.devices))
+    return ProcessEngine(chain, cfg, start_method, wait)
