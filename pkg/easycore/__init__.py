@@ -34,7 +34,7 @@ from easycore._errors import (
 )
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
-from easycore._seeding import derive_seed, seed_everything
+from easycore._seeding import derive_seed, item_seed, seed_everything
 
 if TYPE_CHECKING:
     from easycore._exec import Runner, StageStats
@@ -58,6 +58,7 @@ __all__ = [
     "compose",
     "consumer",
     "derive_seed",
+    "item_seed",
     "producer",
     "seed_everything",
 ]

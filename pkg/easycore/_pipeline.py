@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, overload
 import attrs
 
 from easycore import _inject
-from easycore._options import RunOptions
+from easycore._options import RunOptions, check_concurrency
 
 if TYPE_CHECKING:
     from easycore._exec import Runner
@@ -41,15 +41,18 @@ def _placement_converter(value: Iterable[Binding | None]) -> tuple[Binding | Non
 class Binding:
     """Where a run of producers executes: its own pool, made by ``.on(devices, batch_size)``.
 
-    ``token`` tells two ``.on`` calls apart even with equal arguments: each is its own pool.
+    ``concurrency``: items each of its workers holds at once. ``token`` tells two ``.on``
+    calls apart even with equal arguments: each is its own pool.
     """
 
     devices: Any = attrs.field(converter=_devices_converter)
     batch_size: int | None = None
+    concurrency: int = 1
     token: int = attrs.field(factory=_binding_tokens.__next__)
 
 
-def _check_on_args(devices: Any, batch_size: int | None) -> None:
+def _check_on_args(devices: Any, batch_size: int | None, concurrency: int = 1) -> None:
+    check_concurrency(concurrency)
     if isinstance(devices, str) and devices == "inline":
         msg = (
             ".on('inline') is not supported: 'inline' applies to a whole run, "
@@ -99,6 +102,7 @@ class _Runs:
         start_method: str | None = None,
         prefetch: int | None = None,
         engine: str = "local",
+        concurrency: int = 1,
     ) -> Runner:
         """Start workers that stay up across calls; use as a context manager.
 
@@ -116,16 +120,21 @@ class _Runs:
             engine: ``"local"`` (worker processes on this machine) or ``"ray"`` (every pool
                 a group of Ray actors on the cluster ``ray.init()`` connects to; see
                 :meth:`map`).
+            concurrency: items each worker of the pool ``devices`` describes holds at once
+                (see :meth:`map`); pools made with ``.on`` have their own.
 
         Returns:
             An active :class:`~easycore.Runner`.
 
         Raises:
-            ValueError: an impossible device, before any process starts.
+            ValueError: an impossible device, or ``concurrency`` below 1, before any
+                process starts.
+            TypeError: ``concurrency`` not an int.
             WorkerError: an ``init`` raised.
         """
         from easycore._exec import open_runner
 
+        check_concurrency(concurrency)
         return open_runner(
             self._as_pipeline(),
             devices,
@@ -133,6 +142,7 @@ class _Runs:
             start_method=start_method,
             prefetch=prefetch,
             engine=engine,
+            concurrency=concurrency,
         )
 
     def map(
@@ -158,6 +168,7 @@ class _Runs:
         retry_failed: bool = False,
         max_items_per_worker: int | None = None,
         max_worker_memory: int | str | None = None,
+        concurrency: int = 1,
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
 
@@ -198,6 +209,17 @@ class _Runs:
         actor holding one GPU; results pass between pools as Ray object references.
         Everything above holds the same (a seeded run gives the same results).
 
+        Stages that wait (on the network, a disk, a remote model): a producer and its
+        ``init``/``end`` may be ``async def``. ``concurrency=k`` lets each worker of the pool
+        ``devices`` describes hold up to ``k`` items at once (async producers as tasks of
+        one event loop per worker, plain ones on ``k`` threads of the worker); ``.on(n,
+        concurrency=k)`` sets it per pool. Order, retries, ``errors="skip"``, ``resume=``
+        hold per item; an async item past ``timeout`` is cancelled and its worker goes on
+        (a plain one on a thread cannot be: its worker is killed, as with ``concurrency=1``).
+        With ``seed=``, :func:`easycore.item_seed` is each item's own seed. With
+        ``devices="inline"`` async stages run on an event loop in this process, one item
+        at a time.
+
         Returns:
             The consumer's result, or a list of results when there is no consumer.
 
@@ -205,6 +227,8 @@ class _Runs:
             WorkerError: user code raised (``__cause__`` is the original exception).
             WorkerDied: a worker process died.
             ValueError: a bad argument or device, before any process starts.
+            TypeError: a bad type of argument (``ordered``, ``concurrency``...), before any
+                process starts.
 
         >>> @producer
         ... def square(x):
@@ -214,6 +238,7 @@ class _Runs:
         """
         from easycore._exec import run_map
 
+        check_concurrency(concurrency)
         options = RunOptions(
             ordered=ordered,
             batch_size=batch_size,
@@ -239,6 +264,7 @@ class _Runs:
             start_method=start_method,
             distributed=distributed,
             engine=engine,
+            concurrency=concurrency,
         )
 
     def imap(
@@ -263,6 +289,7 @@ class _Runs:
         retry_failed: bool = False,
         max_items_per_worker: int | None = None,
         max_worker_memory: int | str | None = None,
+        concurrency: int = 1,
     ) -> Iterator[Any]:
         """Yield results lazily with bounded memory; for pipelines without a consumer.
 
@@ -281,6 +308,7 @@ class _Runs:
             raise TypeError(msg)
         from easycore._exec import run_imap
 
+        check_concurrency(concurrency)
         options = RunOptions(
             ordered=ordered,
             batch_size=batch_size,
@@ -305,6 +333,7 @@ class _Runs:
             options=options,
             start_method=start_method,
             engine=engine,
+            concurrency=concurrency,
         )
 
 
@@ -367,9 +396,9 @@ class Stage(_Runs):
     def __rrshift__(self, other: object) -> Pipeline:
         return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
 
-    def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
+    def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
         """Give this producer its own pool of workers; see :meth:`Pipeline.on`."""
-        return compose(self).on(devices, batch_size)
+        return compose(self).on(devices, batch_size, concurrency=concurrency)
 
     def _as_pipeline(self) -> Pipeline:
         return compose(self)
@@ -576,13 +605,15 @@ class Pipeline(_Runs):
                 args = repr(list(devices) if isinstance(devices, tuple) else devices)
                 if binding.batch_size is not None:
                     args += f", batch_size={binding.batch_size}"
+                if binding.concurrency != 1:
+                    args += f", concurrency={binding.concurrency}"
                 text = f"({text}).on({args})" if len(stages) > 1 else f"{text}.on({args})"
             parts.append(text)
         if self.consumer is not None:
             parts.append(self.consumer.name)
         return f"Pipeline({' >> '.join(parts)})"
 
-    def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
+    def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
         """Run these producers, fused, in a pool of their own on ``devices``.
 
         ``decode.on(4) >> predict.on(["cuda:0", "cuda:1"], batch_size=32) >> collect`` runs
@@ -590,9 +621,22 @@ class Pipeline(_Runs):
         directly between workers. ``batch_size`` groups what the previous pool yields item by
         item into lists for this pool. Producers without ``.on`` run on ``map``'s ``devices``.
 
+        ``concurrency=k``: each worker of the pool holds up to ``k`` items at once, for stages
+        that wait (``fetch.on(2, concurrency=64)``): ``async def`` producers run as tasks of
+        one event loop per worker, plain ones on ``k`` threads of the worker.
+
+        Args:
+            devices: as ``map``'s ``devices`` (not ``"inline"``).
+            batch_size: group the previous pool's results into lists of this many.
+            concurrency: items each worker holds at once (default 1).
+
+        Returns:
+            A new pipeline whose producers are bound to the pool.
+
         Raises:
-            TypeError: the pipeline has a consumer or is already (partly) bound.
-            ValueError: ``devices='inline'`` or a bad ``batch_size``.
+            TypeError: the pipeline has a consumer or is already (partly) bound, or
+                ``concurrency`` is not an int.
+            ValueError: ``devices='inline'``, a bad ``batch_size``, or ``concurrency`` < 1.
         """
         if self.consumer is not None:
             msg = f".on binds producers to workers; {self!r} ends in a consumer"
@@ -603,8 +647,8 @@ class Pipeline(_Runs):
         if any(b is not None for b in self.placement):
             msg = f"{self!r} is already bound with .on; bind each run of producers once"
             raise TypeError(msg)
-        _check_on_args(devices, batch_size)
-        binding = Binding(devices, batch_size)
+        _check_on_args(devices, batch_size, concurrency)
+        binding = Binding(devices, batch_size, concurrency)
         return attrs.evolve(self, placement=(binding,) * len(self.producers))
 
     def __rshift__(self, other: Stage | Pipeline) -> Pipeline:

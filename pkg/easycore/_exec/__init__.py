@@ -103,10 +103,17 @@ def open_runner(
     start_method: str | None,
     prefetch: int | None = None,
     engine: str = "local",
+    concurrency: int = 1,
 ) -> Runner:
     """``Pipeline.open``: an active runner whose workers stay up."""
     return Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, prefetch=prefetch, engine=engine
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        prefetch=prefetch,
+        engine=engine,
+        concurrency=concurrency,
     )
 
 
@@ -120,6 +127,7 @@ def run_map(
     start_method: str | None,
     distributed: bool = False,
     engine: str = "local",
+    concurrency: int = 1,
 ) -> Any:
     """``Pipeline.map``: fresh workers for one run, closed after it."""
     if distributed and engine != "local":
@@ -138,12 +146,24 @@ def run_map(
             )
             raise ValueError(msg)
         return sharded_map(
-            pipeline, data, devices=devices, cfg=cfg, options=options, start_method=start_method
+            pipeline,
+            data,
+            devices=devices,
+            cfg=cfg,
+            options=options,
+            start_method=start_method,
+            concurrency=concurrency,
         )
     if options.resume is not None:  # not a ledger, or another run's: before any worker starts
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     with Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        engine=engine,
+        concurrency=concurrency,
+        _wait=False,
     ) as runner:
         return runner.run_map(data, options)
 
@@ -157,13 +177,20 @@ def run_imap(
     options: RunOptions,
     start_method: str | None,
     engine: str = "local",
+    concurrency: int = 1,
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
     if options.resume is not None:
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     runner = Runner(
-        pipeline, devices, cfg=cfg, start_method=start_method, engine=engine, _wait=False
+        pipeline,
+        devices,
+        cfg=cfg,
+        start_method=start_method,
+        engine=engine,
+        concurrency=concurrency,
+        _wait=False,
     )
     try:
         results = runner.run_imap(data, options)

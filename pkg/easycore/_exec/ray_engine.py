@@ -263,14 +263,19 @@ class RayEngine:
 
     in_caller = False
 
-    def __init__(self, pipeline: PipelineDef, devices: Any, cfg: CfgNode) -> None:
+    def __init__(
+        self, pipeline: PipelineDef, devices: Any, cfg: CfgNode, concurrency: int = 1
+    ) -> None:
         ray = ray_module()
 
         _connect()
         try:
             resources = ray.cluster_resources()
             self.chain: Chain = plan_chain(
-                pipeline, devices, parse=lambda d: ray_devices(d, resources)
+                pipeline,
+                devices,
+                parse=lambda d: ray_devices(d, resources),
+                concurrency=concurrency,
             )
             check_fits(self.chain, resources)
         except BaseException:
@@ -341,6 +346,7 @@ class RayEngine:
                 self.clock,
                 key,
                 self.timeout,
+                h.concurrency,
             )
         )
         actor = Actor(hop, index, device, handle)

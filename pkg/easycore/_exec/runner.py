@@ -30,7 +30,7 @@ from easycore._exec.resume import RunIdentity, RunLedger
 from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
-from easycore._options import DEFAULT_PREFETCH, RunOptions, check_prefetch
+from easycore._options import DEFAULT_PREFETCH, RunOptions, check_concurrency, check_prefetch
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -66,9 +66,11 @@ class Runner:
         start_method: str | None = None,
         prefetch: int | None = None,
         engine: str = "local",
+        concurrency: int = 1,
         _wait: bool = True,
     ) -> None:
         check_prefetch(prefetch)
+        check_concurrency(concurrency)
         if engine not in ENGINES:
             msg = f"engine must be one of {ENGINES}, got {engine!r}"
             raise ValueError(msg)
@@ -84,11 +86,12 @@ class Runner:
                 raise ValueError(msg)
             from easycore._exec.ray_engine import RayEngine  # imports ray: only here
 
-            ray_engine = RayEngine(pipeline, devices, self.cfg)  # connects: "auto" counts it
+            # connects: "auto" counts it
+            ray_engine = RayEngine(pipeline, devices, self.cfg, concurrency)
             self._engine = ray_engine
             self._chain = ray_engine.chain
         else:
-            self._chain = plan_chain(pipeline, devices)
+            self._chain = plan_chain(pipeline, devices, concurrency=concurrency)
         self.devices: tuple[str, ...] = self._chain.devices
         self._inline = INLINE in self.devices
         if self._chain.named and start_method == "fork" and engine == "local":
