@@ -92,13 +92,16 @@ def _handler(state: LocalServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # (the default 5 drops connections of a burst: 1 s retries)
+
+
 @contextlib.contextmanager
 def serving() -> Iterator[LocalServer]:
     """Run a server on a free localhost port for the block; yields its state."""
     state = LocalServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    httpd.daemon_threads = True
-    httpd.request_queue_size = 256
+    httpd = _Server(("127.0.0.1", 0), _handler(state))
     state.httpd = httpd
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
