@@ -122,6 +122,12 @@ class TestInFlight:
             assert runner.map(urls(server, 5)) == list(range(5))
         assert 2 <= server.peak <= 4
 
+    def test_submit_on_a_runner_with_concurrency(self, server):
+        """Items fed one at a time with submit get their own futures, results right."""
+        with afetch.open(devices=1, concurrency=4) as runner:
+            futures = [runner.submit(u) for u in urls(server, 6, delay=0.02)]
+            assert [f.result(timeout=60) for f in futures] == list(range(6))
+
     def test_imap_takes_concurrency(self, server):
         assert list(tfetch.imap(urls(server, 10), devices=1, concurrency=3)) == list(range(10))
 
