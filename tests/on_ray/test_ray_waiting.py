@@ -95,3 +95,28 @@ def test_item_seed_as_on_the_local_engine():
 
     want = [random.Random(easycore.derive_seed(3, i)).random() for i in range(16)]
     assert draw.map(range(16), seed=3, devices=2, concurrency=5, engine="ray") == want
+
+
+@producer
+def tfetch_pid(url):
+    return int(get(url)), os.getpid()
+
+
+def test_a_thread_item_past_the_timeout_replaces_the_actor(server):
+    """A plain item on a thread cannot be cancelled: its actor is killed (ItemTimeout for
+    that item), the others it held run again."""
+    data = urls(server, 6, delay=0.05)
+    data[1] = f"{server.url}/v/1?delay=30"
+    failures: list[Failure] = []
+    out = tfetch_pid.map(
+        data,
+        devices=1,
+        concurrency=3,
+        timeout=1,
+        engine="ray",
+        errors="skip",
+        on_error=failures.append,
+    )
+    assert [v for v, _ in out] == [0, 2, 3, 4, 5]
+    assert [f.index for f in failures] == [1]
+    assert isinstance(failures[0].error, ItemTimeout)

@@ -6,6 +6,7 @@ seeds, resume and Ctrl-C holding per item."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -127,6 +128,28 @@ class TestInFlight:
         with afetch.open(devices=1, concurrency=4) as runner:
             futures = [runner.submit(u) for u in urls(server, 6, delay=0.02)]
             assert [f.result(timeout=60) for f in futures] == list(range(6))
+
+    def test_an_endless_input_is_pulled_only_as_far_as_the_window(self):
+        """Backpressure holds with items in flight: imap over an endless generator at
+        concurrency 8 pulls a bounded number of items ahead of the consumer."""
+        pulled = itertools.count()
+
+        def endless():
+            for i in itertools.count():
+                next(pulled)
+                yield i
+
+        @producer
+        async def wait(x):
+            await asyncio.sleep(0.005)
+            return x
+
+        results = wait.imap(endless(), devices=1, concurrency=8, progress=True)
+        first = [next(results) for _ in range(200)]
+        results.close()
+        assert first == list(range(200))
+        ahead = next(pulled) - 200
+        assert ahead < 5000, f"pulled {ahead} items ahead of the consumer"
 
     def test_imap_takes_concurrency(self, server):
         assert list(tfetch.imap(urls(server, 10), devices=1, concurrency=3)) == list(range(10))
