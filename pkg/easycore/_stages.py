@@ -208,6 +208,10 @@ class PreparedStages:
     def start(self) -> StageFailure | None:
         """Run every ``init`` in order; stop at the first that raises and return it."""
         self.prepared = []
+        if self.is_async and not self.in_caller:
+            # the worker's loop exists (and is its thread's) before a plain init runs: a
+            # client it makes with asyncio.get_event_loop() belongs to the loop items run on
+            self.loop()
         for stage in self.defs:
             state = None
             if stage.has_init:

@@ -117,6 +117,16 @@ class TestInFlight:
         assert fetch.map(urls(server, 12), devices=2, concurrency=4) == list(range(12))
         assert sorted(marks.read_text().split()) == ["0", "1"]
 
+    def test_a_plain_init_sees_the_loop_the_items_run_on(self):
+        def init():
+            return asyncio.get_event_loop()
+
+        @producer(init=init)
+        async def same_loop(x, state):
+            return asyncio.get_running_loop() is state
+
+        assert same_loop.map(range(6), devices=1, concurrency=3) == [True] * 6
+
     def test_a_runner_keeps_its_concurrency_across_maps(self, server):
         with afetch.open(devices=1, concurrency=4) as runner:
             assert runner.map(urls(server, 10, delay=0.05)) == list(range(10))
