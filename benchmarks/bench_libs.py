@@ -350,6 +350,10 @@ def measure(
         import bench_training
 
         return bench_training.measure_resume(opts, workers)
+    if workload == "W8":  # requests to a local server, then a CPU step: its own harness
+        import bench_waiting
+
+        return bench_waiting.measure(lib, opts, n, workers)
     if lib in ("raydata", "raytasks") or opts.get("engine") == "ray":  # on a local Ray
         import bench_ray
 

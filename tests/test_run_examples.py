@@ -22,6 +22,7 @@ CASES = [
     ("decode_then_predict.py", ["300"], "inline run agrees: OK"),
     ("train_loop.py", ["300"], "going down: OK"),
     ("train_resume.py", [], "weights as the uninterrupted run: OK"),
+    ("download_then_embed.py", ["200"], "inline run agrees: OK"),
 ]
 
 

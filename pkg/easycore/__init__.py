@@ -36,7 +36,7 @@ from easycore._errors import (
 from easycore._options import RunKwargs
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
-from easycore._seeding import derive_seed, permutation, seed_everything
+from easycore._seeding import derive_seed, item_seed, permutation, seed_everything
 
 if TYPE_CHECKING:
     from easycore._exec import Runner, StageStats
@@ -61,6 +61,7 @@ __all__ = [
     "compose",
     "consumer",
     "derive_seed",
+    "item_seed",
     "load_checkpoint",
     "permutation",
     "producer",

@@ -7,6 +7,7 @@
           ├── FrozenError (+AttributeError)  a frozen CfgNode was asked to change
           ├── WorkerError                    user code raised (init, work, end, consumer)
           │    ├── ItemTimeout               an item ran past ``timeout``; its worker was killed
+          │    │                             (an async item is cancelled instead)
           │    └── SerializationError (+TypeError)  an item, result or function would not pickle
           └── WorkerDied                     a worker process vanished (signal / exit code)
 
@@ -31,6 +32,7 @@ __all__ = [
     "RemoteTraceback",
     "SerializationError",
     "SkippedItemsWarning",
+    "TimedOutItem",
     "WorkerDied",
     "WorkerError",
     "after_retries",
@@ -102,6 +104,11 @@ class ItemTimeout(WorkerError):
 
     Raised once ``retries`` are used up (a retry runs the item on a fresh worker).
     """
+
+
+class TimedOutItem(TimeoutError):
+    """An async item (``async def`` producer) ran past ``timeout`` and was cancelled; its
+    worker went on. The ``__cause__`` of the :class:`ItemTimeout` the caller gets."""
 
 
 class SerializationError(WorkerError, TypeError):

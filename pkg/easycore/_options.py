@@ -23,6 +23,7 @@ __all__ = [
     "Numbering",
     "RunKwargs",
     "RunOptions",
+    "check_concurrency",
     "check_prefetch",
     "parse_bytes",
     "run_options",
@@ -83,6 +84,21 @@ def check_prefetch(value: Any) -> None:
     """Raises ValueError unless ``value`` is None or an int >= 1."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         msg = f"prefetch must be an int >= 1 or None, got {value!r}"
+        raise ValueError(msg)
+
+
+def check_concurrency(value: Any) -> None:
+    """Checks ``concurrency=``: the items each worker of a pool may hold at once.
+
+    Raises:
+        TypeError: not an int (a bool, a float or a string included).
+        ValueError: an int below 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"concurrency must be a positive int, got {short_repr(value)}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"concurrency must be a positive int (1 or more), got {value!r}"
         raise ValueError(msg)
 
 

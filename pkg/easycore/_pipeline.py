@@ -19,7 +19,7 @@ import attrs
 from typing_extensions import Unpack
 
 from easycore import _inject
-from easycore._options import RunKwargs, run_options
+from easycore._options import RunKwargs, check_concurrency, run_options
 
 if TYPE_CHECKING:
     from easycore._exec import Runner
@@ -41,15 +41,18 @@ def _placement_converter(value: Iterable[Binding | None]) -> tuple[Binding | Non
 class Binding:
     """Where a run of producers executes: its own pool, made by ``.on(devices, batch_size)``.
 
-    ``token`` tells two ``.on`` calls apart even with equal arguments: each is its own pool.
+    ``concurrency``: items each of its workers holds at once. ``token`` tells two ``.on``
+    calls apart even with equal arguments: each is its own pool.
     """
 
     devices: Any = attrs.field(converter=_devices_converter)
     batch_size: int | None = None
+    concurrency: int = 1
     token: int = attrs.field(factory=_binding_tokens.__next__)
 
 
-def _check_on_args(devices: Any, batch_size: int | None) -> None:
+def _check_on_args(devices: Any, batch_size: int | None, concurrency: int = 1) -> None:
+    check_concurrency(concurrency)
     if isinstance(devices, str) and devices == "inline":
         msg = (
             ".on('inline') is not supported: 'inline' applies to a whole run, "
@@ -100,6 +103,7 @@ class _Runs:
         prefetch: int | None = None,
         engine: str = "local",
         epoch: int = 0,
+        concurrency: int = 1,
     ) -> Runner:
         """Start workers that stay up across calls; use as a context manager.
 
@@ -119,16 +123,21 @@ class _Runs:
                 :meth:`map`).
             epoch: the epoch of the runner's ``map``/``imap`` calls that do not give one
                 (see :meth:`map`).
+            concurrency: items each worker of the pool ``devices`` describes holds at once
+                (see :meth:`map`); pools made with ``.on`` have their own.
 
         Returns:
             An active :class:`~easycore.Runner`.
 
         Raises:
-            ValueError: an impossible device, before any process starts.
+            ValueError: an impossible device, or ``concurrency`` below 1, before any
+                process starts.
+            TypeError: ``concurrency`` not an int.
             WorkerError: an ``init`` raised.
         """
         from easycore._exec import open_runner
 
+        check_concurrency(concurrency)
         return open_runner(
             self._as_pipeline(),
             devices,
@@ -137,6 +146,7 @@ class _Runs:
             prefetch=prefetch,
             engine=engine,
             epoch=epoch,
+            concurrency=concurrency,
         )
 
     def map(
@@ -148,6 +158,7 @@ class _Runs:
         start_method: str | None = None,
         distributed: bool = False,
         engine: str = "local",
+        concurrency: int = 1,
         **options: Unpack[RunKwargs],
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
@@ -194,6 +205,17 @@ class _Runs:
         actor holding one GPU; results pass between pools as Ray object references.
         Everything above holds the same (a seeded run gives the same results).
 
+        Stages that wait (on the network, a disk, a remote model): a producer and its
+        ``init``/``end`` may be ``async def``. ``concurrency=k`` lets each worker of the pool
+        ``devices`` describes hold up to ``k`` items at once (async producers as tasks of
+        one event loop per worker, plain ones on ``k`` threads of the worker); ``.on(n,
+        concurrency=k)`` sets it per pool. Order, retries, ``errors="skip"``, ``resume=``
+        hold per item; an async item past ``timeout`` is cancelled and its worker goes on
+        (a plain one on a thread cannot be: its worker is killed, as with ``concurrency=1``).
+        With ``seed=``, :func:`easycore.item_seed` is each item's own seed. With
+        ``devices="inline"`` async stages run on an event loop in this process, one item
+        at a time.
+
         ``epoch=e`` (an int >= 0, default 0): with ``seed``, every item gets a seed of its
         own that differs between epochs and is the same on every run
         (:func:`easycore.derive_seed` ``(seed, index, epoch=e)``; epoch 0 gives the seeds
@@ -210,6 +232,8 @@ class _Runs:
             start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
             distributed: share the items out between the ranks of a torchrun/Slurm job.
             engine: ``"local"`` (worker processes here) or ``"ray"`` (on a Ray cluster).
+            concurrency: items each worker of the pool ``devices`` describes holds at once
+                (default 1; pools made with ``.on`` have their own).
             **options: the run's options, each described in :class:`~easycore.RunKwargs`
                 (``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
                 ``retries``, ``prefetch``, ``errors``, ``on_error``, ``resume``, ``key``,
@@ -223,7 +247,8 @@ class _Runs:
             WorkerError: user code raised (``__cause__`` is the original exception);
                 ``ItemTimeout`` and ``SerializationError`` are kinds of it.
             WorkerDied: a worker process died.
-            TypeError: an argument of the wrong type, before any process starts.
+            TypeError: an argument of the wrong type (``ordered``, ``concurrency``...),
+                before any process starts.
             ValueError: a bad argument or device, or a ``resume`` ledger of another run or
                 input, before any process starts.
 
@@ -235,6 +260,7 @@ class _Runs:
         """
         from easycore._exec import run_map
 
+        check_concurrency(concurrency)
         run = run_options("map", positional, options)
         return run_map(
             self._as_pipeline(),
@@ -245,6 +271,7 @@ class _Runs:
             start_method=start_method,
             distributed=distributed,
             engine=engine,
+            concurrency=concurrency,
         )
 
     def imap(
@@ -255,6 +282,7 @@ class _Runs:
         *positional: Any,
         start_method: str | None = None,
         engine: str = "local",
+        concurrency: int = 1,
         **options: Unpack[RunKwargs],
     ) -> Iterator[Any]:
         """Yield results lazily with bounded memory; for pipelines without a consumer.
@@ -279,6 +307,7 @@ class _Runs:
             *positional: as for :meth:`map`.
             start_method: as for :meth:`map`.
             engine: as for :meth:`map`.
+            concurrency: as for :meth:`map`.
             **options: as for :meth:`map`, and ``state`` (see above).
 
         Returns:
@@ -302,6 +331,7 @@ class _Runs:
             raise TypeError(msg)
         from easycore._exec import run_imap
 
+        check_concurrency(concurrency)
         run = run_options("imap", positional, options)
         return run_imap(
             pipeline,
@@ -311,6 +341,7 @@ class _Runs:
             options=run,
             start_method=start_method,
             engine=engine,
+            concurrency=concurrency,
         )
 
 
@@ -382,21 +413,22 @@ class Stage(_Runs):
     def __rrshift__(self, other: object) -> Pipeline:
         return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
 
-    def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
+    def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
         """Give this producer its own pool of workers; see :meth:`Pipeline.on`.
 
         Args:
             devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
             batch_size: hand this pool lists of this many results of the pool before it.
+            concurrency: items each worker holds at once (default 1).
 
         Returns:
             A one-stage :class:`Pipeline` bound to that pool.
 
         Raises:
-            TypeError: the stage is a consumer.
-            ValueError: ``devices='inline'`` or a bad ``batch_size``.
+            TypeError: the stage is a consumer, or ``concurrency`` is not an int.
+            ValueError: ``devices='inline'``, a bad ``batch_size`` or ``concurrency``.
         """
-        return compose(self).on(devices, batch_size)
+        return compose(self).on(devices, batch_size, concurrency=concurrency)
 
     def _as_pipeline(self) -> Pipeline:
         return compose(self)
@@ -608,13 +640,15 @@ class Pipeline(_Runs):
                 args = repr(list(devices) if isinstance(devices, tuple) else devices)
                 if binding.batch_size is not None:
                     args += f", batch_size={binding.batch_size}"
+                if binding.concurrency != 1:
+                    args += f", concurrency={binding.concurrency}"
                 text = f"({text}).on({args})" if len(stages) > 1 else f"{text}.on({args})"
             parts.append(text)
         if self.consumer is not None:
             parts.append(self.consumer.name)
         return f"Pipeline({' >> '.join(parts)})"
 
-    def on(self, devices: Any, batch_size: int | None = None) -> Pipeline:
+    def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
         """Run these producers, fused, in a pool of their own on ``devices``.
 
         ``decode.on(4) >> predict.on(["cuda:0", "cuda:1"], batch_size=32) >> collect`` runs
@@ -622,17 +656,23 @@ class Pipeline(_Runs):
         directly between workers. ``batch_size`` groups what the previous pool yields item by
         item into lists for this pool. Producers without ``.on`` run on ``map``'s ``devices``.
 
+        ``concurrency=k``: each worker of the pool holds up to ``k`` items at once, for stages
+        that wait (``fetch.on(2, concurrency=64)``): ``async def`` producers run as tasks of
+        one event loop per worker, plain ones on ``k`` threads of the worker.
+
         Args:
             devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
             batch_size: hand this pool lists of this many results of the pool before it
                 (on the first pool: of input items).
+            concurrency: items each worker holds at once (default 1).
 
         Returns:
             A new pipeline; this one is unchanged.
 
         Raises:
-            TypeError: the pipeline has a consumer or is already (partly) bound.
-            ValueError: ``devices='inline'`` or a bad ``batch_size``.
+            TypeError: the pipeline has a consumer or is already (partly) bound, or
+                ``concurrency`` is not an int.
+            ValueError: ``devices='inline'``, a bad ``batch_size``, or ``concurrency`` < 1.
         """
         if self.consumer is not None:
             msg = f".on binds producers to workers; {self!r} ends in a consumer"
@@ -643,8 +683,8 @@ class Pipeline(_Runs):
         if any(b is not None for b in self.placement):
             msg = f"{self!r} is already bound with .on; bind each run of producers once"
             raise TypeError(msg)
-        _check_on_args(devices, batch_size)
-        binding = Binding(devices, batch_size)
+        _check_on_args(devices, batch_size, concurrency)
+        binding = Binding(devices, batch_size, concurrency)
         return attrs.evolve(self, placement=(binding,) * len(self.producers))
 
     def __rshift__(self, other: Stage | Pipeline) -> Pipeline:

@@ -34,7 +34,14 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from easycore._errors import RemoteTraceback, SerializationError, WorkerError, user_error
+from easycore._errors import (
+    ItemTimeout,
+    RemoteTraceback,
+    SerializationError,
+    TimedOutItem,
+    WorkerError,
+    user_error,
+)
 
 __all__ = [
     "CACHED",
@@ -60,6 +67,7 @@ __all__ = [
     "is_cached",
 ]
 
+TIMED_OUT = f"{TimedOutItem.__module__}.{TimedOutItem.__qualname__}"  # a cancelled async item
 STOP = b"\x00easycore-stop"  # a bare frame: run `end` and exit
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -130,6 +138,8 @@ class ErrorReport(NamedTuple):
                 "<item unpickling>",
             )
             cls = SerializationError if unpicklable else WorkerError
+            if self.type_name == TIMED_OUT:
+                cls = ItemTimeout
         error = user_error(
             self.stage,
             self.type_name,
@@ -160,6 +170,7 @@ class Task(NamedTuple):
     spent: dict[tuple[int, int], int]  # runs already charged by deaths, {(hop, index): n}
     numbering: tuple[int, int] = (0, 1)  # unit i is unit first + i * step of the input
     resumed: bool = False  # units may be CACHED: pass them on without running the stages
+    timeout: float | None = None  # the run's timeout (a concurrent hop enforces it itself)
 
 
 class Cached:

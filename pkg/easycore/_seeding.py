@@ -16,6 +16,7 @@ import importlib.util
 import random
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "derive_seed",
     "drop_hooks",
     "epoch_seed",
+    "item_seed",
     "permutation",
     "seed_everything",
     "seed_loaded",
@@ -31,6 +33,26 @@ __all__ = [
 ]
 
 _LAST_SEED: int | None = None  # the last value given to seed_everything in this process
+# The seed of the item in hand (its own for each asyncio task or thread of a worker).
+ITEM_SEED: ContextVar[int | None] = ContextVar("easycore_item_seed", default=None)
+
+
+def item_seed() -> int | None:
+    """The seed of the item being run here: ``derive_seed(seed, index)`` of the run's ``seed=``.
+
+    Call it inside a producer. It is the value the worker seeded ``random``, numpy and
+    torch with just before the item started, and it stays the item's own while other items
+    of the same worker run concurrently (``.on(n, concurrency=k)``): an async item or a
+    thread gets its own value. Use it for randomness that must not depend on how items
+    interleave, e.g. ``rng = random.Random(easycore.item_seed())``.
+
+    Returns:
+        The item's seed (an int), or None when the run has no ``seed=`` or outside an item.
+
+    >>> item_seed() is None
+    True
+    """
+    return ITEM_SEED.get()
 
 
 def derive_seed(seed: int, index: int, pool: int = 0, *, epoch: int = 0) -> int:

@@ -6,21 +6,66 @@ with its injected names, :meth:`~PreparedStages.run` runs the stages over one un
 from its index when the run has a seed), :meth:`~PreparedStages.run_chunk` over a chunk
 with retries, and :meth:`~PreparedStages.finish` runs every ``end``. Failures come back as
 :class:`StageFailure` values naming the stage; the caller turns them into errors.
+
+Stages that wait (API.md section 11): a producer, ``init`` or ``end`` may be ``async def``;
+they run on one event loop per place (a worker, an actor, the caller for ``"inline"``). A
+hop with ``concurrency=k`` runs up to ``k`` of a chunk's units at once
+(:meth:`~PreparedStages.run_many`): as tasks of that loop when a stage is async, else on
+``k`` threads. Each unit keeps its own retries, seed (:func:`easycore.item_seed`) and
+timeout (an async unit past it is cancelled: :class:`~easycore._errors.TimedOutItem`);
+results keep the chunk's order. ``concurrency=1`` with plain functions is the loop of old.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from easycore._errors import WorkerError, user_error
+from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
 from easycore._inject import call_with, injected
-from easycore._protocol import AT_INDEX, AT_STARTED, CACHED, ErrorReport, Task, is_cached
-from easycore._seeding import derive_seed, drop_hooks, seed_loaded, seed_on_import
+from easycore._protocol import (
+    AT_INDEX,
+    AT_STARTED,
+    CACHED,
+    RUNNING,
+    ErrorReport,
+    Task,
+    is_cached,
+)
+from easycore._seeding import ITEM_SEED, derive_seed, drop_hooks, seed_loaded, seed_on_import
 
-__all__ = ["PreparedStages", "StageDef", "StageFailure"]
+__all__ = ["PreparedStages", "StageDef", "StageFailure", "cancel_grace", "is_async_fn"]
+
+# (index, start) of the oldest unit in flight, or (None, 0.0) when none: for a watchdog
+Publish = Callable[[int | None, float], None]
+
+
+def is_async_fn(fn: Any) -> bool:
+    """``fn`` is an ``async def`` function (also behind decorators, a partial, or a callable
+    object whose ``__call__`` is one)."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    try:
+        inner = inspect.unwrap(fn)
+    except ValueError:  # pragma: no cover - a wrapper cycle
+        inner = fn
+    if inspect.iscoroutinefunction(inner):
+        return True
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return False
+    return inspect.iscoroutinefunction(inspect.getattr_static(type(fn), "__call__", None))
+
+
+def cancel_grace(timeout: float) -> float:
+    """How long past ``timeout`` a watchdog waits before it kills a worker whose async unit
+    should have been cancelled by then (its event loop is blocked: a sync call in it)."""
+    return 1.0 + 0.5 * timeout
 
 
 class StageDef(Protocol):
@@ -69,6 +114,7 @@ class StageFailure(NamedTuple):
             worker=0 if device is not None else None,
             index=index,
             remote=False,
+            cls=ItemTimeout if isinstance(exc, TimedOutItem) else WorkerError,
         )
 
 
@@ -95,6 +141,8 @@ class PreparedStages:
             numpy first imported by an item's own work is seeded for that item (a worker
             installs such hooks once, at start-up), and only ``Exception``s count as the
             stage's failure (Ctrl-C and ``SystemExit`` propagate, as in any other code).
+        concurrency: units :meth:`run_many` runs at once (async stages: tasks of this
+            place's event loop; plain ones: threads).
     """
 
     def __init__(
@@ -106,6 +154,7 @@ class PreparedStages:
         worker: int,
         hop: int = 0,
         in_caller: bool = False,
+        concurrency: int = 1,
     ) -> None:
         self.defs = tuple(stages)
         self.context: dict[str, Any] = {"device": device, "cfg": cfg, "worker": worker}
@@ -113,16 +162,61 @@ class PreparedStages:
         self.in_caller = in_caller
         self.catch: type[BaseException] = Exception if in_caller else BaseException
         self.prepared: list[_Prepared] = []
+        self.concurrency = concurrency
+        # a stage is async: units run on the event loop (run_many: as concurrent tasks)
+        self.is_async = any(is_async_fn(s.fn) for s in self.defs)
+        # units go through run_many (concurrently), not the loop of old
+        self.waits = self.is_async or concurrency > 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- the event loop and the threads -------------------------------------------------------
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """This place's event loop (made on first use; a worker's is its thread's loop)."""
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+            if not self.in_caller:  # (the caller's own loop policy is none of our business)
+                asyncio.set_event_loop(self._loop)
+        return self._loop
+
+    def wait_for(self, value: Any) -> Any:
+        """``value``, or what it gives once awaited on the loop when it is awaitable (an
+        async ``init``/``end``)."""
+        if inspect.isawaitable(value):
+            return self.loop().run_until_complete(_awaited(value))
+        return value
+
+    def _close_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+                if not self.in_caller:
+                    asyncio.set_event_loop(None)
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
 
     # -- init / end ----------------------------------------------------------------------
     def start(self) -> StageFailure | None:
         """Run every ``init`` in order; stop at the first that raises and return it."""
         self.prepared = []
+        if self.is_async and not self.in_caller:
+            # the worker's loop exists (and is its thread's) before a plain init runs: a
+            # client it makes with asyncio.get_event_loop() belongs to the loop items run on
+            self.loop()
         for stage in self.defs:
             state = None
             if stage.has_init:
                 try:
-                    state = call_with(stage.init, stage.init_names, self.context)
+                    state = self.wait_for(call_with(stage.init, stage.init_names, self.context))
                 except self.catch as exc:
                     return StageFailure(f"{stage.name} (init)", exc)
             self.prepared.append(_Prepared(stage, state, self.context))
@@ -135,33 +229,78 @@ class PreparedStages:
             if st.end is None:
                 continue
             try:
-                call_with(st.end, st.end_names, {**self.context, "state": st.state})
+                self.wait_for(call_with(st.end, st.end_names, {**self.context, "state": st.state}))
             except self.catch as exc:
                 if first is None:
                     first = StageFailure(f"{st.name} (end)", exc)
         self.prepared = []
+        self._close_loop()
         return first
 
     # -- items ---------------------------------------------------------------------------
     def run(
-        self, item: Any, index: int, seed: int | None, numbering: tuple[int, int] = (0, 1)
+        self,
+        item: Any,
+        index: int,
+        seed: int | None,
+        numbering: tuple[int, int] = (0, 1),
+        timeout: float | None = None,
     ) -> tuple[Any, StageFailure | None]:
-        """Run the stages over unit ``index`` once: ``(value, None)`` or ``(None, failure)``."""
+        """Run the stages over unit ``index`` once: ``(value, None)`` or ``(None, failure)``.
+
+        Async stages run on the loop; ``timeout`` then cancels the unit (plain stages are
+        not timed here: a watchdog kills their worker).
+        """
         hooks: list[Any] = []
+        token = None
         if seed is not None:
-            seed_loaded(derive_seed(seed, numbering[0] + index * numbering[1], self.hop))
+            value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
+            seed_loaded(value)
+            token = ITEM_SEED.set(value)
             if self.in_caller:
                 hooks = seed_on_import()
-        value = item
         try:
+            if self.is_async:
+                return self.loop().run_until_complete(self._astages(item, timeout))
+            value = item
             for st in self.prepared:
                 try:
                     value = st.fn(value, **st.kwargs)
                 except self.catch as exc:
                     return None, StageFailure(st.name, exc)
+            return value, None
         finally:
             if hooks:
                 drop_hooks(hooks)
+            if token is not None:
+                ITEM_SEED.reset(token)
+
+    async def _astages(self, item: Any, timeout: float | None) -> tuple[Any, StageFailure | None]:
+        """The stages over one unit on the loop, cancelled past ``timeout`` seconds."""
+        where = [self.prepared[0].name if self.prepared else ""]
+        if timeout is None:
+            return await self._achain(item, where)
+        try:
+            return await asyncio.wait_for(self._achain(item, where), max(timeout, 0.0))
+        except asyncio.TimeoutError:  # (user code's own TimeoutError is a failure inside)
+            error = TimedOutItem(
+                f"ran past timeout={timeout}s in {where[0]!r}; it was cancelled and its "
+                "worker went on"
+            )
+            return None, StageFailure(where[0], error)
+
+    async def _achain(self, item: Any, where: list[str]) -> tuple[Any, StageFailure | None]:
+        value = item
+        for st in self.prepared:
+            where[0] = st.name
+            try:
+                value = st.fn(value, **st.kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            except asyncio.CancelledError:
+                raise  # (a timeout's cancellation, or the loop closing)
+            except self.catch as exc:
+                return None, StageFailure(st.name, exc)
         return value, None
 
     def run_retrying(
@@ -171,11 +310,12 @@ class PreparedStages:
         seed: int | None,
         allowed: int,
         numbering: tuple[int, int] = (0, 1),
+        timeout: float | None = None,
     ) -> tuple[Any, StageFailure | None]:
         """:meth:`run`, again while it fails and ``allowed`` retries remain."""
         attempt = 0
         while True:
-            value, failed = self.run(item, index, seed, numbering)
+            value, failed = self.run(item, index, seed, numbering, timeout)
             if failed is None or attempt >= allowed:
                 return value, failed
             attempt += 1
@@ -203,6 +343,8 @@ class PreparedStages:
         hand, and with a timeout its start time, go into the shared slot ``cur[at:]``;
         ``since`` (when the chunk's unpickling began) is the first unit's start time.
         """
+        if self.waits:
+            return self._run_chunk_waiting(units, base, task, cur, at, stop, since)
         values: list[Any] = []
         errors: list[tuple[int, ErrorReport]] = []
         only = self.prepared[0] if len(self.prepared) == 1 else None
@@ -254,3 +396,214 @@ class PreparedStages:
         if task.timed:
             cur[at + AT_STARTED] = time.monotonic() if since is None else since
         return self.run(item, index, task.seed, task.numbering)
+
+    # -- units in flight together (concurrency=k, async stages) --------------------------------
+    def _run_chunk_waiting(
+        self,
+        units: Any,
+        base: int,
+        task: Task,
+        cur: Any,
+        at: int,
+        stop: Any,
+        since: float | None,
+    ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
+        """:meth:`run_chunk` for a hop that waits: its units through :meth:`run_many`, the
+        oldest unit in flight in the shared slot (what a watchdog times, and blames)."""
+        # An async unit is cancelled at its timeout; the caller's watchdog, which kills the
+        # worker, only acts if that did not happen (a blocked loop): a grace later.
+        shift = cancel_grace(task.timeout) if self.is_async and task.timeout else 0.0
+        timed = task.timed
+
+        def publish(index: int | None, start: float) -> None:
+            if index is None:
+                cur[at + AT_STARTED] = RUNNING
+                return
+            cur[at + AT_INDEX] = float(index)
+            cur[at + AT_STARTED] = start + shift if timed else RUNNING
+
+        jobs = []
+        cached = []
+        for k, unit in enumerate(units):
+            if task.resumed and is_cached(unit):
+                cached.append(k)
+            else:
+                jobs.append((base + k, unit))
+        done = self.run_many(
+            jobs,
+            seed=task.seed,
+            numbering=task.numbering,
+            allowed=lambda index: self.retries_left(task, index),
+            timeout=task.timeout if self.is_async else None,
+            publish=publish,
+            stop=stop,
+            since=since,
+        )
+        values: list[Any] = []
+        errors: list[tuple[int, ErrorReport]] = []
+        results = iter(done)
+        skip = set(cached)
+        for k in range(len(units)):
+            if k in skip:
+                values.append(CACHED)
+                continue
+            value, failed = next(results)
+            if failed is not None:
+                errors.append((k, failed.report()))
+            values.append(value)
+        return values, errors
+
+    def run_many(
+        self,
+        jobs: Sequence[tuple[int, Any]],
+        *,
+        seed: int | None,
+        numbering: tuple[int, int],
+        allowed: Callable[[int], int],
+        timeout: float | None = None,
+        publish: Publish | None = None,
+        stop: Any = None,
+        since: float | None = None,
+    ) -> list[tuple[Any, StageFailure | None]]:
+        """Run ``(index, unit)`` jobs, up to ``concurrency`` at once; results in job order.
+
+        Each unit retries while it fails and ``allowed(index)`` retries remain. Async stages
+        run as tasks of the loop, each unit cancelled past ``timeout`` seconds of its own
+        (counted from ``since`` for the first, when given: its chunk's unpickling); plain
+        stages on ``concurrency`` threads. ``publish`` hears of the oldest unit in flight.
+        ``stop`` (an Event): units not started yet are left out, as ``(None, None)``.
+        """
+        flight = _Flight(publish)
+        if self.is_async:
+            return self.loop().run_until_complete(
+                self._amany(jobs, seed, numbering, allowed, timeout, flight, stop, since)
+            )
+        if self._threads is None:
+            self._threads = concurrent.futures.ThreadPoolExecutor(
+                self.concurrency, thread_name_prefix="easycore-item"
+            )
+        futures = [
+            self._threads.submit(
+                self._one_unit,
+                index,
+                unit,
+                seed,
+                numbering,
+                allowed(index),
+                flight,
+                stop,
+                since if k == 0 else None,
+            )
+            for k, (index, unit) in enumerate(jobs)
+        ]
+        return [f.result() for f in futures]
+
+    def _one_unit(
+        self,
+        index: int,
+        unit: Any,
+        seed: int | None,
+        numbering: tuple[int, int],
+        allowed: int,
+        flight: _Flight,
+        stop: Any,
+        since: float | None,
+    ) -> tuple[Any, StageFailure | None]:
+        """(a thread) One unit with its retries."""
+        value: Any = None
+        failed: StageFailure | None = None
+        attempt = 0
+        while stop is None or not stop.is_set():
+            key = flight.begin(index, time.monotonic() if since is None else since)
+            since = None
+            try:
+                value, failed = self.run(unit, index, seed, numbering)
+            finally:
+                flight.end(key)
+            if failed is None or attempt >= allowed:
+                break
+            attempt += 1
+        return value, failed
+
+    async def _amany(
+        self,
+        jobs: Sequence[tuple[int, Any]],
+        seed: int | None,
+        numbering: tuple[int, int],
+        allowed: Callable[[int], int],
+        timeout: float | None,
+        flight: _Flight,
+        stop: Any,
+        since: float | None,
+    ) -> list[tuple[Any, StageFailure | None]]:
+        gate = asyncio.Semaphore(self.concurrency)
+        clock = time.monotonic
+
+        async def one(k: int, index: int, unit: Any) -> tuple[Any, StageFailure | None]:
+            value: Any = None
+            failed: StageFailure | None = None
+            async with gate:
+                started = since if k == 0 and since is not None else clock()
+                attempt = 0
+                budget = allowed(index)
+                while stop is None or not stop.is_set():
+                    key = flight.begin(index, started)
+                    try:
+                        if seed is not None:  # (this task's own context: no other unit's)
+                            value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
+                            seed_loaded(value)
+                            ITEM_SEED.set(value)
+                        left = None if timeout is None else timeout - (clock() - started)
+                        value, failed = await self._astages(unit, left)
+                    finally:
+                        flight.end(key)
+                    if failed is None or attempt >= budget:
+                        break
+                    attempt += 1
+                    started = clock()
+            return value, failed
+
+        tasks = [asyncio.ensure_future(one(k, i, u)) for k, (i, u) in enumerate(jobs)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            raise
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+class _Flight:
+    """The units in flight in one place, oldest first: the oldest goes to ``publish``."""
+
+    __slots__ = ("items", "lock", "n", "publish")
+
+    def __init__(self, publish: Publish | None) -> None:
+        self.publish = publish
+        self.items: dict[int, tuple[int, float]] = {}
+        self.lock = threading.Lock()
+        self.n = 0
+
+    def begin(self, index: int, start: float) -> int:
+        with self.lock:
+            key = self.n
+            self.n += 1
+            self.items[key] = (index, start)
+            if len(self.items) == 1 and self.publish is not None:
+                self.publish(index, start)
+        return key
+
+    def end(self, key: int) -> None:
+        with self.lock:
+            first = next(iter(self.items), None)
+            del self.items[key]
+            if self.publish is None or first != key:
+                return
+            oldest = next(iter(self.items.values()), None)
+            if oldest is None:
+                self.publish(None, 0.0)
+            else:
+                self.publish(*oldest)

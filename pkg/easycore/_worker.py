@@ -97,6 +97,7 @@ class WorkerSpec(NamedTuple):
     last: bool = True  # results go to the caller (else to the next hop's workers)
     group: int | None = None  # incoming results per unit (the hop's batch_size)
     unit: int = 1  # first-hop items per unit of this hop
+    concurrency: int = 1  # units it runs at once (async tasks or threads)
 
 
 class _PeerClosed(NamedTuple):
@@ -482,7 +483,12 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         _send(chan, InitFailed(ErrorReport.of("<payload>", exc)))
         return
     stages = PreparedStages(
-        producers, device=spec.device, cfg=cfg, worker=spec.worker, hop=spec.hop
+        producers,
+        device=spec.device,
+        cfg=cfg,
+        worker=spec.worker,
+        hop=spec.hop,
+        concurrency=spec.concurrency,
     )
     if isinstance(outlet, _ToCaller):
         outlet.stages = stages

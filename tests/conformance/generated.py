@@ -8,12 +8,16 @@ what a user observes, as an :class:`~reference.Outcome` (with the raised error i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import random
 import sys
 import uuid
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import attrs
 from hypothesis import strategies as st
 from reference import (
     MODULUS,
@@ -26,7 +30,7 @@ from reference import (
     reference,
 )
 
-from easycore import WorkerError, compose, consumer, producer
+from easycore import WorkerError, compose, consumer, item_seed, producer
 
 ENGINES = ("inline", "processes", "ray")
 MAX_WORKERS = 6  # over all pools (the suite's Ray has 8 CPUs)
@@ -62,12 +66,14 @@ def cases(draw: Any, resume: bool = False) -> Case:
                 tuple(group),
                 workers=draw(st.integers(1, 3)) if own else None,
                 batch_size=draw(st.none() | st.integers(1, 3)),
+                concurrency=draw(st.sampled_from([1, 1, 4])),
+                asynchronous=draw(st.booleans()),
             )
         )
     budget = MAX_WORKERS - sum(p.workers or 0 for p in pools)
     devices = draw(st.integers(1, max(1, min(3, budget))))
     if pools[0].workers is None and sum(p.workers or 0 for p in pools) + devices > MAX_WORKERS:
-        pools[0] = PoolSpec(pools[0].stages, 1, pools[0].batch_size)
+        pools[0] = attrs.evolve(pools[0], workers=1)
     ordered = draw(st.booleans())
     consumer_spec = None
     if not resume and draw(st.booleans()):
@@ -99,9 +105,26 @@ def _attempts() -> dict[tuple[str, str], int]:
     return book
 
 
-def make_stage(spec: StageSpec, token: str, calls: Path | None) -> Any:
-    """A producer doing what ``spec`` says; ``calls``: a folder where every call of the
-    first stage leaves a file (to see what a resumed run computed)."""
+# A unit's own generator, in a pool whose worker holds several units at once (their draws
+# from the global random would interleave): made from item_seed() at its first stage.
+UNIT_RNG: ContextVar[random.Random | None] = ContextVar("conformance_rng", default=None)
+
+
+def unit_rng(first: bool) -> Any:
+    """The unit's own generator: a new one at its first stage (a module function, so that
+    stages reach the context variable by reference, not pickled)."""
+    if first:
+        UNIT_RNG.set(random.Random(item_seed()))
+    return UNIT_RNG.get()
+
+
+def make_stage(
+    spec: StageSpec, token: str, calls: Path | None, pool: PoolSpec | None = None, k: int = 0
+) -> Any:
+    """A producer doing what ``spec`` says, stage ``k`` of ``pool`` (``async def`` in an
+    asynchronous pool); ``calls``: a folder where every call of the first stage leaves a
+    file (to see what a resumed run computed)."""
+    own_rng = pool is not None and pool.concurrency > 1
 
     def work(x: Any) -> int:
         # A transient fault strikes the first attempt in a worker's run: a resumed run's
@@ -113,10 +136,20 @@ def make_stage(spec: StageSpec, token: str, calls: Path | None) -> Any:
         book[key] = book.get(key, 0) + 1
         if calls is not None:
             (calls / f"{uuid.uuid4().hex}.call").write_text(repr(x))
-        return spec.apply(x, first_attempt=book[key] == 1)
+        rng: Any = random
+        if own_rng:
+            rng = unit_rng(k == 0)
+        return spec.apply(x, first_attempt=book[key] == 1, rng=rng)
 
-    work.__name__ = work.__qualname__ = spec.name
-    return producer(init=dict)(work) if spec.kept else producer(work)
+    async def awork(x: Any) -> int:
+        await asyncio.sleep(0)  # let the worker's other units run in between
+        y = work(x)
+        await asyncio.sleep(0)
+        return y
+
+    fn = awork if pool is not None and pool.asynchronous else work
+    fn.__name__ = fn.__qualname__ = spec.name
+    return producer(init=dict)(fn) if spec.kept else producer(fn)
 
 
 def _run_number(calls: Path) -> Path:
@@ -129,12 +162,12 @@ def build(case: Case, calls: Path | None = None) -> Any:
     parts: list[Any] = []
     for h, pool in enumerate(case.pools):
         stages = [
-            make_stage(s, token, calls if h == 0 and k == 0 else None)
+            make_stage(s, token, calls if h == 0 and k == 0 else None, pool, k)
             for k, s in enumerate(pool.stages)
         ]
         p = compose(*stages)
         if pool.workers is not None:
-            p = p.on(pool.workers, batch_size=pool.batch_size)
+            p = p.on(pool.workers, batch_size=pool.batch_size, concurrency=pool.concurrency)
         parts.append(p)
     spec = case.consumer
     if spec is not None:
@@ -167,6 +200,8 @@ def run_options(case: Case, engine: str) -> dict[str, Any]:
     }
     if case.pools[0].workers is None and case.pools[0].batch_size is not None:
         kw["batch_size"] = case.pools[0].batch_size
+    if case.pools[0].workers is None and case.pools[0].concurrency > 1:
+        kw["concurrency"] = case.pools[0].concurrency
     if engine == "inline":
         kw["devices"] = "inline"
     else:
@@ -187,7 +222,7 @@ def run_case(case: Case, engine: str) -> tuple[Outcome, BaseException | None, li
     pipeline = build(case)
     kw = run_options(case, engine)
     failures: list[Any] = []
-    open_kw = {k: kw.pop(k) for k in ("devices", "engine") if k in kw}
+    open_kw = {k: kw.pop(k) for k in ("devices", "engine", "concurrency") if k in kw}
     with pipeline.open(**open_kw) as runner:
         try:
             value = runner.map(list(case.items), on_error=failures.append, **kw)

@@ -8,7 +8,9 @@ time, with no process, no chunk and no retry machinery:
   runs its fused stages over each of its units; a later pool with ``batch_size=k`` takes the
   previous pool's results ``k`` at a time (the last group may be shorter);
 * with ``seed``, before each attempt at unit ``i`` of pool ``h`` the random state is
-  ``seed_everything(derive_seed(seed, i, h))``;
+  ``seed_everything(derive_seed(seed, i, h))`` (in a pool whose worker holds several units
+  at once, the stages draw from the unit's own ``random.Random(easycore.item_seed())``,
+  made at the attempt's first stage: the same numbers);
 * a stage that raises is retried, with the whole pool's stages, up to ``retries`` times;
 * a unit that still fails fails the output unit (last pool's unit) that contains it: with
   ``errors="raise"`` the run raises a ``WorkerError`` naming a failing pool's unit index
@@ -57,7 +59,9 @@ class StageSpec:
     seeded: bool = False
     kept: bool = False
 
-    def apply(self, x: Any, first_attempt: bool) -> int:
+    def apply(self, x: Any, first_attempt: bool, rng: Any = random) -> int:
+        """The stage's result for input ``x``; ``rng``: where a seeded stage draws from (the
+        global ``random``, seeded per unit; or the unit's own generator)."""
         v = value_of(x)
         if self.poison is not None and v % MODULUS == self.poison:
             msg = f"{self.name} refuses {v}"
@@ -67,17 +71,23 @@ class StageSpec:
             raise ValueError(msg)
         y = self.a * v + self.b
         if self.seeded:
-            y += random.randrange(1000)
+            y += rng.randrange(1000)
         return y
 
 
 @attrs.frozen
 class PoolSpec:
-    """Fused stages; ``workers`` None: the run's ``devices`` (only the first pool)."""
+    """Fused stages; ``workers`` None: the run's ``devices`` (only the first pool).
+
+    ``concurrency``: units each worker holds at once; ``asynchronous``: the stages are
+    ``async def`` (neither changes what the pool computes).
+    """
 
     stages: tuple[StageSpec, ...]
     workers: int | None
     batch_size: int | None = None
+    concurrency: int = 1
+    asynchronous: bool = False
 
 
 @attrs.frozen

@@ -106,6 +106,7 @@ def open_runner(
     prefetch: int | None = None,
     engine: str = "local",
     epoch: int = 0,
+    concurrency: int = 1,
 ) -> Runner:
     """``Pipeline.open``: an active runner whose workers stay up."""
     return Runner(
@@ -116,6 +117,7 @@ def open_runner(
         prefetch=prefetch,
         engine=engine,
         epoch=epoch,
+        concurrency=concurrency,
     )
 
 
@@ -129,6 +131,7 @@ def run_map(
     start_method: str | None,
     distributed: bool = False,
     engine: str = "local",
+    concurrency: int = 1,
 ) -> Any:
     """``Pipeline.map``: fresh workers for one run, closed after it."""
     if distributed and engine != "local":
@@ -147,7 +150,13 @@ def run_map(
             )
             raise ValueError(msg)
         return sharded_map(
-            pipeline, data, devices=devices, cfg=cfg, options=options, start_method=start_method
+            pipeline,
+            data,
+            devices=devices,
+            cfg=cfg,
+            options=options,
+            start_method=start_method,
+            concurrency=concurrency,
         )
     if options.resume is not None:  # not a ledger, or another run's: before any worker starts
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
@@ -157,6 +166,7 @@ def run_map(
         cfg=cfg,
         start_method=start_method,
         engine=engine,
+        concurrency=concurrency,
         _wait=False,
         _tasks=_stateless(options),
     ) as runner:
@@ -172,6 +182,7 @@ def run_imap(
     options: RunOptions,
     start_method: str | None,
     engine: str = "local",
+    concurrency: int = 1,
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
@@ -183,6 +194,7 @@ def run_imap(
         cfg=cfg,
         start_method=start_method,
         engine=engine,
+        concurrency=concurrency,
         _wait=False,
         _tasks=_stateless(options),
     )

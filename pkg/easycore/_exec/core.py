@@ -176,7 +176,11 @@ class RunBooks:
         self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
         self.next_out = self.first
         self.sizers = [ChunkSizer() for _ in self.hops]
-        self.chunk_size = self.align
+        # A hop with concurrency=k runs a chunk's units k at once: chunks of at least k
+        # (whole output units) keep its workers' k slots busy from the first chunk on.
+        most = max(h.concurrency for h in self.hops)
+        self.least = -(-most // self.align) * self.align if most > 1 else 1
+        self.chunk_size = max(self.align, self.least)
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
@@ -254,7 +258,8 @@ class RunBooks:
         self.redo.extendleft(reversed(works))
 
     def floor(self) -> int:
-        return min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
+        least = min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
+        return max(least, self.least)
 
     def measured(self, hop: int, n: int, elapsed: float, nbytes: int = 0) -> None:
         """A chunk of ``n`` first-hop units took ``elapsed`` s at ``hop`` (``nbytes`` back)."""
@@ -265,7 +270,7 @@ class RunBooks:
         if any(s.per_item is None for s in self.sizers):
             return  # a hop not yet measured may be the slow one: no big chunks before then
         size = min(s.size for s in self.sizers)
-        self.chunk_size = max(self.align, size - size % self.align)
+        self.chunk_size = max(self.align, size - size % self.align, self.least)
 
     def count(self, hop: int, n: int, elapsed: float) -> None:
         """``hop`` finished ``n`` of its units in ``elapsed`` seconds of work."""

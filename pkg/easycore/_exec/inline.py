@@ -2,7 +2,9 @@
 
 The same prepared stages as a worker process runs (``easycore._stages``), with the same
 ordering, injection (``device="cpu"``, ``worker=0``), seeds, retries and errors; ``timeout``
-is not enforced (nothing can be killed). Also the engine of a pipeline without producers.
+is not enforced on plain functions (nothing can be killed), and cancels an ``async def``
+unit (run on an event loop here, one unit at a time: ``concurrency`` does not apply). Also
+the engine of a pipeline without producers.
 """
 
 from __future__ import annotations
@@ -125,8 +127,8 @@ class InlineEngine:
                 yield index, Failed(before.exc, item, before.stage, before.hop), origin
                 continue
             t0 = time.perf_counter()
-            value, failed = stages.run_retrying(
-                unit, index, options.run_seed, options.retries, books.numbering
+            value, failed = stages.run_retrying(  # (timeout: cancels an async unit)
+                unit, index, options.run_seed, options.retries, books.numbering, options.timeout
             )
             books.count(hop, 1, time.perf_counter() - t0)
             if failed is not None:

@@ -65,6 +65,7 @@ class Hop:
     unit: int  # first-hop items per unit of this hop
     first_slot: int = 0  # global slot of its first worker
     payload: bytes = b""  # (stages, cfg) cloudpickled, once per activation
+    concurrency: int = 1  # units each of its workers holds at once
 
     @property
     def name(self) -> str:
@@ -126,10 +127,12 @@ def plan_chain(
     pipeline: PipelineDef,
     devices: Any,
     parse: Callable[[Any], list[str]] = parse_devices,
+    concurrency: int = 1,
 ) -> Chain:
     """Cut the producers into hops and give each its devices (raises ValueError early).
 
-    ``parse`` turns a ``devices`` argument into device strings (an engine's own meaning).
+    ``parse`` turns a ``devices`` argument into device strings (an engine's own meaning);
+    ``concurrency`` is the run's, for the pool of ``devices`` (an ``.on`` pool has its own).
     """
     cache: list[tuple[str, ...]] = []
 
@@ -153,7 +156,8 @@ def plan_chain(
             devs = tuple(parse(binding.devices))
         batch = binding.batch_size if binding is not None and i > 0 else None
         unit *= batch or 1
-        hops.append(Hop(i, tuple(stages), devs, batch, unit, slot))
+        k = concurrency if binding is None else binding.concurrency
+        hops.append(Hop(i, tuple(stages), devs, batch, unit, slot, concurrency=k))
         slot += len(devs)
     return Chain(tuple(hops))
 

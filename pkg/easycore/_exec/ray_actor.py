@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from easycore._protocol import CACHED, UNPICKLING, ErrorReport, is_cached
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import PreparedStages
+from easycore._stages import PreparedStages, cancel_grace
 
 __all__ = ["Broken", "Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
 
@@ -122,6 +122,8 @@ class StageActor:
         clock: the engine's :class:`UnitClock` actor (None before a run with a timeout).
         key: this actor's name at the clock.
         timeout: the run's ``timeout`` (see :meth:`watch`).
+        concurrency: units of a chunk it runs at once (async stages: tasks of its event
+            loop, each cancelled at the timeout; plain ones: threads).
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class StageActor:
         clock: Any = None,
         key: int = 0,
         timeout: float | None = None,
+        concurrency: int = 1,
     ) -> None:
         self.payload = payload
         self.paths = paths
@@ -147,6 +150,7 @@ class StageActor:
         self.clock = clock
         self.key = key
         self.timeout = timeout
+        self.concurrency = concurrency
         self.stages = PreparedStages((), device=self.device, cfg=None, worker=worker, hop=hop)
         self.lock = threading.Lock()
         self.current: tuple[int, float] | None = None  # (unit index, monotonic start)
@@ -178,7 +182,12 @@ class StageActor:
         except BaseException as exc:
             return ErrorReport.of("<payload>", exc), where
         self.stages = PreparedStages(
-            stages, device=self.device, cfg=cfg, worker=self.worker, hop=self.hop
+            stages,
+            device=self.device,
+            cfg=cfg,
+            worker=self.worker,
+            hop=self.hop,
+            concurrency=self.concurrency,
         )
         if not task:
             threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
@@ -230,6 +239,8 @@ class StageActor:
                 )
         if self.batch is not None:
             units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
+        if self.stages.waits:
+            return self._run_many(units, base, seed, retries, spent, numbering, t0)
         out: list[Any] = []
         n = 0
         for k, unit in enumerate(units):
@@ -252,6 +263,52 @@ class StageActor:
                 value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
+
+    def _run_many(
+        self,
+        units: Sequence[Any],
+        base: int,
+        seed: int | None,
+        retries: int,
+        spent: Mapping[int, int],
+        numbering: tuple[int, int],
+        t0: float,
+    ) -> tuple[list[Any], Meta]:
+        """:meth:`run` for a hop that waits: units in flight together (``concurrency``),
+        the oldest one in hand for the watchdog."""
+        out: list[Any] = [None] * len(units)
+        jobs = []
+        for k, unit in enumerate(units):
+            if is_cached(unit):
+                out[k] = CACHED
+                continue
+            broken = _broken_in(unit)
+            if broken is not None:
+                out[k] = broken
+                continue
+            jobs.append((base + k, unit))
+        timeout = self.timeout if self.stages.is_async else None
+        shift = cancel_grace(timeout) if timeout else 0.0
+
+        def publish(index: int | None, start: float) -> None:
+            with self.lock:
+                self.current = None if index is None else (index, start + shift)
+
+        done = self.stages.run_many(
+            jobs,
+            seed=seed,
+            numbering=numbering,
+            allowed=lambda index: max(retries - spent.get(index, 0), 0),
+            timeout=timeout,
+            publish=publish,
+        )
+        with self.lock:
+            self.current = None
+        for (index, _), (value, failed) in zip(jobs, done, strict=True):
+            out[index - base] = (
+                value if failed is None else Broken(self.hop, index, failed.report())
+            )
+        return out, Meta(len(jobs), time.perf_counter() - t0, rss_bytes())
 
     def unpack(self, packed: Packed, base: int) -> Any:
         """The items of a timed run, unpickled here on the clock: the first unit's (or, for
@@ -288,6 +345,7 @@ def run_task(
     worker: int,
     hop: int,
     batch: int | None,
+    concurrency: int,
     *run_args: Any,
 ) -> tuple[list[Any], Meta]:
     """One chunk of an init-less CPU pool as a plain Ray task (made a remote function by the
@@ -301,7 +359,9 @@ def run_task(
     body = _BODIES.get((pool, worker))
     if body is None:
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
-        body = StageActor(payload, paths, "cpu", worker, hop, entropy, batch)
+        body = StageActor(
+            payload, paths, "cpu", worker, hop, entropy, batch, concurrency=concurrency
+        )
         failed, _ = body.start(task=True)
         if failed is not None:
             msg = f"the pool's producers did not load here: {failed.type_name}: {failed.text}"

@@ -287,7 +287,12 @@ class RayEngine:
     in_caller = False
 
     def __init__(
-        self, pipeline: PipelineDef, devices: Any, cfg: CfgNode, tasks: bool = False
+        self,
+        pipeline: PipelineDef,
+        devices: Any,
+        cfg: CfgNode,
+        concurrency: int = 1,
+        tasks: bool = False,
     ) -> None:
         ray = ray_module()
 
@@ -295,7 +300,10 @@ class RayEngine:
         try:
             resources = ray.cluster_resources()
             self.chain: Chain = plan_chain(
-                pipeline, devices, parse=lambda d: ray_devices(d, resources)
+                pipeline,
+                devices,
+                parse=lambda d: ray_devices(d, resources),
+                concurrency=concurrency,
             )
             check_fits(self.chain, resources)
         except BaseException:
@@ -379,6 +387,7 @@ class RayEngine:
                 self.clock,
                 key,
                 self.timeout,
+                h.concurrency,
             )
         )
         actor = Actor(hop, index, device, handle)
@@ -399,7 +408,7 @@ class RayEngine:
         pool = f"{os.getpid()}-{id(self)}-{self.started}-{hop}"
 
         def send(*run_args: Any) -> Any:
-            return fn.remote(pool, payload, sys.path, index, hop, h.batch, *run_args)
+            return fn.remote(pool, payload, sys.path, index, hop, h.batch, h.concurrency, *run_args)
 
         return send
 

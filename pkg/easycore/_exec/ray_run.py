@@ -186,6 +186,9 @@ class RayRun:
             free = [a for a in pool if not (a.retiring or any(c.work.solo for c in a.queue))]
             if work.solo:
                 free = [a for a in free if not a.queue]
+            # a slot of tasks holds one chunk at a time: Ray would run more of them at once,
+            # so a pool would use more CPUs (and hold more items) than its devices say
+            free = [a for a in free if a.task is None or not a.queue]
             if not free:
                 books.redo.appendleft(work)
                 return False

@@ -193,6 +193,7 @@ class Run:
                 books.charges.spent(work.start, work.end),
                 books.numbering,
                 self.options.markers,
+                self.options.timeout,
             )
             try:
                 frame = w.chan.encode(task)

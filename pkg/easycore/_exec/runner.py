@@ -42,6 +42,7 @@ from easycore._options import (
     DEFAULT_PREFETCH,
     RunKwargs,
     RunOptions,
+    check_concurrency,
     check_prefetch,
     run_options,
 )
@@ -71,6 +72,7 @@ class Runner:
         prefetch: chunks each worker may hold for a run (default 2; see :meth:`imap`).
         engine: ``"local"`` (worker processes here) or ``"ray"`` (Ray actors).
         epoch: the epoch of the runner's ``map``/``imap`` calls that do not give one.
+        concurrency: items each worker of the pool ``devices`` describes holds at once.
 
     Raises:
         ValueError: a bad argument or an impossible device, before any process starts.
@@ -95,11 +97,13 @@ class Runner:
         prefetch: int | None = None,
         engine: str = "local",
         epoch: int = 0,
+        concurrency: int = 1,
         _wait: bool = True,
         _tasks: bool = False,
     ) -> None:
         check_prefetch(prefetch)
         check_epoch(epoch)
+        check_concurrency(concurrency)
         self.epoch = epoch  # the epoch of runs that do not name one
         if engine not in ENGINES:
             msg = f"engine must be one of {ENGINES}, got {engine!r}"
@@ -110,7 +114,7 @@ class Runner:
         self.prefetch = prefetch or DEFAULT_PREFETCH
         self.cfg = frozen_cfg(cfg)
         self._engine = _make_engine(
-            pipeline, devices, self.cfg, engine, start_method, _wait, _tasks
+            pipeline, devices, self.cfg, engine, start_method, _wait, _tasks, concurrency
         )
         self._chain = self._engine.chain
         self.devices: tuple[str, ...] = self._chain.devices
@@ -598,13 +602,15 @@ def _make_engine(
     start_method: str | None,
     wait: bool,
     tasks: bool,
+    concurrency: int,
 ) -> Engine:
     """The engine of a runner: Ray, the calling process (``"inline"``, or nothing to run in
     workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
 
     ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
     instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
-    run that keeps no worker state (on Ray, init-less pools run as tasks).
+    run that keeps no worker state (on Ray, init-less pools run as tasks). ``concurrency``:
+    items each worker of the pool ``devices`` describes holds at once.
     """
     if engine == "ray" and pipeline.producers:
         if isinstance(devices, str) and devices == INLINE:
@@ -612,8 +618,9 @@ def _make_engine(
             raise ValueError(msg)
         from easycore._exec.ray_engine import RayEngine  # imports ray: only here
 
-        return RayEngine(pipeline, devices, cfg, tasks=tasks)  # connects: "auto" counts it
-    chain = plan_chain(pipeline, devices)
+        # connects: "auto" counts it
+        return RayEngine(pipeline, devices, cfg, concurrency, tasks=tasks)
+    chain = plan_chain(pipeline, devices, concurrency=concurrency)
     if chain.named and start_method == "fork" and engine == "local":
         msg = (
             "a pipeline with several pools (.on) needs start_method 'forkserver' or "

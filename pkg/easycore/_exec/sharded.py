@@ -146,6 +146,7 @@ def sharded_map(
     cfg: Mapping[str, Any] | None,
     options: RunOptions,
     start_method: str | None,
+    concurrency: int = 1,
 ) -> Any:
     """Share the units out between ranks, run each share, merge in order, fold once."""
     distributed.init()
@@ -170,7 +171,14 @@ def sharded_map(
         producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)
         if isinstance(devices, str) and devices == "local":
             devices = distributed.local_devices()
-        with Runner(producers, devices, cfg=cfg, start_method=start_method, _wait=False) as run:
+        with Runner(
+            producers,
+            devices,
+            cfg=cfg,
+            start_method=start_method,
+            concurrency=concurrency,
+            _wait=False,
+        ) as run:
             local = run.run_map(share, mine)
         status = cloudpickle.dumps(("ok", local))
     except Exception as exc:

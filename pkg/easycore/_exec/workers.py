@@ -242,6 +242,7 @@ class WorkerSet:
             last=hop is self.chain.last,
             group=hop.batch,
             unit=hop.unit,
+            concurrency=hop.concurrency,
         )
         assert self.slots is not None
         parent, child = self._ctx.Pipe(duplex=True)

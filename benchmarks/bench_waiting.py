@@ -1,0 +1,249 @@
+"""W8: a stage that waits on the network, then a CPU step (issue 25).
+
+``n`` requests (2,000) to a local HTTP server that answers each after 20 ms, then a 1 ms CPU
+step per answer (a busy loop). The server is an asyncio server in a process of its own
+(started before the clock, so its CPU is not the measured process's); every library gets
+the same requests and the result (``2 * i`` for request ``i``, in order) is checked.
+
+Rows (``run.py --only W8``):
+
+* ``limit``: one process, ``asyncio.gather`` of every request under a semaphore of 128,
+  then the CPU step over the answers: the floor a careful hand-written program reaches;
+* ``threads``: ``ThreadPoolExecutor(128).map`` of request-then-step (``http.client``);
+* ``easycore``: ``(fetch.on(2, concurrency=64) >> step.on(1)).map(urls)`` with ``fetch`` an
+  ``async def`` producer: fresh workers, their start inside the clock (``mode=call``);
+* ``easycore concurrency=1`` (``part=10``): the same with one request at a time per worker,
+  timed on an open runner (start-up excluded) over a tenth of the requests and scaled by 10;
+* ``stage=fetch,runner=1``: the fetch pool alone on an open runner (start-up excluded, as
+  for the c=1 rows), at concurrency 64 and 1 (a tenth, scaled). With the step, 2,000
+  requests at one at a time on 2 workers take 20 s and the step alone 2 s, so no
+  concurrency can be more than 10x faster than concurrency=1 there: the 20x the issue asks
+  for is measured on the stage that waits;
+* on a local Ray (3 CPUs): easycore ``engine="ray"`` and Ray Data with an async callable
+  class (``async def __call__`` yielding each batch's answers, fetched under ``gather``)
+  on 2 actors, then the step on 1 actor, order preserved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from easycore import producer
+
+W8_DELAY = 0.02  # seconds the server takes per request
+W8_STEP = 0.001  # seconds of CPU per answer
+W8_LIMIT = 128  # requests in flight for the hand-written peers
+
+
+# -- the server (its own process: `python bench_waiting.py --serve`) ----------------------------
+async def _serve() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1].decode()
+            body = path.rsplit("/", 1)[-1].encode()
+            await asyncio.sleep(W8_DELAY)
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    """The server process and its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}"
+
+
+# -- the work ------------------------------------------------------------------------------------
+async def aget(url: str) -> int:
+    parts = urllib.parse.urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(f"GET {parts.path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        raw = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.0 200"):
+        msg = f"{url}: {head[:40]!r}"
+        raise OSError(msg)
+    return int(body)
+
+
+def get(url: str) -> int:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+    try:
+        conn.request("GET", parts.path)
+        answer = conn.getresponse()
+        if answer.status != 200:
+            msg = f"{url}: HTTP {answer.status}"
+            raise OSError(msg)
+        return int(answer.read())
+    finally:
+        conn.close()
+
+
+def cpu_step(x: int) -> int:
+    """About 1 ms of CPU (a busy loop), then ``2 * x``."""
+    end = time.perf_counter() + W8_STEP
+    while time.perf_counter() < end:
+        pass
+    return 2 * x
+
+
+@producer
+async def fetch(url: str) -> int:
+    return await aget(url)
+
+
+@producer
+def step(x: int) -> int:
+    return cpu_step(x)
+
+
+# -- the rows --------------------------------------------------------------------------------------
+def _limit(urls: Sequence[str]) -> list[int]:
+    async def everything() -> list[int]:
+        gate = asyncio.Semaphore(W8_LIMIT)
+
+        async def one(url: str) -> int:
+            async with gate:
+                return await aget(url)
+
+        return list(await asyncio.gather(*(one(u) for u in urls)))
+
+    return [cpu_step(x) for x in asyncio.run(everything())]
+
+
+def _threads(urls: Sequence[str]) -> list[int]:
+    with ThreadPoolExecutor(W8_LIMIT) as pool:
+        return list(pool.map(lambda u: cpu_step(get(u)), urls))
+
+
+def _pipeline(k: int, fetch_only: bool = False) -> Any:
+    if fetch_only:
+        return fetch.on(2, concurrency=k)
+    return fetch.on(2, concurrency=k) >> step.on(1)
+
+
+class _AsyncFetch:
+    """Ray Data's async callable class: each batch's requests under gather."""
+
+    async def __call__(self, batch: dict[str, Any]) -> Any:
+        import numpy as np
+
+        got = await asyncio.gather(*(aget(str(u)) for u in batch["url"]))
+        yield {"x": np.asarray(got)}
+
+
+class _Step:
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        return {"y": np.asarray([cpu_step(int(x)) for x in batch["x"]])}
+
+
+def _raydata(urls: Sequence[str], batch: int) -> list[int]:
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ds = ray.data.from_items([{"url": u} for u in urls])
+    ds = ds.map_batches(_AsyncFetch, concurrency=2, batch_size=batch)
+    ds = ds.map_batches(_Step, concurrency=1, batch_size=batch)
+    return [int(r["y"]) for r in ds.iter_rows()]
+
+
+def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, Any]:
+    """Time one run of W8 on ``lib``; ``{"seconds", "n", "extra"}`` (checked)."""
+    del workers  # W8's layout is fixed by the issue: 2 fetch workers, 1 step worker
+    server, base = start_server()
+    ray_up = False
+    try:
+        urls = [f"{base}/v/{i}" for i in range(n)]
+        warm = urls[: max(64, n // 20)]
+        extra: dict[str, Any] = {}
+        fetch_only = opts.get("stage") == "fetch"
+        times = 1 if fetch_only else 2
+        if lib in ("raydata",) or opts.get("engine") == "ray":
+            import ray
+
+            ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR")
+            ray_up = True
+        if lib == "limit":
+            _limit(warm)
+            t0 = time.perf_counter()
+            result = _limit(urls)
+        elif lib == "threads":
+            _threads(warm)
+            t0 = time.perf_counter()
+            result = _threads(urls)
+        elif lib == "raydata":
+            batch = int(opts.get("batch_size", 64))
+            _raydata(warm, batch)
+            t0 = time.perf_counter()
+            result = _raydata(urls, batch)
+        elif lib == "easycore":
+            k = int(opts.get("concurrency", 64))
+            kw = {"engine": "ray"} if opts.get("engine") == "ray" else {}
+            part = int(opts.get("part", 1))
+            pipeline = _pipeline(k, fetch_only)
+            if part > 1 or "runner" in opts:  # on an open runner (a share of it, scaled)
+                with pipeline.open(**kw) as runner:
+                    runner.map(warm[:8])
+                    some = urls[: n // part]
+                    t0 = time.perf_counter()
+                    got = runner.map(some)
+                    seconds = (time.perf_counter() - t0) * part
+                assert got == [times * i for i in range(len(some))], "wrong result"
+                extra["scaled_from"] = len(some)
+                return {"seconds": seconds, "n": n, "extra": extra}
+            pipeline.map(warm, **kw)
+            t0 = time.perf_counter()
+            result = pipeline.map(urls, **kw)
+        else:
+            msg = f"W8 has no library {lib!r}"
+            raise ValueError(msg)
+        seconds = time.perf_counter() - t0
+    finally:
+        if ray_up:
+            import ray
+
+            ray.shutdown()
+        server.kill()
+        server.wait()
+    if result != [times * i for i in range(n)]:
+        import bench_workloads as wl
+
+        msg = f"W8: {lib} returned a wrong result"
+        raise wl.WrongResult(msg)
+    return {"seconds": seconds, "n": n, "extra": extra}
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve())
+    os._exit(0)

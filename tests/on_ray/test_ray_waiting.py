@@ -1,0 +1,122 @@
+"""Stages that wait on engine="ray" (API.md section 11): each actor holds up to k items of an
+async producer (tasks of its event loop) or a plain one (threads), against a real HTTP server
+on localhost, with order, retries, skip indices, seeds and a cancelled timeout per item."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+import easycore
+from easycore import Failure, ItemTimeout, producer
+from local_http import HTTPFailed, aget, get, serving
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving() as state:
+        yield state
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server):
+    server.reset()
+
+
+@producer
+async def afetch_pid(url):
+    return int(await aget(url)), os.getpid()
+
+
+@producer
+def tfetch(url):
+    return int(get(url))
+
+
+@producer
+def square(x):
+    return x * x
+
+
+def urls(server, n, **query):
+    q = "&".join(f"{k}={v}" for k, v in query.items())
+    return [f"{server.url}/v/{i}" + (f"?{q}" if q else "") for i in range(n)]
+
+
+def test_an_actor_holds_up_to_k_items_in_order(server):
+    out = afetch_pid.map(urls(server, 24, delay=0.1), devices=1, concurrency=6, engine="ray")
+    assert [v for v, _ in out] == list(range(24))
+    assert 2 <= server.peak <= 6
+
+
+def test_threads_pools_retries_and_skip(server):
+    """A plain fetch on 4 threads of one actor, then a CPU pool: 500s and drops once are
+    ridden out by retries; item 2 always fails and is skipped with its own index."""
+    data = urls(server, 12, fail=1, drop=1)
+    data[2] = f"{server.url}/v/2?fail=-1"
+    failures: list[Failure] = []
+    out = (tfetch.on(1, concurrency=4) >> square.on(1)).map(
+        data, engine="ray", retries=2, errors="skip", on_error=failures.append
+    )
+    assert out == [i * i for i in range(12) if i != 2]
+    assert [f.index for f in failures] == [2]
+    assert isinstance(failures[0].error.__cause__, HTTPFailed)
+
+
+def test_an_async_item_past_the_timeout_is_cancelled_and_the_actor_goes_on(server):
+    data = urls(server, 6, delay=0.05)
+    data[3] = f"{server.url}/v/3?delay=30"
+    failures: list[Failure] = []
+    out = afetch_pid.map(
+        data,
+        devices=1,
+        concurrency=3,
+        timeout=1,
+        engine="ray",
+        errors="skip",
+        on_error=failures.append,
+    )
+    assert [v for v, _ in out] == [0, 1, 2, 4, 5]
+    assert len({pid for _, pid in out}) == 1
+    assert [f.index for f in failures] == [3]
+    assert isinstance(failures[0].error, ItemTimeout)
+
+
+def test_item_seed_as_on_the_local_engine():
+    @producer
+    async def draw(x):
+        await asyncio.sleep(random.Random(x).random() / 50)
+        return random.Random(easycore.item_seed()).random()
+
+    want = [random.Random(easycore.derive_seed(3, i)).random() for i in range(16)]
+    assert draw.map(range(16), seed=3, devices=2, concurrency=5, engine="ray") == want
+
+
+@producer
+def tfetch_pid(url):
+    return int(get(url)), os.getpid()
+
+
+def test_a_thread_item_past_the_timeout_replaces_the_actor(server):
+    """A plain item on a thread cannot be cancelled: its actor is killed (ItemTimeout for
+    that item), the others it held run again."""
+    data = urls(server, 6, delay=0.05)
+    data[1] = f"{server.url}/v/1?delay=30"
+    failures: list[Failure] = []
+    out = tfetch_pid.map(
+        data,
+        devices=1,
+        concurrency=3,
+        timeout=1,
+        engine="ray",
+        errors="skip",
+        on_error=failures.append,
+    )
+    assert [v for v, _ in out] == [0, 2, 3, 4, 5]
+    assert [f.index for f in failures] == [1]
+    assert isinstance(failures[0].error, ItemTimeout)
