@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
+from easycore import write
 from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
@@ -35,6 +36,7 @@ from easycore._errors import (
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
 from easycore._seeding import derive_seed, seed_everything
+from easycore._sinks import Written
 
 if TYPE_CHECKING:
     from easycore._exec import Runner, StageStats
@@ -54,12 +56,14 @@ __all__ = [
     "StageStats",
     "WorkerDied",
     "WorkerError",
+    "Written",
     "__version__",
     "compose",
     "consumer",
     "derive_seed",
     "producer",
     "seed_everything",
+    "write",
 ]
 
 

@@ -240,6 +240,9 @@ class StageActor:
                 self.current = None
             n += 1
             out.append(value if failed is None else Broken(self.hop, index, failed.report()))
+        if self.stages.sink is not None:  # the last pool writes: only counts go back
+            for k, failed in self.stages.write(base, out, units):
+                out[k] = Broken(self.hop, base + k, failed.report())
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
 
     def unpack(self, packed: Packed, base: int) -> Any:

@@ -20,6 +20,7 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError, Failure
+from easycore._exec.commit import commit_written, total_written
 from easycore._exec.core import RAISE, SKIP
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
@@ -31,6 +32,7 @@ from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
 from easycore._options import DEFAULT_PREFETCH, RunOptions, check_prefetch
+from easycore._sinks import Sink, recover, sweep
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -255,6 +257,8 @@ class Runner:
         """:meth:`map` with its options as one value."""
         options = self._settle(options)
         stream = self._results(options, data)
+        if self._sink is not None:
+            return total_written(commit_written(stream, self._sink))
         consumer = self.pipeline.consumer
         if consumer is None:
             return collect(stream)
@@ -313,7 +317,16 @@ class Runner:
 
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
         """:meth:`imap` with its options as one value."""
-        return _Items(self._results(self._settle(options), data))
+        stream = self._results(self._settle(options), data)
+        if self._sink is not None:
+            return commit_written(stream, self._sink)
+        return _Items(stream)
+
+    @property
+    def _sink(self) -> Sink | None:
+        """The sink the last pool's workers write with (``easycore.write``), or None."""
+        stages = self._chain.last.stages
+        return stages[-1] if stages and isinstance(stages[-1], Sink) else None
 
     def _results(self, options: RunOptions, data: Iterable[Any]) -> _Claimed:
         """Segments ``(index of first item, results)`` in the requested order.
@@ -337,6 +350,11 @@ class Runner:
             identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
             ledger = RunLedger(options.resume, options, self._chain.align, identity)
             source = ledger.source(source)
+        if self._sink is not None:  # commits a crash cut short, then no temporary file
+            if ledger is not None:
+                recover(self._sink, ledger.committed_shards())
+            else:
+                sweep(self._sink)
         bars = self._progress_bars(data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
@@ -398,8 +416,8 @@ class Runner:
             TypeError: the pipeline has a consumer, or a pool groups items (``batch_size``):
                 one item, one result.
         """
-        if self.pipeline.consumer is not None:
-            msg = f"submit is for pipelines without a consumer; {self.pipeline!r} has one"
+        if self.pipeline.consumer is not None or self._sink is not None:
+            msg = f"submit is for pipelines without a consumer or sink; {self.pipeline!r} has one"
             raise TypeError(msg)
         if self._chain.align > 1 or first_batch(self.pipeline, None) is not None:
             msg = "submit needs one result per item; a pool of this pipeline has a batch_size"
