@@ -153,7 +153,8 @@ def _written(
 ) -> Iterator[list[tuple[int, Any, list[Any]]]]:
     """The last hop's units in groups, written by its sink (a file holds one group's)."""
     hop = len(books.hops) - 1
-    for group in batched(units, WRITE_GROUP):
+    size = min(WRITE_GROUP, stages.sink.rows_per_file or WRITE_GROUP) if stages.sink else 1
+    for group in batched(units, size):
         base = group[0][0]
         values = [v for _, v, _ in group]
         inputs = [o[0] if books.align == 1 else o for _, _, o in group]
