@@ -32,7 +32,7 @@ import cloudpickle
 
 from easycore._errors import SerializationError, after_retries, short_repr
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sizing import ChunkSizer
+from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import ErrorReport
@@ -172,7 +172,12 @@ class RunBooks:
         self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start
         self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
         self.next_out = 0
-        self.sizers = [ChunkSizer() for _ in self.hops]
+        # a sink writes a file (or more) per chunk: chunks of ~0.5 s make fewer, bigger files
+        last = self.hops[-1].stages
+        writes = bool(last) and getattr(last[-1], "is_sink", False) is True
+        self.sizers = [
+            ChunkSizer(WRITE_CHUNK_SECONDS if writes else TARGET_CHUNK_SECONDS) for _ in self.hops
+        ]
         self.chunk_size = self.align
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
