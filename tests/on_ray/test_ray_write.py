@@ -58,3 +58,14 @@ def test_two_pools_resume_on_ray(tmp_path):
     rows = [json.loads(ln) for f in written.files for ln in Path(f).read_text().splitlines()]
     assert sorted(r["x"] for r in rows) == list(range(48))
     assert not [n for n in os.listdir(out) if n.startswith(".")]
+
+
+def test_a_gpu_group_is_an_actor_with_that_many_gpus_and_is_checked():
+    @producer
+    def where(x, *, device):
+        return device
+
+    with pytest.raises(ValueError, match="2 GPU"):
+        where.map([1], devices=[("cuda:0", "cuda:1")], engine="ray")  # this Ray has no GPU
+    with pytest.raises(ValueError, match="GPUs only"):
+        where.map([1], devices=[("cuda:0", "cpu")], engine="ray")
