@@ -214,6 +214,7 @@ class _Files:
     def exists(self, name: str) -> bool:
         if self.fs is None:
             return os.path.exists(self.join(name))
+        self.fs.invalidate_cache(self.root)  # (listings cached before the workers wrote)
         return bool(self.fs.exists(self.join(name)))
 
     def rename(self, a: str, b: str) -> None:
@@ -235,6 +236,7 @@ class _Files:
                 return os.listdir(self.root)
             except FileNotFoundError:
                 return []
+        self.fs.invalidate_cache(self.root)
         if not self.fs.exists(self.root):
             return []
         return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
