@@ -21,6 +21,7 @@ CASES = [
     ("demo.py", [], "inline run agrees: OK"),
     ("decode_then_predict.py", ["300"], "inline run agrees: OK"),
     ("train_loop.py", ["300"], "going down: OK"),
+    ("embed_to_parquet.py", ["192"], "192 embeddings in"),
 ]
 
 

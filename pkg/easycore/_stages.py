@@ -17,7 +17,15 @@ from typing import Any, NamedTuple, Protocol
 
 from easycore._errors import WorkerError, user_error
 from easycore._inject import call_with, injected
-from easycore._protocol import AT_INDEX, AT_STARTED, CACHED, ErrorReport, Task, is_cached
+from easycore._protocol import (
+    AT_INDEX,
+    AT_STARTED,
+    CACHED,
+    RUNNING,
+    ErrorReport,
+    Task,
+    is_cached,
+)
 from easycore._seeding import derive_seed, drop_hooks, seed_loaded, seed_on_import
 from easycore._sinks import ShardWriter, Sink, is_sink
 
@@ -251,7 +259,7 @@ class PreparedStages:
                 except BaseException as exc:
                     errors.append((len(values), ErrorReport.of(only.name, exc)))
                     append(None)
-            return self._written(base, values, errors, units)
+            return self._written(base, values, errors, units, cur, at)
         index = base
         for item in units:
             if task.resumed and is_cached(item):
@@ -272,14 +280,21 @@ class PreparedStages:
             index += 1
             if stop.is_set():
                 break
-        return self._written(base, values, errors, units)
+        return self._written(base, values, errors, units, cur, at)
 
     def _written(
-        self, base: int, values: list[Any], errors: list[tuple[int, ErrorReport]], units: Any
+        self,
+        base: int,
+        values: list[Any],
+        errors: list[tuple[int, ErrorReport]],
+        units: Any,
+        cur: Any,
+        at: int,
     ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
         """A chunk's values, written by the sink when there is one (:meth:`write`)."""
         if self.writer is None:
             return values, errors
+        cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
         bad = self.write(base, values, units, [k for k, _ in errors])
         if bad:
             errors = sorted([*errors, *((k, f.report()) for k, f in bad)], key=lambda e: e[0])

@@ -7,8 +7,10 @@ import gc
 import gzip
 import json
 import os
+import random
 import signal
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +229,28 @@ class TestExactlyOnce:
         written = (fragile >> write.parquet(str(out))).map(range(40), devices=2, retries=1)
         assert (tmp_path / "once").exists()
         assert sorted(r["x"] for r in parquet_rows(written)) == list(range(40))
+        assert leftovers(out) == []
+
+    def test_unordered_seeded_and_a_timeout_retried(self, tmp_path):
+        """ordered=False: files still sort in input order; seed: the rows equal an inline
+        run's; a unit killed for its timeout re-runs and is written once."""
+
+        @producer
+        def noisy(x):
+            if x == 5 and first_time(tmp_path / "slow"):
+                time.sleep(5)
+            return {"x": x, "r": random.random()}
+
+        out = tmp_path / "out"
+        written = (noisy >> write.parquet(str(out))).map(
+            range(30), devices=2, ordered=False, seed=7, timeout=1, retries=1
+        )
+        rows = parquet_rows(written)
+        assert [r["x"] for r in rows] == list(range(30))
+        again = (noisy >> write.parquet(str(tmp_path / "inline"))).map(
+            range(30), devices="inline", seed=7
+        )
+        assert rows == parquet_rows(again)
         assert leftovers(out) == []
 
     def test_resume_skips_committed_items_and_removes_stray_temp_files(self, tmp_path):
