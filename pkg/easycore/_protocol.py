@@ -160,6 +160,7 @@ class Task(NamedTuple):
     spent: dict[tuple[int, int], int]  # runs already charged by deaths, {(hop, index): n}
     numbering: tuple[int, int] = (0, 1)  # unit i is unit first + i * step of the input
     resumed: bool = False  # units may be CACHED: pass them on without running the stages
+    keys: Any = None  # a sink's rows' keys: key= of each first-hop unit (None: by index)
 
 
 class Cached:

@@ -383,6 +383,7 @@ class _Unit(NamedTuple):
     key: int  # the first-hop unit whose key rows carry (before a per-row offset)
     cols: dict[str, Any]
     n: int
+    keys: list[Any]  # each row's item key
 
 
 class ShardWriter:
@@ -396,11 +397,19 @@ class ShardWriter:
         self.schema = sink.schema  # fixed by the first rows written when not given
 
     def write(
-        self, base: int, values: list[Any], inputs: Sequence[Any], skip: Iterable[int]
+        self,
+        base: int,
+        values: list[Any],
+        inputs: Sequence[Any],
+        skip: Iterable[int],
+        keys: Sequence[Any] | None = None,
     ) -> list[tuple[int, BaseException]]:
         """Write units ``base + k`` (``values[k]``) that did not fail (``skip``): each is
         replaced by a :class:`Wrote`, the last written one carrying the shards. Returns the
-        ``(position, error)`` of the units that could not be written (their value: None)."""
+        ``(position, error)`` of the units that could not be written (their value: None).
+
+        ``keys``: the ``key=`` value of each first-hop unit of the chunk (from its first),
+        when the run has one; rows are keyed by their item's index otherwise."""
         skipped = set(skip)
         units: list[_Unit] = []
         errors: list[tuple[int, BaseException]] = []
@@ -413,10 +422,15 @@ class ShardWriter:
             except Exception as exc:
                 errors.append((k, exc))
                 continue
-            units.append(_Unit(k, (base + k) * self.sink.align, cols, n))
+            first = (base + k) * self.sink.align
+            index = _row_keys(first, n, self.sink.align)
+            if keys is not None:
+                origin = base * self.sink.align
+                index = [keys[i - origin] for i in index]
+            units.append(_Unit(k, first, cols, n, index))
         if self.sink.key_column is not None:
             for u in units:
-                u.cols[self.sink.key_column] = _keys(u, self.sink.align)
+                u.cols[self.sink.key_column] = u.keys
         writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
         shards, bad = writer[self.sink.kind](units)
         errors.extend(bad)
@@ -567,8 +581,8 @@ class ShardWriter:
         def encode(u: _Unit, j: int, row: dict[str, Any]) -> bytes:
             key = row.pop("__key__", None)
             if key is None:
-                key = _keys(u, self.sink.align)[j]
-                if u.n > 1 and len(set(_keys(u, self.sink.align))) == 1:
+                key = u.keys[j]
+                if u.n > 1 and len(set(u.keys)) == 1:
                     key = f"{key}_{j}"
             key = str(key)
             if "." in key or "/" in key:
@@ -626,12 +640,12 @@ def _cell(col: Any, j: int) -> Any:
     return value.as_py() if hasattr(value, "as_py") else value
 
 
-def _keys(u: _Unit, align: int) -> list[int]:
-    """The item key of each of a unit's rows: one per first-hop unit when the rows are as
-    many as those, else the unit's first."""
-    if align > 1 and u.n == align:
-        return [u.key + j for j in range(u.n)]
-    return [u.key] * u.n
+def _row_keys(first: int, n: int, align: int) -> list[int]:
+    """The item (first-hop unit) of each of an output unit's ``n`` rows: one each when the
+    rows are as many as those, else the unit's first."""
+    if align > 1 and n == align:
+        return [first + j for j in range(n)]
+    return [first] * n
 
 
 def _passes(value: Any) -> bool:

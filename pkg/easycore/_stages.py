@@ -162,7 +162,7 @@ class PreparedStages:
 
     # -- items ---------------------------------------------------------------------------
     def write(
-        self, base: int, values: list[Any], inputs: Any, skip: Any = ()
+        self, base: int, values: list[Any], inputs: Any, skip: Any = (), keys: Any = None
     ) -> list[tuple[int, StageFailure]]:
         """With a sink: write the results ``values`` of units ``base + k`` (not those at
         positions ``skip``: failed) to files; each written value becomes a small
@@ -172,7 +172,7 @@ class PreparedStages:
             return []
         name = self.sink.name
         try:
-            bad = self.writer.write(base, values, inputs, skip)
+            bad = self.writer.write(base, values, inputs, skip, keys)
         except self.catch as exc:  # the file itself failed: every unit of the chunk does
             skipped = set(skip)
             bad = [(k, exc) for k in range(len(values)) if k not in skipped]
@@ -259,7 +259,7 @@ class PreparedStages:
                 except BaseException as exc:
                     errors.append((len(values), ErrorReport.of(only.name, exc)))
                     append(None)
-            return self._written(base, values, errors, units, cur, at)
+            return self._written(base, values, errors, units, cur, at, task)
         index = base
         for item in units:
             if task.resumed and is_cached(item):
@@ -280,7 +280,7 @@ class PreparedStages:
             index += 1
             if stop.is_set():
                 break
-        return self._written(base, values, errors, units, cur, at)
+        return self._written(base, values, errors, units, cur, at, task)
 
     def _written(
         self,
@@ -290,12 +290,13 @@ class PreparedStages:
         units: Any,
         cur: Any,
         at: int,
+        task: Task,
     ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
         """A chunk's values, written by the sink when there is one (:meth:`write`)."""
         if self.writer is None:
             return values, errors
         cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
-        bad = self.write(base, values, units, [k for k, _ in errors])
+        bad = self.write(base, values, units, [k for k, _ in errors], task.keys)
         if bad:
             errors = sorted([*errors, *((k, f.report()) for k, f in bad)], key=lambda e: e[0])
         return values, errors

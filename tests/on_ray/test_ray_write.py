@@ -69,3 +69,21 @@ def test_a_gpu_group_is_an_actor_with_that_many_gpus_and_is_checked():
         where.map([1], devices=[("cuda:0", "cuda:1")], engine="ray")  # this Ray has no GPU
     with pytest.raises(ValueError, match="GPUs only"):
         where.map([1], devices=[("cuda:0", "cpu")], engine="ray")
+
+
+def test_key_column_with_key_on_two_pools(tmp_path):
+    @producer
+    def decode(s):
+        return len(s)
+
+    @producer
+    def rows(ns):
+        return [{"n": n} for n in ns]
+
+    names = [f"x{'y' * i}" for i in range(10)]
+    pipeline = (
+        decode.on(1) >> rows.on(1, batch_size=5) >> write.parquet(str(tmp_path), key_column="k")
+    )
+    written = pipeline.map(names, engine="ray", key=lambda s: s)
+    got = read(written)
+    assert [(r["k"], r["n"]) for r in got] == [(s, len(s)) for s in names]

@@ -119,6 +119,18 @@ class TestParquet:
         rows = parquet_rows(written)
         assert [(r["v"], r["k"]) for r in rows] == [(x, x) for x in range(6) for _ in (0, 1)]
 
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_key_column_holds_the_key_values(self, tmp_path, devices):
+        @producer
+        def double(name):
+            return {"twice": name * 2}
+
+        names = [f"n{i}" for i in range(12)]
+        sink = write.parquet(str(tmp_path), key_column="name")
+        written = (double >> sink).map(names, devices=devices, key=lambda s: s.upper())
+        rows = parquet_rows(written)
+        assert [(r["name"], r["twice"]) for r in rows] == [(n.upper(), n * 2) for n in names]
+
     def test_a_row_that_does_not_fit_names_its_item(self, tmp_path):
         @producer
         def typed(x):
@@ -201,6 +213,19 @@ class TestOtherFormats:
             return {"__key__": f"s{x:03d}", "cls": str(x), "txt": f"t{x}"}
 
         written = (sample >> write.webdataset(str(tmp_path))).map(range(5), devices="inline")
+
+        @producer
+        def unkeyed(x):
+            return {"txt": f"t{x}"}
+
+        keyed = (unkeyed >> write.webdataset(str(tmp_path / "k"))).map(
+            range(3), devices=2, key=lambda x: f"item{x}"
+        )
+        members = []
+        for f in keyed.files:
+            with tarfile.open(f) as tar:
+                members += tar.getnames()
+        assert members == ["item0.txt", "item1.txt", "item2.txt"]  # __key__: key='s value
         ds = wds.WebDataset(list(written.files), shardshuffle=False)
         got = [(s["__key__"], s["cls"], s["txt"]) for s in ds]
         del ds

@@ -35,7 +35,7 @@ from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import ErrorReport
+from easycore._protocol import ErrorReport, is_cached
 
 __all__ = [
     "RAISE",
@@ -178,11 +178,22 @@ class RunBooks:
         self.sizers = [
             ChunkSizer(WRITE_CHUNK_SECONDS if writes else TARGET_CHUNK_SECONDS) for _ in self.hops
         ]
+        # a sink that writes item keys (a key column, WebDataset's __key__) and a key=:
+        # each chunk carries its units' keys to the worker that writes them
+        sink: Any = last[-1] if writes else None
+        wants_keys = sink is not None and (sink.key_column is not None or sink.kind == "webdataset")
+        self.key_fn = options.key if wants_keys else None
         self.chunk_size = self.align
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
         self.finished: float | None = None
+
+    def keys_of(self, units: Sequence[Any]) -> list[Any] | None:
+        """``key=`` of each first-hop unit, for a sink that writes keys; else None."""
+        if self.key_fn is None:
+            return None
+        return [None if is_cached(u) else self.key_fn(u) for u in units]
 
     # -- names and numbers -------------------------------------------------------------------
     def label(self, hop: int, index: int) -> str:

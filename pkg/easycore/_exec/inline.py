@@ -158,7 +158,8 @@ def _written(
         base = group[0][0]
         values = [v for _, v, _ in group]
         inputs = [o[0] if books.align == 1 else o for _, _, o in group]
-        for k, failed in stages.write(base, values, inputs):
+        keys = books.keys_of([u for _, _, origin in group for u in origin])
+        for k, failed in stages.write(base, values, inputs, (), keys):
             index, _, origin = group[k]
             item = origin[0] if books.align == 1 else origin
             error = failed.to_error(

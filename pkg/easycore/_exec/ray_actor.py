@@ -209,6 +209,7 @@ class StageActor:
         retries: int,
         spent: Mapping[int, int],
         numbering: tuple[int, int],
+        keys: Sequence[Any] | None = None,
     ) -> tuple[list[Any], Meta]:
         """Run unit ``base + k`` for each ``units[k]`` (grouped first by ``batch`` when this
         hop takes batches of the previous hop's results); failures come back as Broken."""
@@ -241,7 +242,7 @@ class StageActor:
             n += 1
             out.append(value if failed is None else Broken(self.hop, index, failed.report()))
         if self.stages.sink is not None:  # the last pool writes: only counts go back
-            for k, failed in self.stages.write(base, out, units):
+            for k, failed in self.stages.write(base, out, units, (), keys):
                 out[k] = Broken(self.hop, base + k, failed.report())
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
 

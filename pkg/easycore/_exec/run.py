@@ -193,6 +193,7 @@ class Run:
                 books.charges.spent(work.start, work.end),
                 books.numbering,
                 self.options.resume is not None,
+                books.keys_of(work.items),
             )
             try:
                 frame = w.chan.encode(task)
