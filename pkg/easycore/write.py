@@ -55,8 +55,9 @@ def parquet(
         compression: a Parquet codec (``"zstd"``, ``"snappy"``, ``"gzip"``), or None.
         schema: a ``pyarrow.Schema`` the rows are cast to; None: the first rows a worker
             writes fix it for its later files.
-        key_column: a column to add holding each row's item key (its index in the input;
-            with ``batch_size``, the batch's; see :mod:`easycore.write`).
+        key_column: a column to add holding each row's item key: its index in the input
+            (with ``batch_size``, the batch's), or ``key=``'s value for it when the run
+            has a ``key=``.
 
     Returns:
         A sink: end a pipeline with it (``pipeline >> write.parquet("out")``).
@@ -101,7 +102,7 @@ def jsonl(
         bytes_per_file: at most this many bytes of JSON per file (before compression; a
             row larger than that gets a file of its own).
         compression: None, or ``"gzip"`` (files end in ``.jsonl.gz``).
-        key_column: a field to add holding each row's item key.
+        key_column: a field to add holding each row's item key (index, or ``key=``'s value).
 
     Returns:
         A sink: end a pipeline with it.
@@ -132,7 +133,8 @@ def webdataset(
 
     Each row is a sample: its entries are ``<__key__>.<field>``, one per field; ``bytes``
     and ``str`` values are written as they are, other values as JSON. ``__key__`` is the
-    row's own when it has one, else its item key (the item's index).
+    row's own when it has one, else its item key (the item's index, or ``key=``'s value;
+    a result of several rows gets ``<key>_<row>``).
 
     Args:
         path: a directory (created when missing) or an fsspec URL (with ``fsspec``).
