@@ -367,7 +367,10 @@ def _arrow_column(values: Any) -> Any:
         for size in reversed(arr.shape[1:]):
             out = pa.FixedSizeListArray.from_arrays(out, int(size))
         return out
-    return pa.array([_py(v) for v in values])
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return pa.array([_py(v) for v in values])
 
 
 def _table(cols: Mapping[str, Any], n: int) -> Any:
@@ -376,6 +379,29 @@ def _table(cols: Mapping[str, Any], n: int) -> Any:
     if not cols:
         return pa.table({"__empty__": pa.nulls(n)}).drop(["__empty__"]) if n else pa.table({})
     return pa.table({k: _arrow_column(v) for k, v in cols.items()})
+
+
+def _together(units: list[_Unit]) -> Any:
+    """The units' rows as one table: columns joined first when every unit has the same
+    names and column kinds (one conversion for the chunk), else a table per unit."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = list(units[0].cols)
+    merged: dict[str, Any] = {}
+    same = all(list(u.cols) == names for u in units)
+    for name in names if same else ():
+        pieces = [u.cols[name] for u in units]
+        if all(type(p) is list for p in pieces):
+            merged[name] = [v for p in pieces for v in p]
+        elif all(_is_array(p) for p in pieces) and len({p.shape[1:] for p in pieces}) == 1:
+            merged[name] = np.concatenate(pieces)
+        else:
+            merged = {}
+            break
+    if merged and len(merged) == len(names):
+        return _table(merged, sum(u.n for u in units))
+    return pa.concat_tables([_table(u.cols, u.n) for u in units])
 
 
 class _Unit(NamedTuple):
@@ -476,16 +502,13 @@ class ShardWriter:
 
     # -- formats ---------------------------------------------------------------------------
     def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         units = [u for u in units if u.n]
         bad: list[tuple[int, BaseException]] = []
         table = None
         try:
-            table = (
-                self._fit(pa.concat_tables([_table(u.cols, u.n) for u in units])) if units else None
-            )
+            table = self._fit(_together(units)) if units else None
         except Exception:
             good = []
             for u in units:  # find the units that do not fit, naming each
@@ -495,9 +518,7 @@ class ShardWriter:
                 except Exception as exc:
                     bad.append((u.pos, RowError(f"its rows do not fit the file's schema: {exc}")))
             units = good
-            table = (
-                self._fit(pa.concat_tables([_table(u.cols, u.n) for u in units])) if units else None
-            )
+            table = self._fit(_together(units)) if units else None
         if table is None or table.num_rows == 0:
             return [], bad
         shards = []
