@@ -38,6 +38,7 @@ __all__ = [
     "Sink",
     "Written",
     "Wrote",
+    "check_fresh",
     "commit_shard",
     "is_sink",
     "parse_bytes",
@@ -263,6 +264,22 @@ def recover(sink: Sink, committed: Iterable[Shard]) -> None:
     for shard in committed:
         commit_shard(sink, shard, files)
     sweep(sink, files)
+
+
+def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
+    """Raises ValueError when the sink's directory holds committed files that are not this
+    run's (``known``: those its ledger recorded): a run would replace them by name."""
+    files = _Files(sink)
+    ours = {shard.name for shard in known}
+    foreign = sorted(n for n in files.names() if n.startswith("part-") and n not in ours)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        msg = (
+            f"{sink.path!r} already holds files of another run ({', '.join(foreign[:3])}"
+            f"{more}): a sink writes into a directory of its own. Use another directory, "
+            "remove those files, or resume= the run that wrote them"
+        )
+        raise ValueError(msg)
 
 
 def sweep(sink: Sink, files: Any = None) -> None:
@@ -539,6 +556,13 @@ class ShardWriter:
             return table
         if table.schema.equals(self.schema):
             return table
+        if self.sink.schema is None:  # a column that held only nulls so far takes a type now
+            import pyarrow as pa
+
+            for i, field in enumerate(self.schema):
+                if pa.types.is_null(field.type) and field.name in table.schema.names:
+                    new = table.schema.field(field.name).with_nullable(True)
+                    self.schema = self.schema.set(i, new)
         if set(table.schema.names) != set(self.schema.names):
             msg = f"columns {table.schema.names}, where the schema has {self.schema.names}"
             raise RowError(msg)

@@ -306,6 +306,25 @@ class TestExactlyOnce:
         assert redone and min(redone) >= 24  # what the first run committed did not run again
         assert leftovers(out) == []
 
+    def test_a_directory_with_another_runs_files_is_refused(self, tmp_path):
+        sink = write.parquet(str(tmp_path / "out"))
+        with (row >> sink).open(devices=2) as runner:
+            first = runner.map(range(5))
+            with pytest.raises(ValueError, match="already holds files of another run"):
+                runner.map(range(5, 10))  # would replace the first run's files by name
+        assert parquet_rows(first) == parquet_rows(Written(first.files))  # untouched
+        assert sorted(r["x"] for r in parquet_rows(first)) == list(range(5))
+
+    def test_a_column_of_nulls_first_takes_a_type_later(self, tmp_path):
+        @producer
+        def late(x):
+            return {"x": x, "note": None if x < 3 else f"n{x}"}
+
+        sink = write.parquet(str(tmp_path), rows_per_file=2)
+        written = (late >> sink).map(range(6), devices="inline")
+        rows = parquet_rows(written)
+        assert [r["note"] for r in rows] == [None, None, None, "n3", "n4", "n5"]
+
     def test_resume_into_another_directory_is_another_run(self, tmp_path):
         db = tmp_path / "run.db"
         (row >> write.parquet(str(tmp_path / "a"))).map(range(3), devices="inline", resume=str(db))

@@ -32,7 +32,7 @@ from easycore._exec.sources import LiveSource, batched
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
 from easycore._options import DEFAULT_PREFETCH, RunOptions, check_prefetch
-from easycore._sinks import Sink, recover, sweep
+from easycore._sinks import Sink, check_fresh, recover
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -351,10 +351,14 @@ class Runner:
             ledger = RunLedger(options.resume, options, self._chain.align, identity)
             source = ledger.source(source)
         if self._sink is not None:  # commits a crash cut short, then no temporary file
-            if ledger is not None:
-                recover(self._sink, ledger.committed_shards())
-            else:
-                sweep(self._sink)
+            known = ledger.committed_shards() if ledger is not None else []
+            try:
+                recover(self._sink, known)
+                check_fresh(self._sink, known)  # never replace another run's files
+            except BaseException:
+                if ledger is not None:
+                    ledger.close()
+                raise
         bars = self._progress_bars(data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
