@@ -65,6 +65,13 @@ class TestComposition:
         with pytest.raises(TypeError, match="nothing can follow the sink"):
             row >> write.parquet(str(tmp_path)) >> total
 
+    def test_not_with_submit_or_distributed(self, tmp_path):
+        p = row >> write.parquet(str(tmp_path))
+        with pytest.raises(ValueError, match="distributed"):
+            p.map(range(3), devices=1, distributed=True)
+        with p.open(devices="inline") as runner, pytest.raises(TypeError, match="sink"):
+            runner.submit(1)
+
     def test_bad_options(self, tmp_path):
         with pytest.raises(ValueError, match="rows_per_file"):
             write.parquet(str(tmp_path), rows_per_file=0)
