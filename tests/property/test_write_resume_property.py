@@ -46,7 +46,7 @@ JOB = textwrap.dedent(
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     poison=st.sets(st.integers(0, N - 1), max_size=3),
     kill_after=st.integers(0, N - 5),
