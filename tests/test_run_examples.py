@@ -23,6 +23,7 @@ CASES = [
     ("train_loop.py", ["300"], "going down: OK"),
     ("train_resume.py", [], "weights as the uninterrupted run: OK"),
     ("download_then_embed.py", ["200"], "inline run agrees: OK"),
+    ("embed_to_parquet.py", ["192"], "192 embeddings in"),
 ]
 
 

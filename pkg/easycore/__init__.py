@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
+from easycore import write
 from easycore._checkpoint import load_checkpoint, save_checkpoint
 from easycore._config import CfgNode
 from easycore._errors import (
@@ -37,6 +38,7 @@ from easycore._options import RunKwargs
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
 from easycore._seeding import derive_seed, item_seed, permutation, seed_everything
+from easycore._sinks import Written
 
 if TYPE_CHECKING:
     from easycore._exec import Runner, StageStats
@@ -57,6 +59,7 @@ __all__ = [
     "StageStats",
     "WorkerDied",
     "WorkerError",
+    "Written",
     "__version__",
     "compose",
     "consumer",
@@ -67,6 +70,7 @@ __all__ = [
     "producer",
     "save_checkpoint",
     "seed_everything",
+    "write",
 ]
 
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["INLINE", "cpu_count", "gpu_count", "parse_devices"]
+__all__ = ["INLINE", "bind_gpus", "cpu_count", "gpu_count", "group_size", "parse_devices"]
 
 INLINE = "inline"  # no worker processes: everything runs in the calling process
 
@@ -57,11 +57,53 @@ def _one_device(entry: Any, gpus: Callable[[], int]) -> str:
     raise ValueError(msg)
 
 
+def _one_group(entry: tuple[Any, ...], gpus: Callable[[], int]) -> str:
+    """A tuple of GPUs for one worker, as ``"cuda:0,1"`` (one GPU: ``"cuda:0"``)."""
+    if not entry:
+        msg = "an empty device group (); a group is a tuple of GPUs such as ('cuda:0', 'cuda:1')"
+        raise ValueError(msg)
+    parts = [_one_device(d, gpus) for d in entry]
+    if any(not p.startswith("cuda:") for p in parts):
+        msg = f"a device group holds GPUs only ('cuda:N'), got {entry!r}"
+        raise ValueError(msg)
+    numbers = [p[5:] for p in parts]
+    if len(set(numbers)) != len(numbers):
+        msg = f"a device group names a GPU twice: {entry!r}"
+        raise ValueError(msg)
+    return "cuda:" + ",".join(numbers)
+
+
+def group_size(device: str) -> int:
+    """How many GPUs a worker's device string holds (``"cuda:0,1"``: 2; ``"cpu"``: 0)."""
+    if not device.startswith("cuda"):
+        return 0
+    return device.count(",") + 1
+
+
+def bind_gpus(device: str) -> str:
+    """In a worker, before anything initialises CUDA: a worker holding a group of GPUs
+    (``"cuda:2,3"``) is made to see only those (``CUDA_VISIBLE_DEVICES``, mapped through the
+    one it inherited), and its device is then ``"cuda:0"``; any other device is returned as
+    it is."""
+    if "," not in device:
+        return device
+    numbers = [int(n) for n in device[5:].split(",")]
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [v.strip() for v in inherited.split(",")] if inherited else None
+    ids = [visible[n] if visible is not None else str(n) for n in numbers]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    return "cuda:0"
+
+
 def parse_devices(devices: Any) -> list[str]:
     """Turn the ``devices`` argument into one device string per worker, or ``["inline"]``.
 
+    A tuple in a list is a group of GPUs for one worker: ``[("cuda:0", "cuda:1")]`` is one
+    worker holding two GPUs, as ``"cuda:0,1"`` (see :func:`bind_gpus`).
+
     Raises:
-        ValueError: an impossible device (``0``, ``-1``, ``"tpu"``, a GPU that is not there).
+        ValueError: an impossible device (``0``, ``-1``, ``"tpu"``, a GPU that is not there,
+            a group with something else than GPUs or with a GPU twice).
 
     >>> parse_devices(2)
     ['cpu', 'cpu']
@@ -99,7 +141,9 @@ def parse_devices(devices: Any) -> list[str]:
     if type(devices).__name__ == "device":
         return [_one_device(devices, gpus)]
     if isinstance(devices, Iterable):
-        out = [_one_device(d, gpus) for d in devices]
+        out = [
+            _one_group(d, gpus) if isinstance(d, tuple) else _one_device(d, gpus) for d in devices
+        ]
         if not out:
             msg = "devices is an empty list: give at least one device"
             raise ValueError(msg)

@@ -411,7 +411,7 @@ class Stage(_Runs):
         return compose(self, other)
 
     def __rrshift__(self, other: object) -> Pipeline:
-        return compose(other, self)  # type: ignore[arg-type]  # raises TypeError naming it
+        return compose(other, self)  # raises TypeError naming it
 
     def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
         """Give this producer its own pool of workers; see :meth:`Pipeline.on`.
@@ -599,11 +599,13 @@ class Pipeline(_Runs):
     Attributes:
         producers: the producer stages, in order.
         consumer: the consumer stage, or None.
+        sink: an ``easycore.write`` sink the results go to in place of a consumer, or None.
         placement: per producer, the pool ``.on`` bound it to, or None (the run's devices).
     """
 
     producers: tuple[Stage, ...] = attrs.field(converter=_producers_converter, default=())
     consumer: Stage | None = None
+    sink: Any = None  # an easycore.write sink: where the results go, in place of a consumer
     # One entry per producer: the pool it is bound to by ``.on``, or None (the run's devices).
     placement: tuple[Binding | None, ...] = attrs.field(converter=_placement_converter, default=())
 
@@ -646,6 +648,8 @@ class Pipeline(_Runs):
             parts.append(text)
         if self.consumer is not None:
             parts.append(self.consumer.name)
+        if self.sink is not None:
+            parts.append(repr(self.sink))
         return f"Pipeline({' >> '.join(parts)})"
 
     def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
@@ -674,8 +678,9 @@ class Pipeline(_Runs):
                 ``concurrency`` is not an int.
             ValueError: ``devices='inline'``, a bad ``batch_size``, or ``concurrency`` < 1.
         """
-        if self.consumer is not None:
-            msg = f".on binds producers to workers; {self!r} ends in a consumer"
+        if self.consumer is not None or self.sink is not None:
+            what = "a consumer" if self.sink is None else "a sink"
+            msg = f".on binds producers to workers; {self!r} ends in {what}: bind before it"
             raise TypeError(msg)
         if not self.producers:
             msg = ".on needs at least one producer"
@@ -691,7 +696,7 @@ class Pipeline(_Runs):
         return compose(self, other)
 
     def __rrshift__(self, other: object) -> Pipeline:
-        return compose(other, self)  # type: ignore[arg-type]
+        return compose(other, self)
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -700,8 +705,11 @@ class Pipeline(_Runs):
         return self
 
 
-def compose(*parts: Stage | Pipeline) -> Pipeline:
+def compose(*parts: Any) -> Pipeline:
     """Chain stages and pipelines into a new :class:`Pipeline` (same as ``a >> b >> c``).
+
+    The last operand may be a sink (``easycore.write.parquet(...)``): the results are
+    written to files instead of returned.
 
     Args:
         *parts: stages and pipelines, in order; a consumer only last.
@@ -710,8 +718,9 @@ def compose(*parts: Stage | Pipeline) -> Pipeline:
         A new pipeline; the operands are unchanged.
 
     Raises:
-        TypeError: an operand is not a stage or pipeline, a consumer is followed by anything,
-            or there are two consumers; the message names the offending operand.
+        TypeError: an operand is not a stage, pipeline or sink, a consumer or a sink is
+            followed by anything, there are two consumers, or a consumer and a sink; the
+            message names the offending operand.
 
     >>> @producer
     ... def inc(x):
@@ -722,7 +731,24 @@ def compose(*parts: Stage | Pipeline) -> Pipeline:
     producers: list[Stage] = []
     placement: list[Binding | None] = []
     last: Stage | None = None
+    sink: Any = None
     for part in parts:
+        if sink is not None:
+            msg = (
+                f"nothing can follow the sink {sink!r}, but {part!r} does: a sink ends a "
+                "pipeline, in place of a consumer"
+            )
+            raise TypeError(msg)
+        if getattr(part, "is_sink", False) is True:  # (easycore._sinks.Sink; duck-typed)
+            if last is not None:
+                msg = (
+                    f"the sink {part!r} cannot follow the consumer {last!r}: a pipeline ends "
+                    "in a consumer or in a sink, not both"
+                )
+                raise TypeError(msg)
+            sink = part
+            continue
+        sink_after = part.sink if isinstance(part, Pipeline) else None
         if isinstance(part, Stage):
             stages: tuple[Stage, ...] = (part,)
             where: tuple[Binding | None, ...] = (None,)
@@ -732,7 +758,7 @@ def compose(*parts: Stage | Pipeline) -> Pipeline:
         else:
             msg = (
                 f"cannot compose {part!r} (a {type(part).__name__}): operands of >> and compose "
-                "must be @producer/@consumer stages or pipelines"
+                "must be @producer/@consumer stages, pipelines or sinks (easycore.write)"
             )
             raise TypeError(msg)
         for stage, binding in zip(stages, where, strict=False):
@@ -747,4 +773,7 @@ def compose(*parts: Stage | Pipeline) -> Pipeline:
             else:
                 producers.append(stage)
                 placement.append(binding)
-    return Pipeline(producers=tuple(producers), consumer=last, placement=tuple(placement))
+        sink = sink_after
+    return Pipeline(
+        producers=tuple(producers), consumer=last, sink=sink, placement=tuple(placement)
+    )

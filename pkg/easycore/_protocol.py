@@ -171,6 +171,7 @@ class Task(NamedTuple):
     numbering: tuple[int, int] = (0, 1)  # unit i is unit first + i * step of the input
     resumed: bool = False  # units may be CACHED: pass them on without running the stages
     timeout: float | None = None  # the run's timeout (a concurrent hop enforces it itself)
+    keys: Any = None  # a sink's rows' keys: key= of each first-hop unit (None: by index)
 
 
 class Cached:

@@ -39,6 +39,7 @@ from easycore._protocol import (
     is_cached,
 )
 from easycore._seeding import ITEM_SEED, derive_seed, drop_hooks, seed_loaded, seed_on_import
+from easycore._sinks import ShardWriter, Sink, is_sink
 
 __all__ = ["PreparedStages", "StageDef", "StageFailure", "cancel_grace", "is_async_fn"]
 
@@ -156,7 +157,11 @@ class PreparedStages:
         in_caller: bool = False,
         concurrency: int = 1,
     ) -> None:
-        self.defs = tuple(stages)
+        defs = tuple(stages)
+        # a sink ends the last pool's stages: it writes what they make (see easycore._sinks)
+        self.sink: Sink | None = defs[-1] if defs and is_sink(defs[-1]) else None  # type: ignore[assignment]
+        self.defs = defs[:-1] if self.sink is not None else defs
+        self.writer: ShardWriter | None = None
         self.context: dict[str, Any] = {"device": device, "cfg": cfg, "worker": worker}
         self.hop = hop
         self.in_caller = in_caller
@@ -220,6 +225,11 @@ class PreparedStages:
                 except self.catch as exc:
                     return StageFailure(f"{stage.name} (init)", exc)
             self.prepared.append(_Prepared(stage, state, self.context))
+        if self.sink is not None:
+            try:
+                self.writer = ShardWriter(self.sink, self.context["worker"])
+            except self.catch as exc:
+                return StageFailure(f"{self.sink.name} (init)", exc)
         return None
 
     def finish(self) -> StageFailure | None:
@@ -238,6 +248,25 @@ class PreparedStages:
         return first
 
     # -- items ---------------------------------------------------------------------------
+    def write(
+        self, base: int, values: list[Any], inputs: Any, skip: Any = (), keys: Any = None
+    ) -> list[tuple[int, StageFailure]]:
+        """With a sink: write the results ``values`` of units ``base + k`` (not those at
+        positions ``skip``: failed) to files; each written value becomes a small
+        ``Wrote``. Returns the units whose results could not be written, as failures of the
+        sink (their value is None). Without a sink: nothing."""
+        if self.writer is None or self.sink is None:
+            return []
+        name = self.sink.name
+        try:
+            bad = self.writer.write(base, values, inputs, skip, keys)
+        except self.catch as exc:  # the file itself failed: every unit of the chunk does
+            skipped = set(skip)
+            bad = [(k, exc) for k in range(len(values)) if k not in skipped]
+            for k, _ in bad:
+                values[k] = None
+        return [(k, StageFailure(name, exc)) for k, exc in bad]
+
     def run(
         self,
         item: Any,
@@ -364,7 +393,7 @@ class PreparedStages:
                 except BaseException as exc:
                     errors.append((len(values), ErrorReport.of(only.name, exc)))
                     append(None)
-            return values, errors
+            return self._written(base, values, errors, units, cur, at, task)
         index = base
         for item in units:
             if task.resumed and is_cached(item):
@@ -385,6 +414,25 @@ class PreparedStages:
             index += 1
             if stop.is_set():
                 break
+        return self._written(base, values, errors, units, cur, at, task)
+
+    def _written(
+        self,
+        base: int,
+        values: list[Any],
+        errors: list[tuple[int, ErrorReport]],
+        units: Any,
+        cur: Any,
+        at: int,
+        task: Task,
+    ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
+        """A chunk's values, written by the sink when there is one (:meth:`write`)."""
+        if self.writer is None:
+            return values, errors
+        cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
+        bad = self.write(base, values, units, [k for k, _ in errors], task.keys)
+        if bad:
+            errors = sorted([*errors, *((k, f.report()) for k, f in bad)], key=lambda e: e[0])
         return values, errors
 
     def run_marked(
@@ -451,7 +499,7 @@ class PreparedStages:
             if failed is not None:
                 errors.append((k, failed.report()))
             values.append(value)
-        return values, errors
+        return self._written(base, values, errors, units, cur, at, task)
 
     def run_many(
         self,

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from easycore._devices import bind_gpus
 from easycore._protocol import (
     AT_INDEX,
     AT_SENDING,
@@ -472,7 +473,8 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     reader = _Reader(chan, tasks, stop, outlet)
     threading.Thread(target=_or_die, args=(reader.loop,), daemon=True).start()
 
-    setup_torch(spec.device, spec.threads)
+    device = bind_gpus(spec.device)  # a group of GPUs: only those visible, before CUDA starts
+    setup_torch(device, spec.threads)
     # Never share a random stream with another worker (torch's default seed is a constant,
     # numpy's state survives fork): seed everything from per-worker entropy.
     seed_loaded(spec.entropy)
@@ -484,7 +486,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         return
     stages = PreparedStages(
         producers,
-        device=spec.device,
+        device=device,
         cfg=cfg,
         worker=spec.worker,
         hop=spec.hop,

@@ -143,6 +143,9 @@ def run_map(
         if options.skip or options.resume is not None:
             msg = "errors='skip' and resume= are not supported with distributed=True yet"
             raise ValueError(msg)
+        if getattr(pipeline, "sink", None) is not None:
+            msg = "a sink (easycore.write) is not supported with distributed=True yet"
+            raise ValueError(msg)
         if any(binding is not None for _, binding in pipeline.pools):
             msg = (
                 "distributed=True runs each rank's share on one pool; a pipeline with "

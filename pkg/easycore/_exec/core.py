@@ -32,10 +32,10 @@ import cloudpickle
 
 from easycore._errors import SerializationError, after_retries, short_repr
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sizing import ChunkSizer
+from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import ErrorReport
+from easycore._protocol import ErrorReport, is_cached
 
 __all__ = [
     "RAISE",
@@ -175,7 +175,17 @@ class RunBooks:
         self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start
         self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
         self.next_out = self.first
-        self.sizers = [ChunkSizer() for _ in self.hops]
+        # a sink writes a file (or more) per chunk: chunks of ~0.5 s make fewer, bigger files
+        last = self.hops[-1].stages
+        writes = bool(last) and getattr(last[-1], "is_sink", False) is True
+        self.sizers = [
+            ChunkSizer(WRITE_CHUNK_SECONDS if writes else TARGET_CHUNK_SECONDS) for _ in self.hops
+        ]
+        # a sink that writes item keys (a key column, WebDataset's __key__) and a key=:
+        # each chunk carries its units' keys to the worker that writes them
+        sink: Any = last[-1] if writes else None
+        wants_keys = sink is not None and (sink.key_column is not None or sink.kind == "webdataset")
+        self.key_fn = options.key if wants_keys else None
         # A hop with concurrency=k runs a chunk's units k at once: chunks of at least k
         # (whole output units) keep its workers' k slots busy from the first chunk on.
         most = max(h.concurrency for h in self.hops)
@@ -185,6 +195,12 @@ class RunBooks:
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
         self.finished: float | None = None
+
+    def keys_of(self, units: Sequence[Any]) -> list[Any] | None:
+        """``key=`` of each first-hop unit, for a sink that writes keys; else None."""
+        if self.key_fn is None:
+            return None
+        return [None if is_cached(u) else self.key_fn(u) for u in units]
 
     # -- names and numbers -------------------------------------------------------------------
     def label(self, hop: int, index: int) -> str:

@@ -103,6 +103,13 @@ class InlineEngine:
             units = self._run_hop(units, stages, hop.index, books)
         yield PRIMED  # nothing runs ahead of the caller here
         bar = bars[-1] if bars else None
+        if self.prepared and self.prepared[-1].sink is not None:
+            # one segment per file's group: the run ledger records a file with all its units
+            for group in _written(units, self.prepared[-1], books):
+                if bar is not None:
+                    bar.update(len(group))
+                yield Segment(group[0][0] * books.align, [v for _, v, _ in group])
+            return
         for index, value, _ in units:
             if bar is not None:
                 bar.update(1)
@@ -138,6 +145,35 @@ class InlineEngine:
                 value = books.policy.settle(error, item, failed.stage)
                 value.hop = hop
             yield index, value, origin
+
+
+WRITE_GROUP = 256  # units written to one file (at most) in the calling process
+
+
+def _written(
+    units: Iterator[tuple[int, Any, list[Any]]], stages: PreparedStages, books: RunBooks
+) -> Iterator[list[tuple[int, Any, list[Any]]]]:
+    """The last hop's units in groups, written by its sink (a file holds one group's)."""
+    hop = len(books.hops) - 1
+    size = min(WRITE_GROUP, stages.sink.rows_per_file or WRITE_GROUP) if stages.sink else 1
+    for group in batched(units, size):
+        base = group[0][0]
+        values = [v for _, v, _ in group]
+        inputs = [o[0] if books.align == 1 else o for _, _, o in group]
+        keys = books.keys_of([u for _, _, origin in group for u in origin])
+        for k, failed in stages.write(base, values, inputs, (), keys):
+            index, _, origin = group[k]
+            item = origin[0] if books.align == 1 else origin
+            error = failed.to_error(
+                f"while writing {books.label(hop, index)}", books.index(hop, index)
+            )
+            error.__cause__ = failed.error
+            value = books.policy.settle(error, item, failed.stage)
+            value.hop = hop
+            values[k] = value
+        yield [
+            (index, value, origin) for (index, _, origin), value in zip(group, values, strict=True)
+        ]
 
 
 def _batched(

@@ -141,9 +141,10 @@ def plan_chain(
             cache.append(tuple(parse(devices)))
         return cache[0]
 
+    sink = getattr(pipeline, "sink", None)
     groups = pipeline.pools
     if not groups:
-        return Chain((Hop(0, (), run_devices(), None, 1),))
+        return Chain((Hop(0, () if sink is None else (sink,), run_devices(), None, 1),))
     inline = isinstance(devices, str) and devices == INLINE
     hops: list[Hop] = []
     slot, unit = 0, 1
@@ -159,6 +160,9 @@ def plan_chain(
         k = concurrency if binding is None else binding.concurrency
         hops.append(Hop(i, tuple(stages), devs, batch, unit, slot, concurrency=k))
         slot += len(devs)
+    if sink is not None:  # the last pool's workers write: the sink runs after its stages
+        last = hops[-1]
+        last.stages = (*last.stages, attrs.evolve(sink, align=last.unit))
     return Chain(tuple(hops))
 
 

@@ -227,6 +227,7 @@ class StageActor:
         retries: int,
         spent: Mapping[int, int],
         numbering: tuple[int, int],
+        keys: Sequence[Any] | None = None,
     ) -> tuple[list[Any], Meta]:
         """Run unit ``base + k`` for each ``units[k]`` (grouped first by ``batch`` when this
         hop takes batches of the previous hop's results); failures come back as Broken."""
@@ -240,7 +241,7 @@ class StageActor:
         if self.batch is not None:
             units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
         if self.stages.waits:
-            return self._run_many(units, base, seed, retries, spent, numbering, t0)
+            return self._run_many(units, base, seed, retries, spent, numbering, t0, keys)
         out: list[Any] = []
         n = 0
         for k, unit in enumerate(units):
@@ -262,6 +263,7 @@ class StageActor:
             out.append(
                 value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
+        self.write_out(base, out, units, keys)
         return out, Meta(n, time.perf_counter() - t0, rss_bytes())
 
     def _run_many(
@@ -273,6 +275,7 @@ class StageActor:
         spent: Mapping[int, int],
         numbering: tuple[int, int],
         t0: float,
+        keys: Sequence[Any] | None = None,
     ) -> tuple[list[Any], Meta]:
         """:meth:`run` for a hop that waits: units in flight together (``concurrency``),
         the oldest one in hand for the watchdog."""
@@ -306,9 +309,19 @@ class StageActor:
             self.current = None
         for (index, _), (value, failed) in zip(jobs, done, strict=True):
             out[index - base] = (
-                value if failed is None else Broken(self.hop, index, failed.report())
+                value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
+        self.write_out(base, out, units, keys)
         return out, Meta(len(jobs), time.perf_counter() - t0, rss_bytes())
+
+    def write_out(
+        self, base: int, out: list[Any], units: Sequence[Any], keys: Sequence[Any] | None
+    ) -> None:
+        """The last pool writes (a sink): files for ``out``'s values, only counts go back;
+        a unit that could not be written becomes Broken."""
+        if self.stages.sink is not None:
+            for k, failed in self.stages.write(base, out, units, (), keys):
+                out[k] = Broken(self.hop, base + k, failed.report(), self.where)
 
     def unpack(self, packed: Packed, base: int) -> Any:
         """The items of a timed run, unpickled here on the clock: the first unit's (or, for

@@ -198,13 +198,13 @@ def ray_devices(devices: Any, resources: dict[str, float]) -> list[str]:
         out = ["cpu"] * devices
     else:
         entries = [devices] if isinstance(devices, str) else list(devices)
-        out = [_one(d) for d in entries]
+        out = [_one_group(d) if isinstance(d, tuple) else _one(d) for d in entries]
         if not out:
             msg = "devices is empty"
             raise ValueError(msg)
-    need_cpu, need_gpu = out.count("cpu"), out.count("cuda")
+    need_cpu, need_gpu = out.count("cpu"), sum(_gpus_of(d) for d in out)
     if need_gpu > gpus:
-        msg = f"{need_gpu} GPU actor(s) asked for, and the Ray cluster has {gpus} GPU(s)"
+        msg = f"{need_gpu} GPU(s) asked for by the actors, and the Ray cluster has {gpus} GPU(s)"
         raise ValueError(msg)
     if need_cpu > cpus:
         msg = (
@@ -224,14 +224,34 @@ def check_fits(chain: Chain, resources: dict[str, float]) -> None:
     """
     devices = chain.devices
     for kind, unit in (("cpu", "CPU"), ("cuda", "GPU")):
-        need, have = devices.count(kind), int(resources.get(unit, 0))
+
+        def count(ds: tuple[str, ...], kind: str = kind) -> int:
+            return ds.count("cpu") if kind == "cpu" else sum(_gpus_of(d) for d in ds)
+
+        need, have = count(devices), int(resources.get(unit, 0))
         if need > have:
-            each = ", ".join(f"{h.name}: {h.devices.count(kind)}" for h in chain.hops)
+            each = ", ".join(f"{h.name}: {count(h.devices)}" for h in chain.hops)
             msg = (
                 f"the pools together ask for {need} {unit} actor(s) ({each}), and the Ray "
                 f"cluster has {have} {unit}(s): ask for fewer, or add nodes"
             )
             raise ValueError(msg)
+
+
+def _one_group(entry: tuple[Any, ...]) -> str:
+    """A tuple of GPUs for one actor: ``"cuda*k"``, an actor with ``num_gpus=k`` (Ray makes
+    it see those GPUs only, as ``cuda:0`` .. ``cuda:k-1``)."""
+    if not entry or any(_one(d) != "cuda" for d in entry):
+        msg = f"a device group holds GPUs only, such as ('cuda:0', 'cuda:1'); got {entry!r}"
+        raise ValueError(msg)
+    return "cuda" if len(entry) == 1 else f"cuda*{len(entry)}"
+
+
+def _gpus_of(device: str) -> int:
+    """GPUs an actor of ``device`` holds: ``"cuda"`` 1, ``"cuda*k"`` k, ``"cpu"`` 0."""
+    if device == "cuda":
+        return 1
+    return int(device[5:]) if device.startswith("cuda*") else 0
 
 
 def _one(device: Any) -> str:
@@ -317,7 +337,10 @@ class RayEngine:
         self.as_tasks = [
             tasks
             and set(h.devices) == {"cpu"}
-            and not any(st.has_init or st.end is not None for st in h.stages)
+            and not any(
+                getattr(st, "is_sink", False) is True or st.has_init or st.end is not None
+                for st in h.stages
+            )
             for h in self.chain.hops
         ]
         self.pools: list[list[Actor]] = []
@@ -370,7 +393,8 @@ class RayEngine:
         h = self.chain.hops[hop]
         if self.as_tasks[hop]:
             return Actor(hop, index, device, None, task=self._task_sender(hop, index))
-        opts: dict[str, Any] = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}
+        gpus = _gpus_of(device)
+        opts: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
         key = next(self.next_key)
         handle = (

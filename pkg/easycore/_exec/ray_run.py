@@ -208,6 +208,7 @@ class RayRun:
                     self.options.retries,
                     {i: k for (h, i), k in spent.items() if h == hop.index},
                     books.numbering if hop.index == 0 else (0, 1),
+                    books.keys_of(work.items) if hop is self.hops[-1] else None,
                 )
             except Exception as exc:  # an item that cannot be pickled
                 books.unpicklable(work, exc)

@@ -46,6 +46,7 @@ from easycore._exec.digest import cfg_digests, function_digest, item_digest
 from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
+from easycore._sinks import Shard, Wrote
 
 __all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
 
@@ -56,6 +57,14 @@ CREATE TABLE units (
     error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
     stage TEXT,
     result BLOB              -- the pickled result (NULL when set aside)
+)
+"""
+_FILES = """
+CREATE TABLE IF NOT EXISTS files (
+    name TEXT PRIMARY KEY,   -- a committed file of a sink (easycore.write), its final name
+    temp TEXT NOT NULL,      -- the name it was written under
+    rows INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
 )
 """
 _META = """
@@ -192,7 +201,9 @@ class RunIdentity:
                         "batch_size": batch,
                     }
                 )
+        sink = getattr(pipeline, "sink", None)
         parts = {
+            "sink": None if sink is None else sink.identity(),
             "format": _FORMAT,
             "stages": stages,
             "cfg": cfg_digests(frozen_cfg(cfg)),
@@ -236,6 +247,8 @@ class RunIdentity:
         if keys:
             more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
             out.append(f"cfg: {', '.join(keys[:6])}{more}")
+        if stored.get("sink") != new.get("sink"):
+            out.append(f"sink: {_sink_text(stored.get('sink'))} -> {_sink_text(new.get('sink'))}")
         for name in ("seed", "batch_size"):
             if stored.get(name) != new[name]:
                 out.append(f"{name}: {stored.get(name)} -> {new[name]}")
@@ -253,6 +266,12 @@ class RunIdentity:
                 "and batch sizes, or give a new path to start afresh"
             )
             raise ValueError(msg)
+
+
+def _sink_text(sink: Any) -> str:
+    if not sink:
+        return "(none)"
+    return f"write.{sink['kind']}({sink['path']!r})"
 
 
 def key_text(value: Any, where: str = "an item") -> str:
@@ -332,6 +351,7 @@ class RunLedger:
                     self.db.executemany("INSERT INTO meta VALUES (?, ?)", self.identity.rows())
                 else:
                     self.identity.check(self.path, stored)
+                self.db.execute(_FILES)
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
@@ -342,6 +362,12 @@ class RunLedger:
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self.db.close()
+
+    def committed_shards(self) -> list[Shard]:
+        """The files of a sink this ledger's runs committed (a crash may have cut their
+        rename short: ``easycore._sinks.recover`` finishes it)."""
+        rows = self.db.execute("SELECT temp, name, rows, bytes FROM files")
+        return [Shard(temp, name, n, nbytes) for temp, name, n, nbytes in rows]
 
     # -- the input ---------------------------------------------------------------------------
     def _key(self, index: int, items: Any) -> str:
@@ -443,6 +469,7 @@ class RunLedger:
 
     def _settle(self, first: int, values: list[Any]) -> list[Any]:
         rows: list[tuple[str, bytes, str | None, str | None, bytes | None]] = []
+        files: list[tuple[str, str, int, int]] = []
         stored: list[tuple[int, str, Any]] = []
         for k, value in enumerate(values):
             key, digest, state, unit = self.pending.pop(first + k)
@@ -453,6 +480,8 @@ class RunLedger:
                 rows.append((key, digest, error or type(value.exc).__name__, value.stage, None))
             else:
                 rows.append((key, digest, None, None, cloudpickle.dumps(value)))
+                if type(value) is Wrote:  # a sink's files: recorded with their units
+                    files.extend((s.name, s.temp, s.rows, s.nbytes) for s in value.shards)
         if stored:
             values = list(values)
             marks = ",".join("?" * len(stored))
@@ -478,6 +507,8 @@ class RunLedger:
             self.db.execute("BEGIN")
             try:
                 self.db.executemany("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?)", rows)
+                # one transaction with the units: a file is committed exactly with its units
+                self.db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)", files)
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise

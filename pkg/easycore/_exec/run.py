@@ -194,6 +194,7 @@ class Run:
                 books.numbering,
                 self.options.markers,
                 self.options.timeout,
+                books.keys_of(work.items),
             )
             try:
                 frame = w.chan.encode(task)

@@ -20,6 +20,7 @@ from typing_extensions import Unpack
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
+from easycore._exec.commit import commit_written, total_written
 from easycore._exec.core import RAISE, SKIP
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
@@ -47,6 +48,7 @@ from easycore._options import (
     run_options,
 )
 from easycore._seeding import check_epoch
+from easycore._sinks import Sink, check_fresh, recover
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -255,6 +257,8 @@ class Runner:
         """
         options = self._settle(options)
         stream = self._results(options, data)
+        if self._sink is not None:
+            return total_written(commit_written(stream, self._sink))
         consumer = self.pipeline.consumer
         if consumer is None:
             return collect(stream)
@@ -321,7 +325,16 @@ class Runner:
             ValueError: ``state`` with ``resume``, or a ``state`` that does not fit.
         """
         options, data, position = start_at(self._settle(options), data, self._chain.align)
-        return _Items(self._results(options, data, position), position)
+        stream = self._results(options, data, position)
+        if self._sink is not None:
+            return commit_written(stream, self._sink)
+        return _Items(stream, position)
+
+    @property
+    def _sink(self) -> Sink | None:
+        """The sink the last pool's workers write with (``easycore.write``), or None."""
+        stages = self._chain.last.stages
+        return stages[-1] if stages and isinstance(stages[-1], Sink) else None
 
     def _results(
         self, options: RunOptions, data: Iterable[Any], position: Position | None = None
@@ -352,6 +365,15 @@ class Runner:
             identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
             ledger = RunLedger(options.resume, options, self._chain.align, identity)
             source = ledger.source(source)
+        if self._sink is not None:  # commits a crash cut short, then no temporary file
+            known = ledger.committed_shards() if ledger is not None else []
+            try:
+                recover(self._sink, known)
+                check_fresh(self._sink, known)  # never replace another run's files
+            except BaseException:
+                if ledger is not None:
+                    ledger.close()
+                raise
         bars = _progress_bars(self._chain, data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
@@ -408,8 +430,8 @@ class Runner:
             TypeError: the pipeline has a consumer, or a pool groups items (``batch_size``):
                 one item, one result.
         """
-        if self.pipeline.consumer is not None:
-            msg = f"submit is for pipelines without a consumer; {self.pipeline!r} has one"
+        if self.pipeline.consumer is not None or self._sink is not None:
+            msg = f"submit is for pipelines without a consumer or sink; {self.pipeline!r} has one"
             raise TypeError(msg)
         if self._chain.align > 1 or first_batch(self.pipeline, None) is not None:
             msg = "submit needs one result per item; a pool of this pipeline has a batch_size"

@@ -7,6 +7,7 @@ __all__ = [
     "TAIL_CHUNK_SECONDS",
     "TARGET_CHUNK_BYTES",
     "TARGET_CHUNK_SECONDS",
+    "WRITE_CHUNK_SECONDS",
     "ChunkSizer",
 ]
 
@@ -14,15 +15,17 @@ MAX_CHUNK = 16384  # items per chunk, at most
 TARGET_CHUNK_SECONDS = 0.05  # grow chunks until one takes about this long...
 TAIL_CHUNK_SECONDS = 0.001  # ...and, as a sized input runs out, shrink them no further
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
+WRITE_CHUNK_SECONDS = 0.5  # a run whose last pool writes files: a file per chunk, so bigger
 
 
 class ChunkSizer:
     """Grow chunks of small items until one takes ~50 ms or carries ~1 MiB; shrink for slow
     or big ones. One per hop: a run's chunks are as big as its slowest hop allows."""
 
-    __slots__ = ("bytes_per_item", "per_item", "size")
+    __slots__ = ("bytes_per_item", "per_item", "seconds", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float = TARGET_CHUNK_SECONDS) -> None:
+        self.seconds = seconds  # the work a chunk should hold
         self.size = 1
         self.per_item: float | None = None
         self.bytes_per_item = 0.0
@@ -45,7 +48,7 @@ class ChunkSizer:
             return
         t = max(elapsed / n, 1e-7)
         self.per_item = t if self.per_item is None else 0.5 * self.per_item + 0.5 * t
-        by_time = TARGET_CHUNK_SECONDS / self.per_item
+        by_time = self.seconds / self.per_item
         by_bytes = TARGET_CHUNK_BYTES / max(nbytes / n, self.bytes_per_item, 1)
         target = max(1, min(MAX_CHUNK, int(min(by_time, by_bytes))))
         # Grow at most 16x per reply so one fast outlier does not make a huge chunk.

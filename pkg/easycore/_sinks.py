@@ -1,0 +1,704 @@
+"""Sinks: the end of a pipeline that writes results to sharded files (``easycore.write``).
+
+A :class:`Sink` describes where and how (format, directory or fsspec URL, limits per file);
+it rides in the last pool's stages to its workers, where :class:`ShardWriter` turns each
+chunk's results into rows and writes them under a temporary name (a ``.``-file). What goes
+back to the caller is small: a :class:`Wrote` per unit (its row count), the chunk's last
+written unit also carrying the :class:`Shard` s it wrote (temporary name, final name, rows,
+bytes). The caller commits a shard by renaming it (:func:`commit_shard`); with ``resume=``
+the run ledger records the shard with its units first, in one transaction, and a later run
+finishes any rename a crash cut short (:func:`recover`).
+
+A file holds units of one chunk only (one reply of one worker), so it is committed exactly
+when its units are: a worker that dies mid-chunk leaves a ``.``-file nobody commits (its
+units run again elsewhere, into a file of their own), and :func:`sweep` removes such files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import posixpath
+import tarfile
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import attrs
+
+from easycore._errors import short_repr
+from easycore._protocol import is_cached
+
+__all__ = [
+    "TEMP_PREFIX",
+    "Shard",
+    "ShardWriter",
+    "Sink",
+    "Written",
+    "Wrote",
+    "check_fresh",
+    "commit_shard",
+    "is_sink",
+    "parse_bytes",
+    "recover",
+    "sweep",
+]
+
+TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
+_EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
+
+
+def parse_bytes(value: int | str, what: str = "bytes_per_file") -> int:
+    """``value`` in bytes: an int, or a string such as ``"256MiB"`` or ``"1GB"``.
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) and value > 0:
+        return value
+    elif isinstance(value, str):
+        text = value.strip().upper().replace(" ", "")
+        digits = text.rstrip("KMGTIB")
+        unit = text[len(digits) :]
+        with contextlib.suppress(ValueError):
+            if unit in _UNITS and float(digits) > 0:
+                return int(float(digits) * _UNITS[unit])
+    msg = f"{what} must be a positive number of bytes or a string such as '256MiB', got {value!r}"
+    raise ValueError(msg)
+
+
+class Shard(NamedTuple):
+    """A file a worker wrote: ``temp`` while being written, ``name`` once committed (both
+    relative to the sink's directory)."""
+
+    temp: str
+    name: str
+    rows: int
+    nbytes: int
+
+
+class Wrote(NamedTuple):
+    """What a written unit's result becomes: its row count, and for the last written unit of
+    a chunk, the shards that hold the chunk's rows."""
+
+    rows: int
+    shards: tuple[Shard, ...] = ()
+
+
+def _names_tuple(files: Iterable[str]) -> tuple[str, ...]:
+    return tuple(files)
+
+
+@attrs.frozen
+class Written:
+    """What a sink wrote: ``map`` returns one for the whole run, ``imap`` one per file.
+
+    Attributes:
+        files: the committed files (paths or URLs), sorted; they sort in input order.
+        rows: the rows they hold.
+        bytes: their size on disk.
+    """
+
+    files: tuple[str, ...] = attrs.field(converter=_names_tuple, default=())
+    rows: int = 0
+    bytes: int = 0
+
+
+def _check_limit(_: Any, attr: Any, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        msg = f"{attr.name} must be a positive int or None, got {value!r}"
+        raise ValueError(msg)
+
+
+def _as_path(value: Any) -> Any:
+    """A directory as a str: a ``pathlib.Path`` (any ``os.PathLike``) is taken as its path."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _check_path(_: Any, __: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        msg = f"path must be a directory (a str or pathlib.Path) or an fsspec URL, got {value!r}"
+        raise TypeError(msg)
+
+
+@attrs.frozen(repr=False)
+class Sink:
+    """Where a pipeline's results go: made by ``easycore.write.parquet`` / ``jsonl`` /
+    ``webdataset``. It ends a pipeline in place of a consumer."""
+
+    kind: str
+    path: str = attrs.field(converter=_as_path, validator=_check_path)
+    rows_per_file: int | None = attrs.field(default=None, validator=_check_limit)
+    bytes_per_file: int = 256 << 20
+    compression: str | None = None
+    schema: Any = None
+    key_column: str | None = None
+    align: int = 1  # first-hop units per unit of the writing pool (set when planned)
+
+    @property
+    def name(self) -> str:
+        return f"write.{self.kind}"
+
+    @property
+    def ext(self) -> str:
+        ext = _EXT[self.kind]
+        if self.kind == "jsonl" and self.compression == "gzip":
+            ext += ".gz"
+        return ext
+
+    is_sink = True  # (what the stages of a pool tell apart from producers by)
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.path!r})"
+
+    def __rshift__(self, other: object) -> Any:
+        msg = (
+            f"nothing can follow the sink {self!r}, but {other!r} does: a sink ends a "
+            "pipeline, in place of a consumer"
+        )
+        raise TypeError(msg)
+
+    def identity(self) -> dict[str, Any]:
+        """What a run ledger keeps of this sink: resuming into another place or format
+        would leave the results of the first run where the second does not look."""
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "rows_per_file": self.rows_per_file,
+            "bytes_per_file": self.bytes_per_file,
+            "compression": self.compression,
+            "schema": None if self.schema is None else str(self.schema),
+            "key_column": self.key_column,
+        }
+
+    # -- where the files go --------------------------------------------------------------
+    def filesystem(self) -> tuple[Any, str]:
+        """``(fsspec filesystem or None for a local directory, root)``."""
+        if "://" not in self.path:
+            return None, os.path.abspath(self.path)
+        try:
+            import fsspec
+        except ImportError as exc:  # pragma: no cover - fsspec is installed in tests
+            msg = f"writing to {self.path!r} needs fsspec: pip install 'easycore[fsspec]'"
+            raise ImportError(msg) from exc
+        fs, root = fsspec.core.url_to_fs(self.path)
+        return fs, root
+
+    def location(self, name: str) -> str:
+        """The path or URL of file ``name`` as :class:`Written` names it."""
+        if "://" in self.path:
+            return self.path.rstrip("/") + "/" + name
+        return os.path.join(os.path.abspath(self.path), name)
+
+
+def is_sink(obj: Any) -> bool:
+    return isinstance(obj, Sink)
+
+
+# -- the caller's side: commit, recover, sweep ---------------------------------------------
+class _Files:
+    """The few file operations a sink needs, on a local directory or an fsspec filesystem."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.fs, self.root = sink.filesystem()
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.root, name) if self.fs is None else posixpath.join(self.root, name)
+
+    def makedirs(self) -> None:
+        if self.fs is None:
+            os.makedirs(self.root, exist_ok=True)
+        else:
+            self.fs.makedirs(self.root, exist_ok=True)
+
+    def exists(self, name: str) -> bool:
+        if self.fs is None:
+            return os.path.exists(self.join(name))
+        self.fs.invalidate_cache(self.root)  # (listings cached before the workers wrote)
+        return bool(self.fs.exists(self.join(name)))
+
+    def rename(self, a: str, b: str) -> None:
+        if self.fs is None:
+            os.replace(self.join(a), self.join(b))
+        else:
+            self.fs.mv(self.join(a), self.join(b))
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.fs is None:
+                os.unlink(self.join(name))
+            else:
+                self.fs.rm(self.join(name))
+
+    def names(self) -> list[str]:
+        if self.fs is None:
+            try:
+                return os.listdir(self.root)
+            except FileNotFoundError:
+                return []
+        self.fs.invalidate_cache(self.root)
+        if not self.fs.exists(self.root):
+            return []
+        return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
+
+    def open(self, name: str) -> Any:
+        if self.fs is None:
+            return open(self.join(name), "wb")
+        return self.fs.open(self.join(name), "wb")
+
+
+def commit_shard(sink: Sink, shard: Shard, files: Any = None) -> str:
+    """Make ``shard`` visible under its final name (idempotent: a shard committed before,
+    by an earlier run, is left as it is); returns its path or URL."""
+    files = files or _Files(sink)
+    if files.exists(shard.temp):
+        files.rename(shard.temp, shard.name)
+    return sink.location(shard.name)
+
+
+def recover(sink: Sink, committed: Iterable[Shard]) -> None:
+    """Before a resumed run writes: finish the commits a crash cut short (a ledger holds
+    them), then remove every other temporary file."""
+    files = _Files(sink)
+    for shard in committed:
+        commit_shard(sink, shard, files)
+    sweep(sink, files)
+
+
+def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
+    """Raises ValueError when the sink's directory holds committed files that are not this
+    run's (``known``: those its ledger recorded): a run would replace them by name."""
+    files = _Files(sink)
+    ours = {shard.name for shard in known}
+    foreign = sorted(n for n in files.names() if n.startswith("part-") and n not in ours)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        msg = (
+            f"{sink.path!r} already holds files of another run ({', '.join(foreign[:3])}"
+            f"{more}): a sink writes into a directory of its own. Use another directory, "
+            "remove those files, or resume= the run that wrote them"
+        )
+        raise ValueError(msg)
+
+
+def sweep(sink: Sink, files: Any = None) -> None:
+    """Remove the temporary files left in the sink's directory (a dead worker's, or those
+    of chunks whose results were not kept)."""
+    files = files or _Files(sink)
+    for name in files.names():
+        if name.startswith(TEMP_PREFIX):
+            files.remove(name)
+
+
+# -- the worker's side: results to rows, rows to files ---------------------------------------
+class RowError(Exception):
+    """A result that cannot become rows of this sink (named with its item by the caller)."""
+
+
+def _to_numpy(value: Any) -> Any:
+    """A tensor as a numpy array (on the CPU); anything else as it is."""
+    mod = type(value).__module__
+    if mod.startswith("torch") and hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "tolist")
+
+
+def _is_column(value: Any) -> bool:
+    value = _to_numpy(value)
+    if _is_array(value):
+        return len(value.shape) >= 1
+    return isinstance(value, list | tuple) or type(value).__module__.startswith("pyarrow")
+
+
+def _py(value: Any) -> Any:
+    """A value as plain Python (for JSON): arrays and tensors as lists."""
+    value = _to_numpy(value)
+    if _is_array(value) or hasattr(value, "as_py"):
+        return value.tolist() if _is_array(value) else value.as_py()
+    if isinstance(value, Mapping):
+        return {str(k): _py(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_py(v) for v in value]
+    return value
+
+
+def rows_of(value: Any, batched: bool) -> tuple[dict[str, list[Any]], int]:
+    """One result as columns ``({name: values}, n_rows)``.
+
+    A mapping is one row, unless the pool was given a batch and every value is a column
+    (a list, tuple, array or tensor) of one length: then it is that many rows. A list of
+    mappings, a ``pyarrow`` Table or RecordBatch is many rows; ``None`` is none.
+
+    Raises:
+        RowError: anything else, or columns of different lengths.
+    """
+    if value is None:
+        return {}, 0
+    if hasattr(value, "to_pydict") and hasattr(value, "num_rows"):  # pyarrow Table/RecordBatch
+        return {name: value.column(name) for name in value.schema.names}, int(value.num_rows)
+    if isinstance(value, Mapping):
+        if batched and value and all(_is_column(v) for v in value.values()):
+            lengths = {len(_to_numpy(v)) for v in value.values()}
+            if len(lengths) != 1:
+                msg = f"its columns have different lengths ({sorted(lengths)})"
+                raise RowError(msg)
+            return {str(k): _to_numpy(v) for k, v in value.items()}, lengths.pop()
+        return {str(k): [_to_numpy(v)] for k, v in value.items()}, 1
+    if isinstance(value, list | tuple) and all(isinstance(r, Mapping) for r in value):
+        cols: dict[str, list[Any]] = {}
+        for j, row in enumerate(value):
+            for k in row:
+                cols.setdefault(str(k), [None] * j)
+            for k, col in cols.items():
+                col.append(_to_numpy(row.get(k)))
+        return cols, len(value)
+    msg = (
+        "a result written by a sink must be a mapping (one row), a list of mappings, a "
+        f"mapping of columns or a pyarrow Table; got {short_repr(value)} (of type "
+        f"{type(value).__name__})"
+    )
+    raise RowError(msg)
+
+
+def _arrow_column(values: Any) -> Any:
+    """A column as a pyarrow array: arrays of one shape become fixed-size lists."""
+    import numpy as np
+    import pyarrow as pa
+
+    if type(values).__module__.startswith("pyarrow"):
+        return values
+    if isinstance(values, list | tuple) and values and all(_is_array(v) for v in values):
+        shapes = {tuple(v.shape) for v in values}
+        if len(shapes) == 1:
+            values = np.stack(values)
+    if _is_array(values) and len(values.shape) >= 1:
+        arr = np.ascontiguousarray(values)
+        if arr.ndim == 1:
+            return pa.array(arr)
+        out = pa.array(arr.reshape(-1))
+        for size in reversed(arr.shape[1:]):
+            out = pa.FixedSizeListArray.from_arrays(out, int(size))
+        return out
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return pa.array([_py(v) for v in values])
+
+
+def _table(cols: Mapping[str, Any], n: int) -> Any:
+    import pyarrow as pa
+
+    if not cols:
+        return pa.table({"__empty__": pa.nulls(n)}).drop(["__empty__"]) if n else pa.table({})
+    return pa.table({k: _arrow_column(v) for k, v in cols.items()})
+
+
+def _together(units: list[_Unit]) -> Any:
+    """The units' rows as one table: columns joined first when every unit has the same
+    names and column kinds (one conversion for the chunk), else a table per unit."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = list(units[0].cols)
+    merged: dict[str, Any] = {}
+    same = all(list(u.cols) == names for u in units)
+    for name in names if same else ():
+        pieces = [u.cols[name] for u in units]
+        if all(type(p) is list for p in pieces):
+            merged[name] = [v for p in pieces for v in p]
+        elif all(_is_array(p) for p in pieces) and len({p.shape[1:] for p in pieces}) == 1:
+            merged[name] = np.concatenate(pieces)
+        else:
+            merged = {}
+            break
+    if merged and len(merged) == len(names):
+        return _table(merged, sum(u.n for u in units))
+    return pa.concat_tables([_table(u.cols, u.n) for u in units])
+
+
+class _Unit(NamedTuple):
+    pos: int  # position in the chunk
+    key: int  # the first-hop unit whose key rows carry (before a per-row offset)
+    cols: dict[str, Any]
+    n: int
+    keys: list[Any]  # each row's item key
+
+
+class ShardWriter:
+    """A sink in a worker: writes a chunk's rows to temporary files of the sink's format."""
+
+    def __init__(self, sink: Sink, worker: int) -> None:
+        self.sink = sink
+        self.worker = worker
+        self.files = _Files(sink)
+        self.files.makedirs()
+        self.schema = sink.schema  # fixed by the first rows written when not given
+
+    def write(
+        self,
+        base: int,
+        values: list[Any],
+        inputs: Sequence[Any],
+        skip: Iterable[int],
+        keys: Sequence[Any] | None = None,
+    ) -> list[tuple[int, BaseException]]:
+        """Write units ``base + k`` (``values[k]``) that did not fail (``skip``): each is
+        replaced by a :class:`Wrote`, the last written one carrying the shards. Returns the
+        ``(position, error)`` of the units that could not be written (their value: None).
+
+        ``keys``: the ``key=`` value of each first-hop unit of the chunk (from its first),
+        when the run has one; rows are keyed by their item's index otherwise."""
+        skipped = set(skip)
+        units: list[_Unit] = []
+        errors: list[tuple[int, BaseException]] = []
+        for k, value in enumerate(values):
+            if k in skipped or _passes(value):
+                continue
+            batched = k < len(inputs) and type(inputs[k]) is list
+            try:
+                cols, n = rows_of(value, batched)
+            except Exception as exc:
+                errors.append((k, exc))
+                continue
+            first = (base + k) * self.sink.align
+            index = _row_keys(first, n, self.sink.align)
+            if keys is not None:
+                origin = base * self.sink.align
+                index = [keys[i - origin] for i in index]
+            units.append(_Unit(k, first, cols, n, index))
+        if self.sink.key_column is not None:
+            for u in units:
+                u.cols[self.sink.key_column] = u.keys
+        writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
+        shards, bad = writer[self.sink.kind](units)
+        errors.extend(bad)
+        failed = {k for k, _ in bad}
+        kept = [u for u in units if u.pos not in failed]
+        for k, _ in errors:
+            values[k] = None
+        for i, u in enumerate(kept):
+            values[u.pos] = Wrote(u.n, tuple(shards) if i == len(kept) - 1 else ())
+        return sorted(errors, key=lambda e: e[0])
+
+    # -- names -----------------------------------------------------------------------------
+    def _names(self, key: int, offset: int) -> tuple[str, str]:
+        stem = f"part-{key:012d}-{offset:06d}"
+        temp = f"{TEMP_PREFIX}{key:012d}-{offset:06d}-{uuid.uuid4().hex[:12]}{self.sink.ext}"
+        return temp, stem + self.sink.ext
+
+    def _limits(self, rows: int, nbytes: int) -> int:
+        """Rows per file for rows of about ``nbytes / rows`` bytes each."""
+        per = self.sink.rows_per_file or rows
+        if rows and nbytes:
+            per = min(per, max(1, int(self.sink.bytes_per_file // max(nbytes / rows, 1))))
+        return max(1, per)
+
+    def _cuts(self, units: list[_Unit], per_file: int) -> list[tuple[int, int, int, int]]:
+        """``(first row, end row, key, offset)`` of each file's rows among the units'."""
+        cuts = []
+        starts = []
+        at = 0
+        for u in units:
+            starts.append(at)
+            at += u.n
+        total = at
+        ui = 0
+        row = 0
+        while row < total:
+            while ui + 1 < len(units) and starts[ui + 1] <= row:
+                ui += 1
+            end = min(total, row + per_file)
+            cuts.append((row, end, units[ui].key, row - starts[ui]))
+            row = end
+        return cuts
+
+    # -- formats ---------------------------------------------------------------------------
+    def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+        import pyarrow.parquet as pq
+
+        units = [u for u in units if u.n]
+        bad: list[tuple[int, BaseException]] = []
+        table = None
+        try:
+            table = self._fit(_together(units)) if units else None
+        except Exception:
+            good = []
+            for u in units:  # find the units that do not fit, naming each
+                try:
+                    self._fit(_table(u.cols, u.n))
+                    good.append(u)
+                except Exception as exc:
+                    bad.append((u.pos, RowError(f"its rows do not fit the file's schema: {exc}")))
+            units = good
+            table = self._fit(_together(units)) if units else None
+        if table is None or table.num_rows == 0:
+            return [], bad
+        shards = []
+        per = self._limits(table.num_rows, table.nbytes)
+        for first, end, key, offset in self._cuts(units, per):
+            temp, name = self._names(key, offset)
+            part = table.slice(first, end - first)
+            with self.files.open(temp) as f:
+                pq.write_table(part, f, compression=self.sink.compression or "none")
+                nbytes = f.tell()
+            shards.append(Shard(temp, name, part.num_rows, nbytes))
+        return shards, bad
+
+    def _fit(self, table: Any) -> Any:
+        """``table`` in the run's schema (the first table's, when none was given)."""
+        if self.schema is None:
+            self.schema = table.schema
+            return table
+        if table.schema.equals(self.schema):
+            return table
+        if self.sink.schema is None:  # a column that held only nulls so far takes a type now
+            import pyarrow as pa
+
+            for i, field in enumerate(self.schema):
+                if pa.types.is_null(field.type) and field.name in table.schema.names:
+                    new = table.schema.field(field.name).with_nullable(True)
+                    self.schema = self.schema.set(i, new)
+        if set(table.schema.names) != set(self.schema.names):
+            msg = f"columns {table.schema.names}, where the schema has {self.schema.names}"
+            raise RowError(msg)
+        return table.select(self.schema.names).cast(self.schema)
+
+    def _encoded(
+        self, units: list[_Unit], encode: Any
+    ) -> tuple[list[tuple[_Unit, list[bytes]]], list[tuple[int, BaseException]]]:
+        out = []
+        bad: list[tuple[int, BaseException]] = []
+        for u in units:
+            try:
+                rows = [
+                    encode(u, j, {k: _cell(v, j) for k, v in u.cols.items()}) for j in range(u.n)
+                ]
+            except Exception as exc:
+                bad.append((u.pos, RowError(f"its rows cannot be written: {exc}")))
+                continue
+            out.append((u, rows))
+        return out, bad
+
+    def _split(
+        self, encoded: list[tuple[_Unit, list[bytes]]]
+    ) -> list[tuple[int, int, list[bytes]]]:
+        """Encoded rows cut into files: ``(key, offset, rows)``."""
+        per_rows = self.sink.rows_per_file
+        files: list[tuple[int, int, list[bytes]]] = []
+        size = 0
+        for u, rows in encoded:
+            for j, row in enumerate(rows):
+                full = files and (
+                    (per_rows is not None and len(files[-1][2]) >= per_rows)
+                    or size + len(row) > self.sink.bytes_per_file
+                )
+                if not files or full:
+                    files.append((u.key, j, []))
+                    size = 0
+                files[-1][2].append(row)
+                size += len(row)
+        return files
+
+    def _jsonl(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+        def encode(_: _Unit, __: int, row: dict[str, Any]) -> bytes:
+            return (json.dumps(_py(row), ensure_ascii=False) + "\n").encode()
+
+        encoded, bad = self._encoded(units, encode)
+        shards = []
+        for key, offset, rows in self._split(encoded):
+            temp, name = self._names(key, offset)
+            data = b"".join(rows)
+            if self.sink.compression == "gzip":
+                import gzip
+
+                data = gzip.compress(data, mtime=0)
+            with self.files.open(temp) as f:
+                f.write(data)
+            shards.append(Shard(temp, name, len(rows), len(data)))
+        return shards, bad
+
+    def _tar(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+        def encode(u: _Unit, j: int, row: dict[str, Any]) -> bytes:
+            key = row.pop("__key__", None)
+            if key is None:
+                key = u.keys[j]
+                if u.n > 1 and len(set(u.keys)) == 1:
+                    key = f"{key}_{j}"
+            key = str(key)
+            if "." in key or "/" in key:
+                msg = f"a __key__ may not hold '.' or '/' (webdataset splits on them): {key!r}"
+                raise RowError(msg)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+                for field, value in row.items():
+                    data = _entry_bytes(value)
+                    info = tarfile.TarInfo(f"{key}.{field}")
+                    info.size = len(data)
+                    info.mode = 0o644
+                    tar.addfile(info, io.BytesIO(data))
+            return _members(buf)  # one sample's members; the end blocks come once per file
+
+        encoded, bad = self._encoded(units, encode)
+        shards = []
+        for key, offset, rows in self._split(encoded):
+            temp, name = self._names(key, offset)
+            data = b"".join(rows)
+            data += b"\0" * (2 * tarfile.BLOCKSIZE)
+            pad = -len(data) % tarfile.RECORDSIZE
+            data += b"\0" * pad
+            with self.files.open(temp) as f:
+                f.write(data)
+            shards.append(Shard(temp, name, len(rows), len(data)))
+        return shards, bad
+
+
+def _members(buf: io.BytesIO) -> bytes:
+    """A tar archive's bytes without its end-of-archive blocks and record padding."""
+    data = buf.getvalue()
+    end = 0
+    pos = 0
+    while pos + tarfile.BLOCKSIZE <= len(data):
+        header = data[pos : pos + tarfile.BLOCKSIZE]
+        if header == b"\0" * tarfile.BLOCKSIZE:
+            break
+        size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+        pos += tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        end = pos
+    return data[:end]
+
+
+def _entry_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(_py(value)).encode()
+
+
+def _cell(col: Any, j: int) -> Any:
+    value = col[j]
+    return value.as_py() if hasattr(value, "as_py") else value
+
+
+def _row_keys(first: int, n: int, align: int) -> list[int]:
+    """The item (first-hop unit) of each of an output unit's ``n`` rows: one each when the
+    rows are as many as those, else the unit's first."""
+    if align > 1 and n == align:
+        return [first + j for j in range(n)]
+    return [first] * n
+
+
+def _passes(value: Any) -> bool:
+    """A unit the sink does not write: the run ledger holds it (CACHED), or it failed
+    (a worker's None with an error, a Ray actor's Broken, an inline Failed)."""
+    return is_cached(value) or type(value).__name__ in ("Broken", "Failed")
