@@ -10,12 +10,43 @@ name when the run ends (a dead worker's file, a reply that was dropped) is remov
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from easycore._sinks import Sink, Written, Wrote, commit_shard, sweep
+from easycore._sinks import (
+    Shard,
+    Sink,
+    Written,
+    Wrote,
+    check_fresh,
+    commit_shard,
+    recover,
+    sweep,
+)
 
-__all__ = ["commit_written", "total_written"]
+__all__ = ["commit_written", "prepare", "sink_of", "total_written"]
+
+
+def sink_of(stages: Sequence[Any]) -> Sink | None:
+    """The sink a pool's stages end in (``easycore.write``), or None."""
+    return stages[-1] if stages and isinstance(stages[-1], Sink) else None
+
+
+def prepare(sink: Sink, known: Sequence[Shard], ledger: Any = None) -> None:
+    """Before a run writes: finish the commits a crash cut short (``known``: the shards the
+    ledger recorded), remove temporary files, and refuse a directory holding another run's
+    files (a sink never replaces them). On an error, ``ledger`` is closed.
+
+    Raises:
+        ValueError: the directory holds files of another run.
+    """
+    try:
+        recover(sink, known)
+        check_fresh(sink, known)
+    except BaseException:
+        if ledger is not None:
+            ledger.close()
+        raise
 
 
 def commit_written(stream: Iterator[Any], sink: Sink) -> Iterator[Written]:

@@ -20,7 +20,7 @@ from typing_extensions import Unpack
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
-from easycore._exec.commit import commit_written, total_written
+from easycore._exec.commit import commit_written, prepare, sink_of, total_written
 from easycore._exec.core import RAISE, SKIP
 from easycore._exec.engine import PRIMED, Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
@@ -48,7 +48,7 @@ from easycore._options import (
     run_options,
 )
 from easycore._seeding import check_epoch
-from easycore._sinks import Sink, check_fresh, recover
+from easycore._sinks import Sink
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
@@ -119,6 +119,7 @@ class Runner:
             pipeline, devices, self.cfg, engine, start_method, _wait, _tasks, concurrency
         )
         self._chain = self._engine.chain
+        self._sink: Sink | None = sink_of(self._chain.last.stages)  # easycore.write, or None
         self.devices: tuple[str, ...] = self._chain.devices
         self._inline = INLINE in self.devices
         self._seat = Seat()
@@ -330,12 +331,6 @@ class Runner:
             return commit_written(stream, self._sink)
         return _Items(stream, position)
 
-    @property
-    def _sink(self) -> Sink | None:
-        """The sink the last pool's workers write with (``easycore.write``), or None."""
-        stages = self._chain.last.stages
-        return stages[-1] if stages and isinstance(stages[-1], Sink) else None
-
     def _results(
         self, options: RunOptions, data: Iterable[Any], position: Position | None = None
     ) -> _Claimed:
@@ -367,13 +362,7 @@ class Runner:
             source = ledger.source(source)
         if self._sink is not None:  # commits a crash cut short, then no temporary file
             known = ledger.committed_shards() if ledger is not None else []
-            try:
-                recover(self._sink, known)
-                check_fresh(self._sink, known)  # never replace another run's files
-            except BaseException:
-                if ledger is not None:
-                    ledger.close()
-                raise
+            prepare(self._sink, known, ledger)
         bars = _progress_bars(self._chain, data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
