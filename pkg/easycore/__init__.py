@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
-from easycore import write
-from easycore._checkpoint import load_checkpoint, save_checkpoint
 from easycore._config import CfgNode
 from easycore._errors import (
     EasycoreError,
@@ -38,10 +36,21 @@ from easycore._options import RunKwargs
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
 from easycore._registry import Registry
 from easycore._seeding import derive_seed, item_seed, permutation, seed_everything
-from easycore._sinks import Written
 
 if TYPE_CHECKING:
+    from easycore import write
+    from easycore._checkpoint import load_checkpoint, save_checkpoint
     from easycore._exec import Runner, StageStats
+    from easycore._sinks import Written
+
+# Loaded on first use, like the executor: a worker process never pays for them.
+_LAZY = {
+    "Runner": "easycore._exec",
+    "StageStats": "easycore._exec",
+    "Written": "easycore._sinks",
+    "load_checkpoint": "easycore._checkpoint",
+    "save_checkpoint": "easycore._checkpoint",
+}
 
 __all__ = [
     "CfgNode",
@@ -75,10 +84,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Runner and StageStats live in the executor, loaded on first use (see the docstring).
-    if name in ("Runner", "StageStats"):
-        from easycore import _exec
+    # The executor, sinks and checkpoints load on first use (see the docstring).
+    import importlib
 
-        return getattr(_exec, name)
+    if name == "write":
+        return importlib.import_module("easycore.write")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     msg = f"module 'easycore' has no attribute {name!r}"
     raise AttributeError(msg)

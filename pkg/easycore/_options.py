@@ -10,10 +10,9 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
-from typing_extensions import TypedDict
 
 from easycore._errors import item_label, short_repr
 from easycore._seeding import check_epoch, epoch_seed

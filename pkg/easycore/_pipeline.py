@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 import attrs
-from typing_extensions import Unpack
 
 from easycore import _inject
 from easycore._options import RunKwargs, check_concurrency, run_options
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from easycore._exec import Runner
 
 __all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]

@@ -18,14 +18,12 @@ results keep the chunk's order. ``concurrency=1`` with plain functions is the lo
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import inspect
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
 from easycore._inject import call_with, injected
@@ -39,7 +37,12 @@ from easycore._protocol import (
     is_cached,
 )
 from easycore._seeding import ITEM_SEED, derive_seed, drop_hooks, seed_loaded, seed_on_import
-from easycore._sinks import ShardWriter, Sink, is_sink
+
+if TYPE_CHECKING:  # (loaded when a stage waits, or a pool writes: others never pay)
+    import asyncio
+    import concurrent.futures
+
+    from easycore._sinks import ShardWriter, Sink
 
 __all__ = ["PreparedStages", "StageDef", "StageFailure", "cancel_grace", "is_async_fn"]
 
@@ -159,7 +162,9 @@ class PreparedStages:
     ) -> None:
         defs = tuple(stages)
         # a sink ends the last pool's stages: it writes what they make (see easycore._sinks)
-        self.sink: Sink | None = defs[-1] if defs and is_sink(defs[-1]) else None  # type: ignore[assignment]
+        # the sink this pool writes with (``easycore.write``; its module loads only then)
+        last: Any = defs[-1] if defs else None
+        self.sink: Sink | None = last if getattr(last, "is_sink", False) is True else None
         self.defs = defs[:-1] if self.sink is not None else defs
         self.writer: ShardWriter | None = None
         self.context: dict[str, Any] = {"device": device, "cfg": cfg, "worker": worker}
@@ -178,6 +183,8 @@ class PreparedStages:
     # -- the event loop and the threads -------------------------------------------------------
     def loop(self) -> asyncio.AbstractEventLoop:
         """This place's event loop (made on first use; a worker's is its thread's loop)."""
+        import asyncio
+
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
             if not self.in_caller:  # (the caller's own loop policy is none of our business)
@@ -194,6 +201,8 @@ class PreparedStages:
     def _close_loop(self) -> None:
         loop, self._loop = self._loop, None
         if loop is not None and not loop.is_closed():
+            import asyncio
+
             try:
                 pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
                 for t in pending:
@@ -227,6 +236,8 @@ class PreparedStages:
             self.prepared.append(_Prepared(stage, state, self.context))
         if self.sink is not None:
             try:
+                from easycore._sinks import ShardWriter
+
                 self.writer = ShardWriter(self.sink, self.context["worker"])
             except self.catch as exc:
                 return StageFailure(f"{self.sink.name} (init)", exc)
@@ -306,6 +317,8 @@ class PreparedStages:
 
     async def _astages(self, item: Any, timeout: float | None) -> tuple[Any, StageFailure | None]:
         """The stages over one unit on the loop, cancelled past ``timeout`` seconds."""
+        import asyncio
+
         where = [self.prepared[0].name if self.prepared else ""]
         if timeout is None:
             return await self._achain(item, where)
@@ -319,6 +332,8 @@ class PreparedStages:
             return None, StageFailure(where[0], error)
 
     async def _achain(self, item: Any, where: list[str]) -> tuple[Any, StageFailure | None]:
+        import asyncio
+
         value = item
         for st in self.prepared:
             where[0] = st.name
@@ -521,6 +536,8 @@ class PreparedStages:
         stages on ``concurrency`` threads. ``publish`` hears of the oldest unit in flight.
         ``stop`` (an Event): units not started yet are left out, as ``(None, None)``.
         """
+        import concurrent.futures
+
         flight = _Flight(publish)
         if self.is_async:
             return self.loop().run_until_complete(
@@ -584,6 +601,8 @@ class PreparedStages:
         stop: Any,
         since: float | None,
     ) -> list[tuple[Any, StageFailure | None]]:
+        import asyncio
+
         gate = asyncio.Semaphore(self.concurrency)
         clock = time.monotonic
 

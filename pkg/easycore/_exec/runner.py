@@ -13,10 +13,9 @@ import contextlib
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from typing_extensions import Unpack
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
@@ -49,6 +48,9 @@ from easycore._options import (
 )
 from easycore._seeding import check_epoch
 from easycore._sinks import Sink
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
 
