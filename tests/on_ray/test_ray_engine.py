@@ -719,3 +719,15 @@ def test_ctrl_c_does_not_wait_for_an_actor_deaf_to_signals(tmp_path):
     assert wait_for(lambda: not ({p.pid for p in our_actors()} & actors), 20)
     # (the grace alone was 2 s; what remains is disconnecting from Ray)
     assert took < 2.0, f"the caller took {took:.1f} s to stop after Ctrl-C"
+
+
+def test_task_pools_of_different_runs_never_mix_their_stages():
+    """Ray reuses its worker processes, and a task finds the stages an earlier task of its
+    pool prepared there: runs one after another (engines freed and made again, perhaps at
+    the same address) each get their own functions' results."""
+    import gc
+
+    for k in range(6):
+        f = producer(lambda x, k=k: (k, x))
+        assert f.map(range(6), devices=2, engine="ray") == [(k, x) for x in range(6)]
+        gc.collect()

@@ -345,7 +345,7 @@ class RayEngine:
         ]
         self.pools: list[list[Actor]] = []
         self.payloads: list[bytes] = []
-        self.started = 0
+        self.tag = ""  # names this start's task pools (see _task_sender)
         self.last_run: RayRun | None = None
         self.clock: Any = None  # the UnitClock actor, while started
         self.keys: dict[Actor, int] = {}  # each actor's name at the clock
@@ -363,7 +363,10 @@ class RayEngine:
         if not self.connected:
             _connect()
             self.connected = True
-        self.started += 1  # a task pool's name changes with each start
+        # A task pool's name, new with each start: a Ray worker keeps the bodies it prepared
+        # by that name, and must never run one pool's chunk with another's stages (an id()
+        # or a counter can come back: another engine at the same address, a second driver).
+        self.tag = os.urandom(8).hex()
         try:
             self.payloads = [self._payload(hop.index) for hop in self.chain.hops]
             self.pools = [
@@ -429,7 +432,7 @@ class RayEngine:
         payload: Any = self.payloads[hop]
         if len(payload) > INLINE_PAYLOAD:
             payload = ray.put(payload)
-        pool = f"{os.getpid()}-{id(self)}-{self.started}-{hop}"
+        pool = f"{self.tag}-{hop}"
 
         def send(*run_args: Any) -> Any:
             return fn.remote(pool, payload, sys.path, index, hop, h.batch, h.concurrency, *run_args)
