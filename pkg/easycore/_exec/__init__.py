@@ -161,18 +161,7 @@ def run_map(
             start_method=start_method,
             concurrency=concurrency,
         )
-    if options.resume is not None:  # not a ledger, or another run's: before any worker starts
-        check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
-    with Runner(
-        pipeline,
-        devices,
-        cfg=cfg,
-        start_method=start_method,
-        engine=engine,
-        concurrency=concurrency,
-        _wait=False,
-        _tasks=_stateless(options),
-    ) as runner:
+    with _one_shot(pipeline, devices, cfg, options, start_method, engine, concurrency) as runner:
         return runner.run_map(data, options)
 
 
@@ -189,9 +178,30 @@ def run_imap(
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
+    runner = _one_shot(pipeline, devices, cfg, options, start_method, engine, concurrency)
+    try:
+        results = runner.run_imap(data, options)
+    except BaseException as exc:
+        runner.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    return OwnedResults(runner, results)
+
+
+def _one_shot(
+    pipeline: PipelineDef,
+    devices: Any,
+    cfg: Mapping[str, Any] | None,
+    options: RunOptions,
+    start_method: str | None,
+    engine: str,
+    concurrency: int,
+) -> Runner:
+    """The runner of one ``map``/``imap`` call: a ``resume`` path that is no ledger, or
+    another run's, is refused before any worker starts; work goes to each worker as soon as
+    it is ready (init errors surface in the run)."""
     if options.resume is not None:
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
-    runner = Runner(
+    return Runner(
         pipeline,
         devices,
         cfg=cfg,
@@ -201,12 +211,6 @@ def run_imap(
         _wait=False,
         _tasks=_stateless(options),
     )
-    try:
-        results = runner.run_imap(data, options)
-    except BaseException as exc:
-        runner.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    return OwnedResults(runner, results)
 
 
 def _stateless(options: RunOptions) -> bool:

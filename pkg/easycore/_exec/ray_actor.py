@@ -246,12 +246,9 @@ class StageActor:
         n = 0
         for k, unit in enumerate(units):
             index = base + k
-            if is_cached(unit):  # resume=: the driver has its result already
-                out.append(CACHED)
-                continue
-            broken = _broken_in(unit)
-            if broken is not None:
-                out.append(broken)
+            settled = _settled(unit)
+            if settled is not None:
+                out.append(settled)
                 continue
             with self.lock:
                 self.current = (index, time.monotonic())
@@ -282,12 +279,9 @@ class StageActor:
         out: list[Any] = [None] * len(units)
         jobs = []
         for k, unit in enumerate(units):
-            if is_cached(unit):
-                out[k] = CACHED
-                continue
-            broken = _broken_in(unit)
-            if broken is not None:
-                out[k] = broken
+            settled = _settled(unit)
+            if settled is not None:
+                out[k] = settled
                 continue
             jobs.append((base + k, unit))
         timeout = self.timeout if self.stages.is_async else None
@@ -385,9 +379,13 @@ def run_task(
     return body.run(*run_args)
 
 
-def _broken_in(unit: Any) -> Broken | None:
-    """The failure a unit carries: itself, or a batch's member that failed at the earliest
-    hop (the first in input order among those), as on every engine (``core.Failed``)."""
+def _settled(unit: Any) -> Any:
+    """What a unit is instead of being run, or None: ``CACHED`` when the driver has its
+    result (``resume=``), or the failure it carries: itself, or a batch's member that failed
+    at the earliest hop (the first in input order among those), as on every engine
+    (``core.Failed``)."""
+    if is_cached(unit):
+        return CACHED
     if type(unit) is Broken:
         return unit
     if type(unit) is list:
