@@ -1,15 +1,18 @@
-"""After a worker dies: which unit to blame, and the error that names it.
+"""After a worker dies: which unit to blame, what is charged, failed and run again.
 
-A dead worker leaves no exception, only its exit code and its shared slot: the index of the
-unit in hand (and, with a timeout, when it started) and the chunk whose results it was
-pickling or sending. From those and the chunks it had, :func:`assign_blame` says which
-units are charged one run each (against ``retries``); :func:`death_error` is the error
-raised once a charged unit is out of retries; :func:`requeue` re-runs the rest.
+Every transport describes a death the same way: who died (:class:`Dead`), what it had (the
+chunks it lost, oldest first) and what it was doing (:class:`Blame`: the unit in hand, the
+results being sent, or a chunk whose unit at fault is not known). :func:`settle_death`
+then charges the blamed units one run each (against ``retries``), fails those out of
+retries through the run's error policy, and returns what runs again. The process engine
+reads what its worker was doing from the worker's shared slot (:func:`assign_blame`); Ray
+from the order of an actor's queue (``ray_run``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -17,18 +20,41 @@ from easycore._errors import (
     ItemTimeout,
     WorkerDied,
     after_retries,
-    describe_exitcode,
     item_label,
     short_repr,
 )
-from easycore._exec.core import Work
+from easycore._exec.core import RunBooks, Work
 from easycore._exec.ledger import Chunk
-from easycore._exec.plan import Chain
 from easycore._exec.workers import Worker
-from easycore._options import RunOptions
 from easycore._protocol import UNPICKLING, Slots
 
-__all__ = ["Blame", "assign_blame", "death_error", "requeue"]
+__all__ = ["Blame", "Dead", "Lost", "assign_blame", "settle_death"]
+
+
+class Lost(Protocol):
+    """A chunk a dead worker had: consecutive first-hop units."""
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def items(self) -> Sequence[Any]: ...
+    @property
+    def end(self) -> int: ...
+
+
+@attrs.frozen
+class Dead:
+    """Who died, as its transport names it in messages."""
+
+    hop: int
+    index: int  # its place in its pool (WorkerError.worker)
+    device: str
+    who: str  # "worker 1 of stage 'f'", "Ray actor 0", ...
+    how: str  # why it is gone: "exit code 1", Ray's first line
+    code: int | None = None  # its exit code, where there is one
+    timed_out: bool = False  # killed for running past ``timeout``
+    where: str = ""  # more of where it ran (", Ray node ...")
+    kind: str = "worker"  # what was killed: a worker, an actor
 
 
 @attrs.frozen
@@ -36,16 +62,20 @@ class Blame:
     """What a dead worker is charged with (unit indices are within its hop)."""
 
     culprit: int | None  # the unit it was running (or that ran past the timeout)
-    holder: Chunk | None  # the chunk that unit belongs to
-    suspect: Chunk | None  # the chunk whose results it was pickling or sending
+    holder: Lost | None  # the chunk that unit belongs to
+    suspect: Lost | None  # the chunk whose results it was pickling or sending
     charged: tuple[int, ...]  # units charged one run each; none: nothing of ours to blame
-    unpickling: Chunk | None = None  # the chunk it was unpickling (its units are charged)
+    # the chunk in hand when which of its units is at fault is not known (it runs again one
+    # output unit per chunk, which pins the unit down), and what was being done with it
+    unknown: Lost | None = None
+    doing: str = "running"
 
 
 def assign_blame(
     w: Worker, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk], unit: int
 ) -> Blame:
-    """Blame the unit in hand, and results being sent; else the oldest chunk it had.
+    """A worker process's death: blame the unit in hand (its shared slot says which), and
+    results being sent; else the oldest chunk it had.
 
     A worker that died (or ran past the timeout) unpickling a chunk was at its oldest (it
     takes them in the order sent): a chunk of one unit names that unit; a bigger one has
@@ -70,95 +100,112 @@ def assign_blame(
     suspect = next((c for c in lost if c.id == sending), None)
     charged = {culprit} if culprit is not None else set()
     if unpickling is not None:
-        charged |= {(unpickling.start + k) // unit for k in range(len(unpickling.items))}
+        charged |= _units(unpickling, unit)
     if suspect is not None:
-        charged |= {(suspect.start + k) // unit for k in range(len(suspect.items))}
+        charged |= _units(suspect, unit)
     if not charged and not busy and w.timed_out is None:
         # Died between units: what it was about to reply for (its oldest chunk) is suspect.
         # (Busy with something we no longer track, a chunk re-run elsewhere after its
         # sender died, nothing of ours is to blame.)
         oldest = min(running, key=lambda c: c.id, default=None)
         if oldest is not None:
-            charged = {(oldest.start + k) // unit for k in range(len(oldest.items))}
-    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling)
+            charged = _units(oldest, unit)
+    doing = "running" if unpickling is None else "unpickling"
+    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing)
 
 
-def death_error(
-    w: Worker, blame: Blame, held: int, chain: Chain, options: RunOptions
-) -> WorkerDied | ItemTimeout:
+def _units(chunk: Lost, unit: int) -> set[int]:
+    """The units (of a hop of ``unit`` first-hop units each) that ``chunk`` holds."""
+    return {(chunk.start + k) // unit for k in range(len(chunk.items))}
+
+
+def settle_death(
+    books: RunBooks, dead: Dead, blame: Blame, lost: Sequence[Lost], idle_runs: int = 0
+) -> list[Work]:
+    """Charge the blamed units, fail those out of retries (the policy raises, or delivers a
+    ``Failed`` in their place), and return what runs again, in input order.
+
+    ``idle_runs``: with nothing charged, deaths in a row that charged nothing (bounded by
+    ``retries`` too).
+    """
+    retries = books.options.retries
+    runs = [books.charges.charge(dead.hop, i) for i in blame.charged] or [idle_runs]
+    spared: set[int] = set()  # output units failed instead of re-run
+    if max(runs) > retries:
+        error = _error(books, dead, blame, sum(len(c.items) for c in lost))
+        unit = books.hops[dead.hop].unit
+        for index in [blame.culprit] if blame.culprit is not None else blame.charged:
+            out = index * unit // books.align
+            if out in spared:
+                continue
+            spared.add(out)
+            chunk = next(c for c in lost if c.start <= out * books.align < c.end)
+            items = books.unit_items(chunk.items, chunk.start, out)
+            books.fail(out, error, items, books.hops[dead.hop].name)
+        if not spared:  # nothing of ours to blame: raise, or go on
+            books.policy.settle(error, None, books.hops[dead.hop].name)
+    return _requeue(books, blame, lost, spared, books.hops[dead.hop].unit)
+
+
+def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied | ItemTimeout:
     """The error for a death whose charged units are out of retries."""
-    code = w.proc.exitcode
-    how = describe_exitcode(code)
+    options, chain = books.options, books.chain
     tries = after_retries(options.retries)
-    who = chain.who(w.hop, w.index)
-    hop = chain.hops[w.hop]
+    hop = chain.hops[dead.hop]
 
-    def plain(index: int) -> str:  # the worker's stage is named already
-        return options.label(index) if w.hop == 0 else item_label(index, hop.batch)
+    def span(chunk: Lost) -> str:
+        first, last = chunk.start // hop.unit, (chunk.end - 1) // hop.unit
+        if first == last:
+            return chain.label(dead.hop, first, options)
+        return f"{chain.label(dead.hop, first, options)} .. {item_label(last, None)}"
 
-    def reported(index: int) -> int:
-        return options.global_index(index) if w.hop == 0 else index
+    def died(doing: str, index: int | None, shown: str = "") -> WorkerDied:
+        msg = f"{dead.who} on {dead.device}{dead.where} died ({dead.how}){doing}{tries}{shown}"
+        return WorkerDied(msg, dead.device, dead.index, dead.code, index)
 
-    also = ""
-    if blame.suspect is not None:
-        first = blame.suspect.start // hop.unit
-        last = (blame.suspect.end - 1) // hop.unit
-        also = f"the results of {chain.label(w.hop, first, options)} .. {item_label(last, None)}"
+    def timed_out(what: str, index: int, being: str = "", shown: str = "") -> ItemTimeout:
+        msg = (
+            f"{what} ran past timeout={options.timeout}s on {dead.device} ({dead.who}"
+            f"{dead.where}){being}; the {dead.kind} was killed{tries}{shown}"
+        )
+        return ItemTimeout(msg, "<timeout>", dead.device, dead.index, index)
+
+    also = "" if blame.suspect is None else f"the results of {span(blame.suspect)}"
     culprit = blame.culprit
-    doing = "running" if blame.unpickling is None else "unpickling"
     if culprit is not None:
-        label = plain(culprit)
+        label = options.label(culprit) if dead.hop == 0 else item_label(culprit, hop.batch)
         shown = ""
-        if w.hop == 0 and blame.holder is not None:
+        if dead.hop == 0 and blame.holder is not None:
             shown = f" (item: {short_repr(blame.holder.items[culprit - blame.holder.start])})"
         if also:
             shown += f" while sending {also}"
-        if w.timed_out is not None:
-            being = "" if blame.unpickling is None else ", unpickling it included"
-            msg = (
-                f"{label} ran past timeout={options.timeout}s on {w.device} ({who}){being}; "
-                f"the worker was killed{tries}{shown}"
-            )
-            return ItemTimeout(msg, "<timeout>", w.device, w.index, reported(culprit))
-        msg = f"{who} on {w.device} died ({how}) while {doing} {label}{tries}{shown}"
-        return WorkerDied(msg, w.device, w.index, code, reported(culprit))
-    if blame.unpickling is not None:  # a chunk of several units: which one is not known
-        first = blame.unpickling.start // hop.unit
-        last = (blame.unpickling.end - 1) // hop.unit
-        span = f"{chain.label(w.hop, first, options)} .. {item_label(last, None)}"
-        if w.timed_out is not None:
-            msg = (
-                f"unpickling {span} ran past timeout={options.timeout}s on {w.device} "
-                f"({who}); the worker was killed{tries}"
-            )
-            return ItemTimeout(msg, "<timeout>", w.device, w.index, reported(first))
-        msg = f"{who} on {w.device} died ({how}) while unpickling {span}{tries}"
-        return WorkerDied(msg, w.device, w.index, code, reported(first))
+        index = books.index(dead.hop, culprit)
+        if dead.timed_out:
+            being = "" if blame.doing == "running" else f", {blame.doing} it included"
+            return timed_out(label, index, being, shown)
+        return died(f" while {blame.doing} {label}", index, shown)
+    if blame.unknown is not None:  # a chunk of several units: which one is not known
+        what = f"{blame.doing} {span(blame.unknown)}"
+        first = books.index(dead.hop, blame.unknown.start // hop.unit)
+        return timed_out(what, first) if dead.timed_out else died(f" while {what}", first)
     if blame.suspect is not None:
-        msg = f"{who} on {w.device} died ({how}) while sending {also}{tries}"
-        index = reported(blame.suspect.start // hop.unit)
-        return WorkerDied(msg, w.device, w.index, code, index)
-    holding = f" holding {held} item(s)" if held else ""
-    msg = f"{who} on {w.device} died ({how}){holding}{tries}"
-    return WorkerDied(msg, w.device, w.index, code)
+        index = books.index(dead.hop, blame.suspect.start // hop.unit)
+        return died(f" while sending {also}", index)
+    return died(f" holding {held} item(s)" if held else "", None)
 
 
-def requeue(
-    lost: Sequence[Chunk], blame: Blame, unit: int, align: int, spared: set[int]
+def _requeue(
+    books: RunBooks, blame: Blame, lost: Sequence[Lost], spared: set[int], unit: int
 ) -> list[Work]:
-    """What to run again, in input order: every lost chunk, the culprit's units alone (so
-    it is pinned down), without the output units ``spared`` (failed instead, when the run
-    goes on; an output unit is ``align`` first-hop units), the others one per chunk. A chunk
-    that was being unpickled, its culprit unknown, runs again one output unit per chunk."""
+    """What to run again, in input order: every lost chunk, the culprit's output unit alone
+    (so it is pinned down), without the output units ``spared``; a chunk whose unit at fault
+    is unknown (or, once something is spared, every chunk) one output unit per chunk."""
+    align = books.align
     out: list[Work] = []
     for chunk in sorted(lost, key=lambda c: c.start):
         start, items = chunk.start, chunk.items
-        if spared or (chunk is blame.unpickling and blame.culprit is None):
-            out.extend(
-                Work(start + a, items[a : a + align])
-                for a in range(0, len(items), align)
-                if (start + a) // align not in spared
-            )
+        if spared or (chunk is blame.unknown and blame.culprit is None):
+            out.extend(books.rerun(Work(start, items), spared))
         elif chunk is blame.holder and blame.culprit is not None:
             a = (blame.culprit * unit) // align * align
             b = a + align

@@ -18,13 +18,8 @@ from typing import Any, Protocol
 import attrs
 import cloudpickle
 
-from easycore._errors import (
-    EasycoreError,
-    ItemTimeout,
-    WorkerDied,
-    after_retries,
-    item_label,
-)
+from easycore._errors import EasycoreError
+from easycore._exec.blame import Blame, Dead, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Segment, Work
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.ray_actor import Broken, Meta, Packed, Placement
@@ -67,10 +62,12 @@ class Actor:
             return self.task(*args)
         return self.handle.run.options(num_returns=2).remote(*args)
 
-    def describe(self, chain: Chain) -> str:
+    def who(self, chain: Chain) -> str:
         kind = "Ray task" if self.task is not None else "Ray actor"
-        who = chain.who(self.hop, self.index).replace("worker", kind, 1)
-        return f"{who} on {self.device}" + (f", {self.where}" if self.where else "")
+        return chain.who(self.hop, self.index).replace("worker", kind, 1)
+
+    def describe(self, chain: Chain) -> str:
+        return f"{self.who(chain)} on {self.device}" + (f", {self.where}" if self.where else "")
 
 
 @attrs.define(eq=False)
@@ -240,7 +237,7 @@ class RayRun:
                 self.on_death(dead, exc, culprit=None)
             else:  # a task's process died: that chunk alone was running there
                 self.forget(chunk)
-                books.again(self.blame(dead, chunk.work, exc, None))
+                books.again(self.blame(dead, [chunk.work], exc, None))
             if ref in self.pending:  # it was not the dead actor's: run it again as it is
                 self.forget(chunk)
                 books.again([Work(chunk.start, chunk.work.items)])
@@ -314,87 +311,52 @@ class RayRun:
 
         ``culprit``: the unit (of ``actor``'s hop) known to be in hand (a timeout).
         """
-        lost = list(actor.queue)
-        for chunk in lost:
+        lost = [chunk.work for chunk in actor.queue]
+        for chunk in list(actor.queue):
             self.forget(chunk)
         # A sync actor runs its chunks in order, so the oldest it had was running, unless
         # replies of chunks it finished died with it (a reply goes out on Ray's own thread,
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
         # alone, where a death names it. (retries=0 raising names the oldest.)
-        unpickling = culprit == int(UNPICKLING)  # the oldest chunk, not one unit of it
-        if unpickling:
-            culprit = None
-        ambiguous = not unpickling and culprit is None and len(lost) > 1 and self.books.pins_down()
-        again: list[Work] = []
-        for n, chunk in enumerate(lost):
-            if ambiguous:
-                again.append(Work(chunk.start, chunk.work.items, solo=True))
-            elif n > 0:  # queued behind the running one: innocent
-                again.append(chunk.work)
-            else:
-                again.extend(self.blame(actor, chunk.work, exc, culprit))  # (may raise)
+        if culprit is None and len(lost) > 1 and self.books.pins_down():
+            again = [Work(work.start, work.items, solo=True) for work in lost]
+        else:
+            again = self.blame(actor, lost, exc, culprit)  # (may raise)
         self.engine.replace(actor)
         self.books.again(again)
 
     def blame(
-        self, actor: Actor, work: Work, exc: BaseException, culprit: int | None
+        self, actor: Actor, lost: list[Work], exc: BaseException, culprit: int | None
     ) -> list[Work]:
-        """What of the chunk ``actor`` was running when it died runs again."""
+        """Blame the oldest chunk ``actor`` had (the one it was running) for its death;
+        what runs again. ``culprit``: the unit in hand, known from a timeout (or
+        ``UNPICKLING``: the chunk's items were being unpickled)."""
         books = self.books
-        hop = self.hops[actor.hop]
-        first, end = work.start // books.align, -(-work.end // books.align)
+        unit = self.hops[actor.hop].unit
+        work = lost[0]
+        units = sorted({(work.start + k) // unit for k in range(len(work.items))})
+        doing = "unpickling" if culprit == int(UNPICKLING) else "running"
+        if doing == "unpickling" or culprit is None:
+            culprit = units[0] if len(units) == 1 else None
+        outs = -(-work.end // books.align) - work.start // books.align
         if culprit is not None:
-            suspects = [culprit * hop.unit // books.align]
-        elif end - first == 1:
-            suspects = [first]
-        elif not books.pins_down():
-            suspects = list(range(first, end))  # which one is unknown; none may re-run
-        else:  # split it: a death of one alone pins the culprit down
-            return books.rerun(work)
-        failed = set()
-        for o in suspects:
-            if culprit is not None:
-                runs = books.charges.charge(actor.hop, culprit)
-            else:  # every unit of the actor's hop in output unit o
-                u = hop.unit
-                units = range(o * books.align // u, -(-(o + 1) * books.align // u))
-                runs = max([books.charges.charge(actor.hop, i) for i in units])
-            if runs <= self.options.retries:
-                continue
-            error = self.death_error(actor, exc, work, o, culprit)
-            failed.add(o)
-            books.fail(o, error, books.unit_items(work.items, work.start, o), hop.name)
-        return books.rerun(work, failed)
-
-    def death_error(
-        self, actor: Actor, exc: BaseException, work: Work, out: int, culprit: int | None
-    ) -> BaseException:
-        books = self.books
-        tries = after_retries(self.options.retries)
-        who = actor.describe(self.chain)
-        if culprit is not None:
-            label = books.label(actor.hop, culprit)
-            msg = (
-                f"{label} ran past timeout={self.options.timeout}s on {who}; "
-                f"the actor was killed{tries}"
-            )
-            index = books.index(actor.hop, culprit)
-            return ItemTimeout(msg, "<timeout>", actor.device, actor.index, index)
-        first, end = work.start // books.align, -(-work.end // books.align)
-        if end - first == 1:
-            label = books.label(len(self.hops) - 1, out)
-        else:
-            label = f"{self.options.label(work.start)} .. {item_label(end - 1, None)}"
-        if isinstance(exc, TimeoutError):  # killed while unpickling the chunk's items
-            msg = (
-                f"unpickling {label} ran past timeout={self.options.timeout}s on {who}; "
-                f"the actor was killed{tries}"
-            )
-            index = books.index(0, first)
-            return ItemTimeout(msg, "<timeout>", actor.device, actor.index, index)
-        msg = f"{who} died while running {label}{tries}: {first_line(exc)}"
-        return WorkerDied(msg, actor.device, actor.index, None, books.index(0, first))
+            blame = Blame(culprit, work, None, (culprit,), None, doing)
+        elif outs == 1 or not books.pins_down():  # every unit of it is charged
+            blame = Blame(None, None, None, tuple(units), work, doing)
+        else:  # split it, charging nothing: a death of one alone pins the culprit down
+            blame = Blame(None, None, None, (), work, doing)
+        dead = Dead(
+            actor.hop,
+            actor.index,
+            actor.device,
+            actor.who(self.chain),
+            first_line(exc),
+            timed_out=isinstance(exc, TimeoutError),  # (check_clock: past the timeout)
+            where=f", {actor.where}" if actor.where else "",
+            kind="actor",
+        )
+        return settle_death(books, dead, blame, lost)
 
     def check_clock(self) -> None:
         """Units past ``timeout`` have had their actors killed: deaths charging them."""

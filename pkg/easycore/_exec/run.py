@@ -28,12 +28,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from easycore._errors import (
-    EasycoreError,
-    SerializationError,
-    item_label,
-)
-from easycore._exec.blame import assign_blame, death_error, requeue
+from easycore._errors import EasycoreError, SerializationError, describe_exitcode, item_label
+from easycore._exec.blame import Dead, assign_blame, settle_death
 from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment, Work
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
@@ -368,32 +364,20 @@ class Run:
     # -- deaths ----------------------------------------------------------------------------
     def on_death(self, w: Worker) -> None:
         """A worker is gone: blame what it held, charge retries, re-queue, respawn it."""
-        books = self.books
         running, lost = self.ledger.forget(w)
         assert self.workers.slots is not None
-        unit = self.hops[w.hop].unit
-        blame = assign_blame(w, self.workers.slots, running, lost, unit)
-        runs = [books.charges.charge(w.hop, index) for index in blame.charged]
+        blame = assign_blame(w, self.workers.slots, running, lost, self.hops[w.hop].unit)
         if not blame.charged:
             self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
-            runs = [self.idle_deaths[w.slot]]
-        spared: set[int] = set()  # output units failed instead of re-run
-        if max(runs) > self.options.retries:
-            held = sum(len(c.items) for c in lost)
-            error = death_error(w, blame, held, self.chain, self.options)
-            culprit = blame.culprit
-            for index in [culprit] if culprit is not None else blame.charged:
-                out = index * unit // books.align
-                if out in spared:
-                    continue
-                spared.add(out)
-                chunk = next(c for c in lost if c.start <= out * books.align < c.end)
-                items = books.unit_items(chunk.items, chunk.start, out)
-                books.fail(out, error, items, self.hops[w.hop].name)
-            if not spared:  # nothing of ours to blame: raise, or go on
-                books.policy.settle(error, None, self.hops[w.hop].name)
+        code = w.proc.exitcode
+        who = self.chain.who(w.hop, w.index)
+        dead = Dead(
+            w.hop, w.index, w.device, who, describe_exitcode(code), code, w.timed_out is not None
+        )
         # Re-run what it had ahead of new input.
-        books.again(requeue(lost, blame, unit, books.align, spared))
+        self.books.again(
+            settle_death(self.books, dead, blame, lost, self.idle_deaths.get(w.slot, 0))
+        )
         self.workers.respawn(w.slot)
 
     # -- an early stop -----------------------------------------------------------------------
