@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._errors import EasycoreError, SerializationError, describe_exitcode, item_label
@@ -33,7 +33,7 @@ from easycore._exec.blame import Dead, assign_blame, settle_death
 from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment, Work
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sources import Source
+from easycore._exec.sources import Source, source_of
 from easycore._exec.workers import Worker, WorkerSet
 from easycore._options import RunOptions
 from easycore._protocol import (
@@ -413,13 +413,7 @@ class Run:
 
     def let_go(self) -> None:
         """Drop the input and results once the run is over (stats() keeps the counters)."""
-        self.books.source = _Ended()
+        self.books.source = source_of(())
         self.books.clear()
         self.ledger.clear()
 
-
-class _Ended(Source):
-    exhausted = True
-
-    def take(self, n: int) -> Sequence[Any]:
-        return []
