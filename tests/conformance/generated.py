@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
+import shutil
 import sys
+import tempfile
 import uuid
 from contextvars import ContextVar
 from pathlib import Path
@@ -30,7 +33,7 @@ from reference import (
     reference,
 )
 
-from easycore import WorkerError, compose, consumer, item_seed, producer
+from easycore import WorkerError, compose, consumer, item_seed, producer, write
 
 ENGINES = ("inline", "processes", "ray")
 MAX_WORKERS = 6  # over all pools (the suite's Ray has 8 CPUs)
@@ -80,6 +83,7 @@ def cases(draw: Any, resume: bool = False) -> Case:
         kind = draw(st.sampled_from(["sum", "list"])) if ordered else "sum"
         fails_at = draw(st.none() | st.integers(0, 5)) if ordered else None
         consumer_spec = ConsumerSpec(kind, fails_at)
+    sink = consumer_spec is None and draw(st.sampled_from([False, False, True]))
     items = draw(st.lists(st.integers(0, 200), unique=True, max_size=40))
     return Case(
         pools=tuple(pools),
@@ -90,6 +94,7 @@ def cases(draw: Any, resume: bool = False) -> Case:
         errors=draw(st.sampled_from(["raise", "skip"])),
         retries=draw(st.integers(0, 2)),
         consumer=consumer_spec,
+        sink=sink,
         interrupt_after=draw(st.integers(0, 12)) if resume else None,
     )
 
@@ -156,8 +161,8 @@ def _run_number(calls: Path) -> Path:
     return calls.with_name(calls.name + ".run")
 
 
-def build(case: Case, calls: Path | None = None) -> Any:
-    """The easycore pipeline of ``case``."""
+def build(case: Case, calls: Path | None = None, out: Path | None = None) -> Any:
+    """The easycore pipeline of ``case`` (``out``: the folder of its sink, if it has one)."""
     token = uuid.uuid4().hex
     parts: list[Any] = []
     for h, pool in enumerate(case.pools):
@@ -165,6 +170,12 @@ def build(case: Case, calls: Path | None = None) -> Any:
             make_stage(s, token, calls if h == 0 and k == 0 else None, pool, k)
             for k, s in enumerate(pool.stages)
         ]
+        if case.sink and h == len(case.pools) - 1:
+
+            def row(y: int) -> dict[str, int]:  # (a closure: it travels by value)
+                return {"y": y}
+
+            stages.append(producer(row))  # a sink writes mappings
         p = compose(*stages)
         if pool.workers is not None:
             p = p.on(pool.workers, batch_size=pool.batch_size, concurrency=pool.concurrency)
@@ -172,7 +183,24 @@ def build(case: Case, calls: Path | None = None) -> Any:
     spec = case.consumer
     if spec is not None:
         parts.append(make_consumer(spec))
+    if case.sink:
+        assert out is not None
+        parts.append(write.jsonl(out))
     return compose(*parts)
+
+
+def read_back(out: Path, written: Any = None) -> list[int]:
+    """The values a sink's files hold, in the order of the files' names (input order), after
+    checking that no file is left half-written and (given ``map``'s ``Written``) that the
+    committed files are the ones on disk."""
+    names = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert not [n for n in names if n.startswith(".")], names
+    if written is not None:
+        assert sorted(Path(f).name for f in written.files) == names, (written.files, names)
+    values = [json.loads(line)["y"] for n in names for line in (out / n).read_text().splitlines()]
+    if written is not None:
+        assert written.rows == len(values)
+    return values
 
 
 def make_consumer(spec: ConsumerSpec) -> Any:
@@ -219,16 +247,23 @@ def _raised(exc: BaseException) -> Raised:
 def run_case(case: Case, engine: str) -> tuple[Outcome, BaseException | None, list[Any]]:
     """Run ``case`` on ``engine`` on an open runner: (what came back, the error raised,
     the runner's stats)."""
-    pipeline = build(case)
+    out = Path(tempfile.mkdtemp(prefix="conformance-")) / "out" if case.sink else None
+    pipeline = build(case, out=out)
     kw = run_options(case, engine)
     failures: list[Any] = []
     open_kw = {k: kw.pop(k) for k in ("devices", "engine", "concurrency") if k in kw}
-    with pipeline.open(**open_kw) as runner:
-        try:
-            value = runner.map(list(case.items), on_error=failures.append, **kw)
-        except WorkerError as exc:
-            return Outcome(raised=(_raised(exc),)), exc, []
-        stats = runner.stats()
+    try:
+        with pipeline.open(**open_kw) as runner:
+            try:
+                value = runner.map(list(case.items), on_error=failures.append, **kw)
+            except WorkerError as exc:
+                return Outcome(raised=(_raised(exc),)), exc, []
+            stats = runner.stats()
+        if out is not None:
+            value = read_back(out, value)
+    finally:
+        if out is not None:
+            shutil.rmtree(out.parent)
     got = tuple((f.index, f.item, f.stage) for f in failures)
     return Outcome(value, got), None, stats
 
@@ -285,7 +320,8 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
     calls.mkdir()
     _run_number(calls).write_text("1")
     db = tmp / f"{uuid.uuid4().hex}.db"
-    pipeline = build(case, calls)
+    out = tmp / f"out-{uuid.uuid4().hex}" if case.sink else None
+    pipeline = build(case, calls, out)
     taken: list[Any] = []
     it = pipeline.imap(
         list(case.items), resume=db, on_error=lambda f: None, **run_options(case, first)
@@ -309,11 +345,13 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
         value = pipeline.map(
             list(case.items), resume=db, on_error=failures.append, **run_options(case, then)
         )
+        if out is not None:  # every file of the job, those of the first run included
+            value = read_back(out, value)
         got = Outcome(value, tuple((f.index, f.item, f.stage) for f in failures))
     except WorkerError as exc:
         error, got = exc, Outcome(raised=(_raised(exc),))
     check_outcome(case, then, want, got, error)
-    if case.ordered and not want.raised:
+    if case.ordered and not want.raised and not case.sink:
         # the first len(taken) output units were delivered, so recorded: not run again
         align, first_batch = case.align, case.pools[0].batch_size or 1
         delivered = set()

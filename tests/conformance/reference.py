@@ -18,6 +18,9 @@ time, with no process, no chunk and no retry machinery:
   ``"skip"`` the output unit is left out and reported as a ``Failure(index=output unit,
   item=its first-pool unit(s), stage)``, where several of its units failed, the stage of
   the one that failed at the earliest pool (the first in input order among those);
+* a sink (``write.jsonl``, in place of a consumer) writes the output values; its files,
+  read back in the order of their names, hold what a ``map`` without it returns (in input
+  order with ``ordered=True``; unordered, the same values);
 * the consumer folds the output values in order (or, unordered, in any order: the suite's
   unordered consumers are order-free); a consumer that raises on the k-th value is a
   ``WorkerError`` naming output unit k's index.
@@ -108,6 +111,7 @@ class Case:
     errors: str = "raise"
     retries: int = 0
     consumer: ConsumerSpec | None = None
+    sink: bool = False  # ends in write.jsonl (the values, read back from its files)
     interrupt_after: int | None = None  # resume cases: results taken before the stop
 
     @property

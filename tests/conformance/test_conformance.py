@@ -43,6 +43,7 @@ TWO_POOLS_FAIL = Case(
 @given(case=cases())
 @example(case=TWO_POOLS_FAIL)
 @example(case=attrs.evolve(TWO_POOLS_FAIL, errors="raise"))
+@example(case=attrs.evolve(TWO_POOLS_FAIL, sink=True, items=(0, 2, 5, 9, 11, 12)))
 def test_local_engines_agree_with_the_reference(engine, case):
     """Results, order, Failure records, the raised error and stats() equal the reference."""
     check(case, engine)
@@ -52,6 +53,10 @@ def test_local_engines_agree_with_the_reference(engine, case):
 @SETTINGS
 @given(case=cases(resume=True), then=st.sampled_from(["inline", "processes"]))
 @example(case=attrs.evolve(TWO_POOLS_FAIL, ordered=False, interrupt_after=0), then="inline")
+@example(
+    case=attrs.evolve(TWO_POOLS_FAIL, sink=True, items=tuple(range(20)), interrupt_after=2),
+    then="inline",
+)
 def test_a_run_stopped_and_resumed_gives_the_uninterrupted_result(first, then, case, tmp_path):
     """A run stopped after some results and resumed from its ledger, on the same engine or
     another, gives the reference's outcome and computes nothing delivered before again."""

@@ -3,6 +3,7 @@ Ray; 8 logical CPUs, so that every generated pool fits)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from generated import cases, check, check_resumed
 from hypothesis import example, given, settings
@@ -29,6 +30,7 @@ def no_leaks():
 @settings(SETTINGS, max_examples=RAY_EXAMPLES)
 @given(case=cases())
 @example(case=TWO_POOLS_FAIL)
+@example(case=attrs.evolve(TWO_POOLS_FAIL, sink=True, items=(0, 2, 5, 9, 11, 12)))
 def test_ray_agrees_with_the_reference(case):
     """Results, order, Failure records, the raised error and stats() equal the reference."""
     check(case, "ray")
