@@ -3,6 +3,8 @@ inline, worker processes and Ray (a real local Ray with 2 CPUs)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from easycore import WorkerError, consumer, producer
@@ -99,6 +101,24 @@ class TestOneBookkeeping:
         with pytest.raises(WorkerError, match="no model") as info:
             (first.on(1) >> late.on(1)).map(range(4), **where(engine))
         assert info.value.worker == 0
+
+    def test_stats_after_a_run_describe_that_run(self, engine):
+        """stats() after a run is that run's: its busy share does not fade while the runner
+        waits (it faded inline and on Ray, whose runs never marked their end)."""
+
+        @producer
+        def slow(x):
+            time.sleep(0.01)
+            return x
+
+        kw = {"devices": "inline"} if engine == "inline" else {"devices": 1, **where(engine)}
+        with slow.open(**kw) as runner:
+            assert runner.map(range(20)) == list(range(20))
+            before = runner.stats()
+            time.sleep(0.5)
+            after = runner.stats()
+        assert before[0].done == after[0].done == 20
+        assert after[0].busy == before[0].busy > 0
 
 
 @pytest.mark.timeout(120, method="thread")  # the old wait took no signal

@@ -103,17 +103,17 @@ class InlineEngine:
             units = self._run_hop(units, stages, hop.index, books)
         yield PRIMED  # nothing runs ahead of the caller here
         bar = bars[-1] if bars else None
-        if self.prepared and self.prepared[-1].sink is not None:
-            # one segment per file's group: the run ledger records a file with all its units
-            for group in _written(units, self.prepared[-1], books):
+        # one segment per unit; with a sink, per file's group (the run ledger records a file
+        # with all its units)
+        sink = self.prepared[-1].sink if self.prepared else None
+        groups = _written(units, self.prepared[-1], books) if sink else ([u] for u in units)
+        try:
+            for group in groups:
                 if bar is not None:
                     bar.update(len(group))
                 yield Segment(group[0][0] * books.align, [v for _, v, _ in group])
-            return
-        for index, value, _ in units:
-            if bar is not None:
-                bar.update(1)
-            yield Segment(index * books.align, [value])
+        finally:
+            books.finished = time.monotonic()
 
     def _run_hop(
         self,

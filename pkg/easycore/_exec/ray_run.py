@@ -123,33 +123,36 @@ class RayRun:
 
         books = self.books
         live = books.source.wakeup() is not None
-        while True:
-            if not is_current():
-                msg = "the runner was closed while this run was going on"
-                raise RuntimeError(msg)
-            yield from books.deliver()
-            self.dispatch()
-            settled = not self.pending and not books.unsettled()
-            if settled and (books.source.exhausted or books.source.should_end(True)):
-                return
-            wait = POLL if live or self.options.timeout else 1.0
-            refs = list(self.pending)
-            if refs:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
-                if ready:
-                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                for ref in ready:
-                    if ref in self.pending:
-                        self.on_ready(ref)
-            elif live:
-                time.sleep(POLL)
-                books.source.drain_wakeups()
-            elif not (books.redo or books.deliverable()):
-                msg = f"easycore internal error: stalled with {books.taken} item(s) pending"
-                raise EasycoreError(msg)
-            if self.options.timeout is not None:
-                self.check_clock()
-            self.engine.recycle_idle()
+        try:
+            while True:
+                if not is_current():
+                    msg = "the runner was closed while this run was going on"
+                    raise RuntimeError(msg)
+                yield from books.deliver()
+                self.dispatch()
+                settled = not self.pending and not books.unsettled()
+                if settled and (books.source.exhausted or books.source.should_end(True)):
+                    return
+                wait = POLL if live or self.options.timeout else 1.0
+                refs = list(self.pending)
+                if refs:
+                    ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+                    if ready:
+                        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                    for ref in ready:
+                        if ref in self.pending:
+                            self.on_ready(ref)
+                elif live:
+                    time.sleep(POLL)
+                    books.source.drain_wakeups()
+                elif not (books.redo or books.deliverable()):
+                    msg = f"easycore internal error: stalled with {books.taken} item(s) pending"
+                    raise EasycoreError(msg)
+                if self.options.timeout is not None:
+                    self.check_clock()
+                self.engine.recycle_idle()
+        finally:
+            books.finished = time.monotonic()
 
     def dispatch(self) -> None:
         """Send chunks while the window has room: re-runs first, then new input.

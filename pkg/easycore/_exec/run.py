@@ -416,4 +416,3 @@ class Run:
         self.books.source = source_of(())
         self.books.clear()
         self.ledger.clear()
-
