@@ -12,20 +12,9 @@ import pytest
 
 import easycore
 from easycore import Failure, ItemTimeout, producer
-from local_http import HTTPFailed, aget, get, serving
+from local_http import HTTPFailed, aget, get
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serving() as state:
-        yield state
-
-
-@pytest.fixture(autouse=True)
-def _fresh(server):
-    server.reset()
 
 
 @producer
