@@ -450,14 +450,13 @@ class RayRun:
         # An actor is not asked mid-chunk: in flight are the units of the chunk it is on (its
         # oldest, once the hops before have finished it), up to its concurrency.
         flying = [0] * len(self.hops)
-        for pool in self.engine.pools:
-            for actor in pool:
-                on = actor.queue[0] if actor.queue else None
-                h = actor.hop
-                if on is None or any(m in self.pending for m in on.metas[:h]):
-                    continue
-                units = math.ceil(len(on.work.items) / self.hops[h].unit)
-                flying[h] += min(self.hops[h].concurrency, units)
+        for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:  # (snapshots)
+            queue = list(actor.queue)
+            h = actor.hop
+            if not queue or any(m in self.pending for m in queue[0].metas[:h]):
+                continue
+            units = math.ceil(len(queue[0].work.items) / self.hops[h].unit)
+            flying[h] += min(self.hops[h].concurrency, units)
         return self.books.stats(queued, [0] * len(self.hops), flying)
 
 
