@@ -21,6 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # `from strategies import ...`
 
 from helpers import HAS_CUDA  # (test modules import it from helpers too)
 
+# the local HTTP server's fixtures (`server`), for the tests of stages that wait
+pytest_plugins = ["local_http"]
+
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

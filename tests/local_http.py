@@ -10,6 +10,10 @@ the body ``<key>``. Query options make it misbehave, per path, which the tests c
 It counts requests per path and the most requests it held at once (``peak``). The clients
 (importable in workers: the tests directory is on their ``sys.path``) raise
 :class:`HTTPFailed` for anything but a ``200``.
+
+Its fixtures are a plugin of the suite (``pytest_plugins`` in ``tests/conftest.py``):
+``server``, one server per test module that asks for it, and ``fresh_server``, autouse,
+which resets the counts before each test that asks for ``server`` (other tests start none).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 
 class HTTPFailed(Exception):
@@ -113,6 +119,20 @@ def serving() -> Iterator[LocalServer]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    """A server for the test module (started by the first test that asks for it)."""
+    with serving() as state:
+        yield state
+
+
+@pytest.fixture(autouse=True)
+def fresh_server(request: pytest.FixtureRequest) -> None:
+    """Counts start from zero in each test that uses ``server`` (no server for the others)."""
+    if "server" in request.fixturenames:
+        request.getfixturevalue("server").reset()
 
 
 async def aget(url: str) -> str:

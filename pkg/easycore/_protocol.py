@@ -21,9 +21,9 @@ A worker to the next hop's worker: the same ``Task``, carrying the held results 
 
 Besides messages, each worker has one *slot* of ``SLOT_WIDTH`` doubles in a shared array
 (:class:`Slots`): the index of the unit in hand (or that a chunk is being unpickled), when it
-started, and the chunk whose results are being pickled or sent. The worker writes them
-without any message; the caller reads them when the worker dies or runs late, to know which
-item to blame.
+started, the chunk whose results are being pickled or sent, and how many units it runs now.
+The worker writes them without any message; the caller reads them when the worker dies or
+runs late, to know which item to blame (and for ``stats()``: items in flight).
 """
 
 from __future__ import annotations
@@ -226,7 +226,8 @@ class Done(NamedTuple):
     chunk_id: int
     values: list[Any]
     errors: list[tuple[int, ErrorReport]]  # (position in the chunk, what it raised)
-    elapsed: float
+    elapsed: float  # the worker's seconds on the chunk (wall time)
+    busy: float  # its slot-seconds: ``elapsed``, with units in flight together counted each
 
 
 class Held(NamedTuple):
@@ -234,6 +235,7 @@ class Held(NamedTuple):
     n_done: int  # units done
     errors: list[tuple[int, ErrorReport]]
     elapsed: float
+    busy: float  # as Done's
 
 
 class Sent(NamedTuple):
@@ -262,10 +264,11 @@ class EndFailed(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 # the shared slots
 # ---------------------------------------------------------------------------------------------
-SLOT_WIDTH = 3  # doubles per worker:
+SLOT_WIDTH = 4  # doubles per worker:
 AT_INDEX = 0  # the index of the unit in hand (within its hop), or UNPICKLING
 AT_STARTED = 1  # its start time when timed; RUNNING while a chunk runs untimed; IDLE
 AT_SENDING = 2  # the id of the chunk whose results are being pickled or sent, or NOT_SENDING
+AT_FLIGHT = 3  # units the worker is running now (up to its concurrency; 0 between chunks)
 IDLE = 0.0
 RUNNING = 1.0
 NOT_SENDING = -1.0
@@ -284,6 +287,7 @@ class Slots:
     def reset(self, slot: int) -> None:
         self.raw[SLOT_WIDTH * slot + AT_STARTED] = IDLE
         self.raw[SLOT_WIDTH * slot + AT_SENDING] = NOT_SENDING
+        self.raw[SLOT_WIDTH * slot + AT_FLIGHT] = 0.0
 
     def index(self, slot: int) -> float:
         return float(self.raw[SLOT_WIDTH * slot + AT_INDEX])
@@ -294,6 +298,10 @@ class Slots:
 
     def sending(self, slot: int) -> int:
         return int(self.raw[SLOT_WIDTH * slot + AT_SENDING])
+
+    def in_flight(self, slot: int) -> int:
+        """Units the worker is running now (a snapshot, written without any message)."""
+        return int(self.raw[SLOT_WIDTH * slot + AT_FLIGHT])
 
 
 def worker_view(raw: Any) -> Any:

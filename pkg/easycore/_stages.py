@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
 from easycore._inject import call_with, injected
 from easycore._protocol import (
+    AT_FLIGHT,
     AT_INDEX,
     AT_STARTED,
     CACHED,
@@ -177,6 +178,9 @@ class PreparedStages:
         self.is_async = any(is_async_fn(s.fn) for s in self.defs)
         # units go through run_many (concurrently), not the loop of old
         self.waits = self.is_async or concurrency > 1
+        # the last run_many's slot-seconds beyond its wall time (each unit in flight counts):
+        # a chunk's slot-time is its wall time plus this (0.0 for a hop that does not wait)
+        self.overlap = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -485,6 +489,9 @@ class PreparedStages:
             cur[at + AT_INDEX] = float(index)
             cur[at + AT_STARTED] = start + shift if timed else RUNNING
 
+        def flying(n: int) -> None:
+            cur[at + AT_FLIGHT] = float(n)
+
         jobs = []
         cached = []
         for k, unit in enumerate(units):
@@ -501,6 +508,7 @@ class PreparedStages:
             publish=publish,
             stop=stop,
             since=since,
+            flying=flying,
         )
         values: list[Any] = []
         errors: list[tuple[int, ErrorReport]] = []
@@ -527,6 +535,7 @@ class PreparedStages:
         publish: Publish | None = None,
         stop: Any = None,
         since: float | None = None,
+        flying: Callable[[int], None] | None = None,
     ) -> list[tuple[Any, StageFailure | None]]:
         """Run ``(index, unit)`` jobs, up to ``concurrency`` at once; results in job order.
 
@@ -535,10 +544,29 @@ class PreparedStages:
         (counted from ``since`` for the first, when given: its chunk's unpickling); plain
         stages on ``concurrency`` threads. ``publish`` hears of the oldest unit in flight.
         ``stop`` (an Event): units not started yet are left out, as ``(None, None)``.
+        ``flying`` hears how many units are in flight, at each change. Afterwards
+        :attr:`overlap` holds the slot-seconds the units spent in flight (each unit counted)
+        minus the call's wall time.
         """
+        flight = _Flight(publish, flying)
+        try:
+            return self._many(jobs, seed, numbering, allowed, timeout, flight, stop, since)
+        finally:
+            self.overlap = flight.close()
+
+    def _many(
+        self,
+        jobs: Sequence[tuple[int, Any]],
+        seed: int | None,
+        numbering: tuple[int, int],
+        allowed: Callable[[int], int],
+        timeout: float | None,
+        flight: _Flight,
+        stop: Any,
+        since: float | None,
+    ) -> list[tuple[Any, StageFailure | None]]:
         import concurrent.futures
 
-        flight = _Flight(publish)
         if self.is_async:
             return self.loop().run_until_complete(
                 self._amany(jobs, seed, numbering, allowed, timeout, flight, stop, since)
@@ -644,29 +672,53 @@ async def _awaited(value: Any) -> Any:
 
 
 class _Flight:
-    """The units in flight in one place, oldest first: the oldest goes to ``publish``."""
+    """The units in flight in one place, oldest first: the oldest goes to ``publish``, their
+    number to ``flying``; ``area`` sums the time each spent in flight (slot-seconds)."""
 
-    __slots__ = ("items", "lock", "n", "publish")
+    __slots__ = ("area", "began", "flying", "items", "last", "lock", "n", "publish")
 
-    def __init__(self, publish: Publish | None) -> None:
+    def __init__(self, publish: Publish | None, flying: Callable[[int], None] | None) -> None:
         self.publish = publish
+        self.flying = flying
         self.items: dict[int, tuple[int, float]] = {}
         self.lock = threading.Lock()
         self.n = 0
+        self.began = self.last = time.monotonic()
+        self.area = 0.0
+
+    def _tick(self) -> None:
+        """(under the lock) Before the number in flight changes: count the time since."""
+        now = time.monotonic()
+        self.area += len(self.items) * (now - self.last)
+        self.last = now
+
+    def close(self) -> float:
+        """Slot-seconds in flight minus the wall time since this flight began."""
+        with self.lock:
+            self._tick()
+            if self.flying is not None:
+                self.flying(0)
+            return self.area - (self.last - self.began)
 
     def begin(self, index: int, start: float) -> int:
         with self.lock:
+            self._tick()
             key = self.n
             self.n += 1
             self.items[key] = (index, start)
+            if self.flying is not None:
+                self.flying(len(self.items))
             if len(self.items) == 1 and self.publish is not None:
                 self.publish(index, start)
         return key
 
     def end(self, key: int) -> None:
         with self.lock:
+            self._tick()
             first = next(iter(self.items), None)
             del self.items[key]
+            if self.flying is not None:
+                self.flying(len(self.items))
             if self.publish is None or first != key:
                 return
             oldest = next(iter(self.items.values()), None)

@@ -47,6 +47,7 @@ import cloudpickle
 
 from easycore._devices import bind_gpus
 from easycore._protocol import (
+    AT_FLIGHT,
     AT_INDEX,
     AT_SENDING,
     AT_STARTED,
@@ -274,17 +275,23 @@ class _ToCaller:
         self.stages: PreparedStages | None = None  # set once init has run
 
     def deliver(
-        self, task: Task, units: Any, values: list[Any], errors: list[Any], elapsed: float
+        self,
+        task: Task,
+        units: Any,
+        values: list[Any],
+        errors: list[Any],
+        elapsed: float,
+        busy: float,
     ) -> None:
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if pickling kills us: this chunk
         try:
-            frame = self.caller.encode(Done(task.chunk_id, values, errors, elapsed))
+            frame = self.caller.encode(Done(task.chunk_id, values, errors, elapsed, busy))
         except Exception:
             failed = {k for k, _ in errors}
             for k in range(len(values)):
                 if k not in failed:
                     self._make_picklable(task, units, values, errors, k)
-            frame = self.caller.encode(Done(task.chunk_id, values, errors, elapsed))
+            frame = self.caller.encode(Done(task.chunk_id, values, errors, elapsed, busy))
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -354,13 +361,19 @@ class _ToNextHop:
 
     # main thread
     def deliver(
-        self, task: Task, units: Any, values: list[Any], errors: list[Any], elapsed: float
+        self,
+        task: Task,
+        units: Any,
+        values: list[Any],
+        errors: list[Any],
+        elapsed: float,
+        busy: float,
     ) -> None:
         if errors:  # the caller decides: fail the run, or re-run the chunk's others
-            _send(self.caller, Held(task.chunk_id, len(values), errors, elapsed))
+            _send(self.caller, Held(task.chunk_id, len(values), errors, elapsed, busy))
             return
         self.inbox.put(("held", task.chunk_id, task._replace(units=values)))
-        _send(self.caller, Held(task.chunk_id, len(values), [], elapsed))
+        _send(self.caller, Held(task.chunk_id, len(values), [], elapsed, busy))
 
     # reader thread
     def forward(self, chunk_id: int, key: int, peer: Channel | None) -> None:
@@ -570,13 +583,17 @@ def _serve(
             units = [units[i : i + spec.group] for i in range(0, len(units), spec.group)]
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
+        if not stages.waits:
+            cur[at + AT_FLIGHT] = 1.0  # (a hop that waits counts its units in flight itself)
         values, errors = stages.run_chunk(
             units, task.start // spec.unit, task, cur, at, stop, since=t0
         )
         cur[at + AT_STARTED] = IDLE
+        cur[at + AT_FLIGHT] = 0.0
         if stop.is_set():
             return
-        outlet.deliver(task, units, values, errors, clock() - t0)
+        elapsed = clock() - t0
+        outlet.deliver(task, units, values, errors, elapsed, elapsed + stages.overlap)
         del units, values, task
         if upstream:
             _flush_releases(upstream)

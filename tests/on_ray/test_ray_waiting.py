@@ -7,25 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 
 import pytest
 
 import easycore
 from easycore import Failure, ItemTimeout, producer
-from local_http import HTTPFailed, aget, get, serving
+from local_http import HTTPFailed, aget, get
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serving() as state:
-        yield state
-
-
-@pytest.fixture(autouse=True)
-def _fresh(server):
-    server.reset()
 
 
 @producer
@@ -120,3 +110,37 @@ def test_a_thread_item_past_the_timeout_replaces_the_actor(server):
     assert [v for v, _ in out] == [0, 2, 3, 4, 5]
     assert [f.index for f in failures] == [1]
     assert isinstance(failures[0].error, ItemTimeout)
+
+
+@pytest.mark.parametrize("init", [None, dict], ids=["tasks", "actor"])
+def test_stats_count_items_in_flight_and_busy_slots(tmp_path, init):
+    """One actor (or one slot of Ray tasks) at concurrency 4, its items held: 4 in flight;
+    released, each item holds its slot 0.2 s more: busy counts every slot's time (32 x 0.2
+    slot-seconds at least within the run's wall time, which one actor's own time could never
+    show)."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    started.mkdir()
+
+    @producer(init=init)
+    async def hold(x):
+        (started / str(x)).touch()
+        while not release.exists():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        return x
+
+    with hold.open(devices=1, concurrency=4, engine="ray") as runner:
+        t0 = time.monotonic()
+        results = runner.imap(range(32), prefetch=1)
+        while len(list(started.iterdir())) < 4:
+            assert time.monotonic() < t0 + 60, "the items never started"
+            time.sleep(0.02)
+        s = runner.stats()[0]
+        assert (s.slots, s.in_flight) == (4, 4)
+        assert len(list(started.iterdir())) == 4  # one item per slot, no more
+        release.touch()
+        assert list(results) == list(range(32))
+        took = time.monotonic() - t0
+        s = runner.stats()[0]
+    assert (s.in_flight, s.queued, s.done) == (0, 0, 32)
+    assert s.busy * s.slots * took >= 32 * 0.2 * 0.99, (s.busy, took)

@@ -454,6 +454,8 @@ class TestRunner:
         assert [s.devices for s in stats] == [("cpu", "cpu"), ("cpu",)]
         assert [s.done for s in stats] == [200, 20]  # items for inc, batches for slow
         assert [s.queued for s in stats] == [0, 0]
+        assert [s.in_flight for s in stats] == [0, 0]
+        assert [s.slots for s in stats] == [2, 1]
         assert [s.waiting for s in stats] == [0, 0]
         assert all(0.0 <= s.busy <= 1.0 for s in stats)
         assert stats[1].busy > stats[0].busy  # the bottleneck shows
@@ -471,7 +473,8 @@ class TestRunner:
             for k, _ in enumerate(runner.imap(range(300))):
                 if k == 100:
                     seen = runner.stats()
-        assert seen[1].queued + seen[0].waiting > 0  # the slow pool has work lined up
+        # the slow pool has work lined up (held by its worker, or waiting for room in it)
+        assert seen[1].queued + seen[1].in_flight + seen[0].waiting > 0
         assert 0 < seen[1].done < 300
 
     def test_progress_bar_per_pool(self, capsys):

@@ -20,23 +20,12 @@ import pytest
 
 import easycore
 from easycore import Failure, ItemTimeout, WorkerError, consumer, producer
-from local_http import HTTPFailed, aget, get, serving
+from local_http import HTTPFailed, aget, get
 
 pytestmark = pytest.mark.timeout(90)
 
 PKG = str(Path(__file__).resolve().parents[2] / "pkg")
 TESTS = str(Path(__file__).resolve().parents[1])
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serving() as state:
-        yield state
-
-
-@pytest.fixture(autouse=True)
-def _fresh(server):
-    server.reset()
 
 
 @producer
@@ -313,7 +302,98 @@ class TestSeeds:
         assert easycore.item_seed() is None
 
 
+def held_stages(started: Path, release: Path) -> dict[str, object]:
+    """An async and a plain stage whose items touch ``started/<item>`` as they begin, then
+    wait until ``release`` exists."""
+
+    @producer
+    async def ahold(x):
+        (started / str(x)).touch()
+        while not release.exists():
+            await asyncio.sleep(0.01)
+        return x
+
+    @producer
+    def thold(x):
+        (started / str(x)).touch()
+        while not release.exists():
+            time.sleep(0.01)
+        return x
+
+    return {"async": ahold, "threads": thold}
+
+
+def wait_for_files(folder: Path, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(list(folder.iterdir())) < n:
+        assert time.monotonic() < deadline, f"{len(list(folder.iterdir()))} of {n} started"
+        time.sleep(0.02)
+
+
+class TestStats:
+    @pytest.mark.parametrize("kind", ["async", "threads"])
+    def test_in_flight_is_k_per_worker_while_items_wait(self, tmp_path, kind):
+        """2 workers at concurrency 4, prefetch 2 (each holds 2 chunks of 4), every item held:
+        4 items in flight per worker, the other 4 it holds queued; none once done."""
+        started, release = tmp_path / "started", tmp_path / "release"
+        started.mkdir()
+        stage = held_stages(started, release)[kind]
+        with stage.open(devices=2, concurrency=4) as runner:
+            results = runner.imap(range(40), prefetch=2)  # work starts now
+            wait_for_files(started, 8)
+            deadline = time.monotonic() + 30
+            while (s := runner.stats()[0]).queued != 8 and time.monotonic() < deadline:
+                time.sleep(0.02)  # (the chunks may still be on their way)
+            assert len(list(started.iterdir())) == 8  # each slot holds one item, no more
+            assert (s.concurrency, s.slots, s.in_flight, s.queued, s.done) == (4, 8, 8, 8, 0)
+            release.touch()
+            assert list(results) == list(range(40))
+            s = runner.stats()[0]
+        assert (s.in_flight, s.queued, s.done) == (0, 0, 40)
+
+    @pytest.mark.parametrize("kind", ["async", "threads"])
+    def test_busy_counts_every_slot(self, kind):
+        """64 items that each hold a slot 0.1 s on one worker at concurrency 8: the slots
+        were busy n * 0.1 slot-seconds at least within the map's wall time, which a worker's
+        own time (at most that wall time) could never show."""
+
+        @producer
+        async def anap(x):
+            await asyncio.sleep(0.1)
+            return x
+
+        @producer
+        def tnap(x):
+            time.sleep(0.1)
+            return x
+
+        n = 64
+        with (anap if kind == "async" else tnap).open(devices=1, concurrency=8) as runner:
+            t0 = time.monotonic()
+            assert runner.map(range(n)) == list(range(n))
+            took = time.monotonic() - t0
+            s = runner.stats()[0]
+        assert s.slots == 8 and 0.0 < s.busy <= 1.0
+        assert s.busy * s.slots * took >= n * 0.1 * 0.99, (s.busy, took)
+
+
 class TestInline:
+    def test_stats_count_the_item_in_hand(self):
+        """Inline, items run one at a time (concurrency does not apply): one slot, and the
+        item running is in flight."""
+        holder = {}
+
+        @producer
+        async def look(x):
+            s = holder["runner"].stats()[0]
+            return s.in_flight, s.slots
+
+        with look.open(devices="inline", concurrency=4) as runner:
+            holder["runner"] = runner
+            assert runner.map(range(3)) == [(1, 1)] * 3
+            s = runner.stats()[0]
+        assert (s.in_flight, s.done, s.concurrency) == (0, 3, 1)
+
     def test_async_stages_run_on_a_loop_in_the_caller(self, server, tmp_path):
         ends = tmp_path / "end"
 
@@ -376,20 +456,25 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[3])
     from easycore import producer
 
-    pids = sys.argv[1]
+    pids, started = sys.argv[1], sys.argv[4]
 
     def init():
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\\n")
 
+    def mark(x):
+        open(os.path.join(started, str(x)), "w").close()
+
     @producer(init=init)
     async def wait(x):
+        mark(x)
         await asyncio.sleep(100)
         return x
 
     @producer(init=init)
     def twait(x):
         import time
+        mark(x)
         time.sleep(100)
         return x
 
@@ -401,27 +486,32 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("kind", ["async", "threads"])
 def test_ctrl_c_with_items_in_flight_leaves_nothing(tmp_path, kind):
-    """Ctrl-C while 2 workers hold 8 waiting items each: KeyboardInterrupt, workers gone."""
+    """Ctrl-C once 2 workers hold 8 waiting items each (16 items have started: each touched
+    its marker): KeyboardInterrupt, workers gone."""
     import psutil
 
     pids = tmp_path / "pids"
+    started = tmp_path / "started"
+    started.mkdir()
     env = {**os.environ, "PYTHONPATH": PKG + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(pids), kind, TESTS],
+        [sys.executable, "-c", SCRIPT, str(pids), kind, TESTS, str(started)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while not (pids.exists() and len(pids.read_text().split()) == 2):
-        assert time.monotonic() < deadline, "workers never started"
-        time.sleep(0.05)
-    time.sleep(0.5)  # into their items
-    workers = [int(p) for p in pids.read_text().split()]
-    os.killpg(proc.pid, signal.SIGINT)
     try:
+        deadline = time.monotonic() + 60
+        while len(list(started.iterdir())) < 16:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the items never were all in flight"
+            time.sleep(0.05)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert len(workers) == 2
+        assert len(list(started.iterdir())) == 16  # 8 per worker, no more: each slot holds one
+        os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     finally:
         proc.kill()

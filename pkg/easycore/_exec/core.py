@@ -288,10 +288,11 @@ class RunBooks:
         size = min(s.size for s in self.sizers)
         self.chunk_size = max(self.align, size - size % self.align, self.least)
 
-    def count(self, hop: int, n: int, elapsed: float) -> None:
-        """``hop`` finished ``n`` of its units in ``elapsed`` seconds of work."""
+    def count(self, hop: int, n: int, busy: float) -> None:
+        """``hop`` finished ``n`` of its units in ``busy`` slot-seconds of work (its wall
+        time, with units in flight together counted each)."""
         self.done[hop] += n
-        self.busy[hop] += elapsed
+        self.busy[hop] += busy
         if self.bars is not None:
             self.bars[hop].update(n)
 
@@ -390,20 +391,37 @@ class RunBooks:
         """Something waits to be re-run or yielded."""
         return bool(self.redo or self.segments or self.ready)
 
-    def stats(self, queued: Sequence[int], waiting: Sequence[int]) -> list[StageStats]:
-        """Per hop: done, busy (of its workers' time), queued and waiting units."""
+    def stats(
+        self,
+        queued: Sequence[int],
+        waiting: Sequence[int],
+        in_flight: Sequence[int] | None = None,
+        concurrent: bool = True,
+    ) -> list[StageStats]:
+        """Per hop: done, busy (of its slots' time), queued, in flight and waiting units.
+
+        ``queued``: units at its workers and not finished, those in flight included (the
+        engine's snapshot); ``count`` summed slot-seconds into ``busy``. ``concurrent``:
+        False where units run one at a time whatever ``concurrency`` says (inline).
+        """
         wall = max((self.finished or time.monotonic()) - self.started, 1e-9)
-        return [
-            StageStats(
-                hop.name,
-                hop.devices,
-                done=self.done[h],
-                busy=min(1.0, self.busy[h] / (wall * len(hop.devices))),
-                queued=queued[h],
-                waiting=waiting[h],
+        out = []
+        for h, hop in enumerate(self.hops):
+            k = hop.concurrency if concurrent else 1
+            flying = 0 if in_flight is None else in_flight[h]
+            out.append(
+                StageStats(
+                    hop.name,
+                    hop.devices,
+                    done=self.done[h],
+                    busy=min(1.0, self.busy[h] / (wall * len(hop.devices) * k)),
+                    queued=max(0, queued[h] - flying),  # (snapshots taken apart)
+                    waiting=waiting[h],
+                    in_flight=flying,
+                    concurrency=k,
+                )
             )
-            for h, hop in enumerate(self.hops)
-        ]
+        return out
 
     def clear(self) -> None:
         """The run is over: drop its input and results (the counters stay, for stats)."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from easycore._config import CfgNode
 from easycore._exec.core import RAISE, ErrorPolicy
-from easycore._exec.plan import Chain, StageStats
+from easycore._exec.plan import Chain, StageStats, idle_stats
 from easycore._exec.run import Run
 from easycore._exec.sources import Source, source_of
 from easycore._exec.workers import WorkerSet
@@ -124,7 +124,7 @@ class ProcessEngine:
 
     def stats(self) -> list[StageStats]:
         if self.last_run is None:
-            return [StageStats(h.name, h.devices) for h in self.chain.hops]
+            return idle_stats(self.chain)
         return self.last_run.stats()
 
     def stop(self, grace: float | None, report: bool) -> None:

@@ -18,7 +18,7 @@ from easycore._config import CfgNode
 from easycore._errors import after_retries
 from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment
 from easycore._exec.engine import PRIMED
-from easycore._exec.plan import Chain, StageStats
+from easycore._exec.plan import Chain, StageStats, idle_stats
 from easycore._exec.sources import batched, source_of
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
@@ -38,6 +38,7 @@ class InlineEngine:
         self.cfg = cfg
         self.prepared: list[PreparedStages] = []
         self.books: RunBooks | None = None  # the last run's, for stats()
+        self.flying = [0] * len(chain.hops)  # per hop, the unit running now (0 or 1)
 
     def start(self) -> None:
         """Run every ``init``.
@@ -73,9 +74,9 @@ class InlineEngine:
 
     def stats(self) -> list[StageStats]:
         if self.books is None:
-            return [StageStats(h.name, h.devices) for h in self.chain.hops]
+            return idle_stats(self.chain, concurrent=False)
         nothing = [0] * len(self.chain.hops)  # nothing queued: a unit runs when it is pulled
-        return self.books.stats(nothing, nothing)
+        return self.books.stats(nothing, nothing, self.flying, concurrent=False)
 
     def stream(
         self,
@@ -134,9 +135,18 @@ class InlineEngine:
                 yield index, Failed(before.exc, item, before.stage, before.hop), origin
                 continue
             t0 = time.perf_counter()
-            value, failed = stages.run_retrying(  # (timeout: cancels an async unit)
-                unit, index, options.run_seed, options.retries, books.numbering, options.timeout
-            )
+            self.flying[hop] = 1
+            try:
+                value, failed = stages.run_retrying(  # (timeout: cancels an async unit)
+                    unit,
+                    index,
+                    options.run_seed,
+                    options.retries,
+                    books.numbering,
+                    options.timeout,
+                )
+            finally:
+                self.flying[hop] = 0
             books.count(hop, 1, time.perf_counter() - t0)
             if failed is not None:
                 what = f"while running {books.label(hop, index)}{after_retries(options.retries)}"

@@ -18,7 +18,7 @@ from easycore._errors import item_label
 from easycore._options import RunOptions
 from easycore._stages import StageDef
 
-__all__ = ["Chain", "Hop", "PipelineDef", "StageStats", "frozen_cfg", "plan_chain"]
+__all__ = ["Chain", "Hop", "PipelineDef", "StageStats", "frozen_cfg", "idle_stats", "plan_chain"]
 
 
 class PipelineDef(Protocol):
@@ -36,12 +36,27 @@ class PipelineDef(Protocol):
 class StageStats:
     """What one pool of a runner did in the run under way (or the last run).
 
+    Items are counted as the pool takes them: batches, for a pool with ``batch_size``.
+    An item sent to the pool's workers is first ``queued``, then ``in_flight``, then
+    ``done``; ``queued + in_flight`` is what its workers hold and have not finished.
+
     Attributes:
         name: the pool's name: its stages' names joined by ``" >> "``.
         devices: the pool's devices, one per worker.
-        done: items (batches, for a pool with ``batch_size``) it finished.
-        busy: the fraction of its workers' time spent computing since the run started.
-        queued: items sent to its workers and not finished.
+        concurrency: items each of its workers runs at once (``concurrency=k``; 1 inline,
+            where ``concurrency`` does not apply).
+        done: items it finished.
+        busy: the fraction of its slots' time (``slots`` times the run's wall time so far)
+            spent running items since the run started. An item holds a slot from its start
+            to its end, its waits (an ``await``, a blocking call on a thread) included; a
+            worker's time on a chunk outside its items (unpickling, writing) holds one slot.
+            With ``concurrency=1`` it is the fraction of its workers' time spent computing.
+        in_flight: items its workers are running at this moment (started and not finished;
+            at most ``slots``). Read from the workers as the run goes, without a message;
+            on ``engine="ray"`` the driver cannot ask an actor mid-chunk, so it counts the
+            items of the chunk each actor is on, up to its concurrency.
+        queued: items sent to its workers that are not done and not in flight: waiting in
+            a worker to start, or finished within a chunk the worker is still on.
         waiting: items it finished that wait for room in the next pool (a pool with many
             waiting items feeds a bottleneck).
     """
@@ -52,6 +67,13 @@ class StageStats:
     busy: float = 0.0
     queued: int = 0
     waiting: int = 0
+    in_flight: int = 0
+    concurrency: int = 1
+
+    @property
+    def slots(self) -> int:
+        """Items the pool can run at once: its workers times ``concurrency``."""
+        return len(self.devices) * self.concurrency
 
 
 @attrs.define(eq=False)
@@ -121,6 +143,14 @@ class Chain:
         if self.named:
             text += f" of stage {self.hops[hop].name!r}"
         return text
+
+
+def idle_stats(chain: Chain, concurrent: bool = True) -> list[StageStats]:
+    """Per hop, stats before any run (``concurrent``: False where units run one at a time)."""
+    return [
+        StageStats(h.name, h.devices, concurrency=h.concurrency if concurrent else 1)
+        for h in chain.hops
+    ]
 
 
 def plan_chain(

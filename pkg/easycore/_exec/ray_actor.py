@@ -65,6 +65,7 @@ class Meta(NamedTuple):
     n: int  # units run
     elapsed: float  # seconds the actor spent on them
     rss: int  # the actor's resident memory afterwards, in bytes (0 when unknown)
+    busy: float  # slot-seconds: ``elapsed``, with units in flight together counted each
 
 
 def rss_bytes() -> int:
@@ -235,8 +236,9 @@ class StageActor:
         if type(units) is Packed:
             units = self.unpack(units, base)
             if type(units) is Broken:  # they did not unpickle here: each unit fails
+                took = time.perf_counter() - t0
                 return [units._replace(unit=base + k) for k in range(units.unit)], Meta(
-                    0, time.perf_counter() - t0, rss_bytes()
+                    0, took, rss_bytes(), took
                 )
         if self.batch is not None:
             units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
@@ -261,7 +263,8 @@ class StageActor:
                 value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
         self.write_out(base, out, units, keys)
-        return out, Meta(n, time.perf_counter() - t0, rss_bytes())
+        took = time.perf_counter() - t0
+        return out, Meta(n, took, rss_bytes(), took)
 
     def _run_many(
         self,
@@ -306,7 +309,8 @@ class StageActor:
                 value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
         self.write_out(base, out, units, keys)
-        return out, Meta(len(jobs), time.perf_counter() - t0, rss_bytes())
+        took = time.perf_counter() - t0
+        return out, Meta(len(jobs), took, rss_bytes(), took + self.stages.overlap)
 
     def write_out(
         self, base: int, out: list[Any], units: Sequence[Any], keys: Sequence[Any] | None

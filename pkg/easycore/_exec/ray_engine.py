@@ -55,7 +55,7 @@ from easycore._errors import (
 )
 from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.engine import PRIMED
-from easycore._exec.plan import Chain, PipelineDef, StageStats, plan_chain
+from easycore._exec.plan import Chain, PipelineDef, StageStats, idle_stats, plan_chain
 from easycore._exec.ray_actor import StageActor, UnitClock, run_task
 from easycore._exec.ray_run import Actor, RayRun, first_line, ray_module
 from easycore._exec.sources import Source, source_of
@@ -583,7 +583,7 @@ class RayEngine:
 
     def stats(self) -> list[StageStats]:
         if self.last_run is None:
-            return [StageStats(h.name, h.devices) for h in self.chain.hops]
+            return idle_stats(self.chain)
         return self.last_run.stats()
 
     # -- runs --------------------------------------------------------------------------------

@@ -262,7 +262,7 @@ class RayRun:
         else:
             with contextlib.suppress(ValueError):
                 actor.queue.remove(chunk)
-        books.count(h, meta.n, meta.elapsed)
+        books.count(h, meta.n, meta.busy)
         books.measured(h, len(chunk.work.items), meta.elapsed)
         if self.memory is not None and meta.rss > self.memory:
             actor.retiring = True
@@ -412,7 +412,17 @@ class RayRun:
         queued = [0] * len(self.hops)
         for chunk, h in self.pending.values():
             queued[h] += math.ceil(len(chunk.work.items) / self.hops[h].unit)
-        return self.books.stats(queued, [0] * len(self.hops))
+        # An actor is not asked mid-chunk: in flight are the units of the chunk it is on (its
+        # oldest, once the hops before have finished it), up to its concurrency.
+        flying = [0] * len(self.hops)
+        for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:  # (snapshots)
+            queue = list(actor.queue)
+            h = actor.hop
+            if not queue or any(m in self.pending for m in queue[0].metas[:h]):
+                continue
+            units = math.ceil(len(queue[0].work.items) / self.hops[h].unit)
+            flying[h] += min(self.hops[h].concurrency, units)
+        return self.books.stats(queued, [0] * len(self.hops), flying)
 
 
 def first_line(exc: BaseException) -> str:

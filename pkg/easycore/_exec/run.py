@@ -93,7 +93,7 @@ class Run:
     # -- insight -----------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
         queued, waiting = self.ledger.units(self.hops)
-        return self.books.stats(queued, waiting)
+        return self.books.stats(queued, waiting, self.workers.in_flight())
 
     # -- the loop ----------------------------------------------------------------------------
     def loop(self) -> Iterator[Segment]:
@@ -296,7 +296,7 @@ class Run:
         books = self.books
         h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
-        books.count(h, n, msg.elapsed)
+        books.count(h, n, msg.busy)
         books.measured(h, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
         if self.recycling:
             w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)

@@ -276,6 +276,16 @@ class WorkerSet:
     def of_hop(self, hop: Hop) -> list[Worker]:
         return self.workers[hop.first_slot : hop.first_slot + len(hop.devices)]
 
+    def in_flight(self) -> list[int]:
+        """Per hop, the units its live workers are running now (read from the slots)."""
+        slots = self.slots
+        if slots is None:
+            return [0] * len(self.chain.hops)
+        return [
+            sum(slots.in_flight(w.slot) for w in self.of_hop(hop) if w.alive)
+            for hop in self.chain.hops
+        ]
+
     def pair(self, src: Worker, dst: Worker) -> tuple[int, int | None]:
         """The pipe from ``src`` to ``dst`` (next hop): its key, and ``src``'s end if new.
 
