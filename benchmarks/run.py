@@ -772,7 +772,7 @@ def targets(rows: list[Row]) -> list[Target]:
             frac = ec.median / skip.median if ec and skip else None
             out.append(Target(g, "resume time to first batch / skipping's", frac, 1.0, False))
         elif g == "W7 write":
-            by = {r.case.variant: r for r in rs if r.ok}
+            by = {r.case.variant: r for r in rs if r.case.lib == "easycore" and r.ok}
             wr, compute = by.get("write=parquet"), by.get("write=none")
             rds = [r for r in rs if r.case.lib == "raydata" and r.ok]
             rd = max(rds, key=lambda r: r.median, default=None)
@@ -951,7 +951,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5,"
-        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7 (W7 and 'W7 write'), W8",
+        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, 'W7 write', W8",
     )
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(
