@@ -442,9 +442,10 @@ def _plain_column(values: Any) -> Any:
     else:
         bits, nulls = None, 0
     if kinds in ({str}, {bytes}):
-        blank = "" if kinds == {str} else b""
-        data = [blank if v is None else v for v in values]
-        raw = [v.encode() for v in data] if kinds == {str} else data
+        if kinds == {str}:
+            raw = [b"" if v is None else v.encode() for v in values]
+        else:
+            raw = [b"" if v is None else v for v in values]
         ends = np.cumsum([len(d) for d in raw], dtype=np.int64)
         large = bool(ends[-1] >= 1 << 31)
         offsets = np.concatenate((np.zeros(1, np.int64), ends)).astype(
@@ -467,7 +468,7 @@ def _plain_column(values: Any) -> Any:
     if dtype is None:
         return None
     try:
-        arr = np.array([0 if v is None else v for v in values] if missing else values, dtype)
+        arr: Any = np.array([0 if v is None else v for v in values] if missing else values, dtype)
     except OverflowError:  # an int beyond int64: pa.array's business
         return None
     out = _flat(arr)
