@@ -562,6 +562,8 @@ class ShardWriter:
         keys: Sequence[Any] | None,
     ) -> list[tuple[int, BaseException]]:
         skipped = set(skip)
+        if self.sink.kind == "parquet" and self._single_rows(base, values, inputs, skipped, keys):
+            return []
         units: list[_Unit] = []
         errors: list[tuple[int, BaseException]] = []
         for k, value in enumerate(values):
@@ -595,6 +597,57 @@ class ShardWriter:
         if kept:
             values[kept[-1].pos] = Wrote(kept[-1].n, tuple(shards))
         return sorted(errors, key=lambda e: e[0])
+
+    def _single_rows(
+        self,
+        base: int,
+        values: list[Any],
+        inputs: Sequence[Any],
+        skipped: set[int],
+        keys: Sequence[Any] | None,
+    ) -> bool:
+        """Parquet, when every unit written is one row (a dict, for an item) with the same
+        columns, which is most chunks: the columns are taken from the rows at once, with no
+        object per row. False (nothing done) when a unit is anything else, or the rows do not
+        fit the file's schema: the general path then names the units at fault."""
+        at = [k for k in range(len(values)) if k not in skipped]
+        if not at or type(values[at[0]]) is not dict or not values[at[0]]:
+            return False
+        names = values[at[0]].keys()
+        n_in = len(inputs)
+        rows = [values[k] for k in at]
+        for k, row in zip(at, rows, strict=True):
+            if (
+                type(row) is not dict
+                or row.keys() != names
+                or (k < n_in and type(inputs[k]) is list)
+            ):
+                return False
+        cols: dict[str, Any] = {}
+        for name in names:
+            col = [row[name] for row in rows]
+            if any(t.__module__.startswith("torch") for t in {type(v) for v in col}):
+                col = [_to_numpy(v) for v in col]
+            cols[name if type(name) is str else str(name)] = col
+        align = self.sink.align
+        firsts = [(base + k) * align for k in at]
+        if self.sink.key_column is not None:
+            origin = base * align
+            cols[self.sink.key_column] = (
+                firsts if keys is None else [keys[f - origin] for f in firsts]
+            )
+        try:
+            table = self._fit(_table(cols, len(rows)))
+        except Exception:
+            return False
+        per = self._limits(table.num_rows, table.nbytes)
+        cuts = [(a, min(a + per, len(rows)), firsts[a], 0) for a in range(0, len(rows), per)]
+        shards = self._parquet_files(table, cuts)
+        one = Wrote(1)
+        for k in at[:-1]:
+            values[k] = one
+        values[at[-1]] = Wrote(1, tuple(shards))
+        return True
 
     # -- names -----------------------------------------------------------------------------
     def _names(self, key: int, offset: int) -> tuple[str, str]:
@@ -631,8 +684,6 @@ class ShardWriter:
 
     # -- formats ---------------------------------------------------------------------------
     def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
-        import pyarrow.parquet as pq
-
         units = [u for u in units if u.n]
         bad: list[tuple[int, BaseException]] = []
         table = None
@@ -650,9 +701,15 @@ class ShardWriter:
             table = self._fit(_together(units)) if units else None
         if table is None or table.num_rows == 0:
             return [], bad
-        shards = []
         per = self._limits(table.num_rows, table.nbytes)
-        for first, end, key, offset in self._cuts(units, per):
+        return self._parquet_files(table, self._cuts(units, per)), bad
+
+    def _parquet_files(self, table: Any, cuts: list[tuple[int, int, int, int]]) -> list[Shard]:
+        """``table``'s rows written to a file per cut ``(first, end, key, offset)``."""
+        import pyarrow.parquet as pq
+
+        shards = []
+        for first, end, key, offset in cuts:
             temp, name = self._names(key, offset)
             part = table.slice(first, end - first)
             with self.files.open(temp) as f:
@@ -661,7 +718,7 @@ class ShardWriter:
                 )
                 nbytes = f.tell()
             shards.append(Shard(temp, name, part.num_rows, nbytes))
-        return shards, bad
+        return shards
 
     def _fit(self, table: Any) -> Any:
         """``table`` in the run's schema (the first table's, when none was given)."""
