@@ -834,11 +834,15 @@ class ShardWriter:
 
 def _leaves(name: str, typ: Any) -> Iterator[tuple[str, Any]]:
     """The Parquet column paths under a field, with their types (a list's values are
-    ``name.list.element``, a struct's fields ``name.field``)."""
+    ``name.list.element``, a map's ``name.key_value.key`` and ``.value``, a struct's fields
+    ``name.field``)."""
     import pyarrow as pa
 
     if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
         yield from _leaves(f"{name}.list.element", typ.value_type)
+    elif pa.types.is_map(typ):
+        yield from _leaves(f"{name}.key_value.key", typ.key_type)
+        yield from _leaves(f"{name}.key_value.value", typ.item_type)
     elif pa.types.is_struct(typ):
         for i in range(typ.num_fields):
             yield from _leaves(f"{name}.{typ.field(i).name}", typ.field(i).type)
