@@ -528,6 +528,11 @@ class ShardWriter:
         self.files = _Files(sink)
         self.files.makedirs()
         self.schema = sink.schema  # fixed by the first rows written when not given
+        if sink.kind == "parquet":
+            # loaded here, as the worker starts, not in its first chunk: that chunk's time
+            # sizes the next ones (a file each), and ~50 ms of imports in one item's time
+            # made a run's first ten files a few rows each
+            import pyarrow.parquet  # noqa: F401
 
     def write(
         self,

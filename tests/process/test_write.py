@@ -149,6 +149,20 @@ class TestParquet:
         assert len(written.files) > 1  # (more than one chunk: later ones ran after a write)
         assert table.column("pandas").to_pylist() == [False] * 40
 
+    def test_many_small_items_make_few_files(self, tmp_path):
+        """A file per chunk, and a writing pool's chunks grow to ~0.5 s of work and shrink
+        to no less than ~0.1 s as the input runs out: 20,000 tiny items on 2 workers made
+        33-41 files before (a few rows each at the start and the end), 13-17 now."""
+
+        @producer
+        def tiny(x):
+            return {"x": x, "s": str(x)}
+
+        written = (tiny >> write.parquet(str(tmp_path))).map(range(20_000), devices=2)
+        assert written.rows == 20_000
+        assert sorted(r["x"] for r in parquet_rows(written)) == list(range(20_000))
+        assert len(written.files) <= 24
+
     def test_lists_of_rows_tables_and_key_column(self, tmp_path):
         @producer
         def many(x):
