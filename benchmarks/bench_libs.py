@@ -346,6 +346,10 @@ def measure(
         import bench_training
 
         return bench_training.measure(lib, opts, workers)
+    if workload == "W7" and "write" in opts:  # results written to Parquet: its own harness
+        import bench_write
+
+        return bench_write.measure(lib, opts, n, workers)
     if workload == "W7":  # resuming an epoch at 90%: easycore alone (no peer resumes)
         import bench_training
 

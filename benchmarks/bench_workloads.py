@@ -345,6 +345,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "W5": (3_000, 300),
     "W6": (100, 100),  # batches per epoch (bench_training.CASES has each case's own)
     "W7": (100_000, 100_000),  # items per epoch (bench_training.RESUME_ITEMS)
+    "W7 write": (200_000, 20_000),  # results of 256 float32 written (bench_write)
     "W8": (2_000, 400),  # requests (bench_waiting)
 }
 

@@ -1,105 +1,147 @@
-"""W7: 200,000 results of 256 float32 each written to Parquet from 2 workers.
+"""W7 write: results of 256 float32 each written to Parquet from ``workers`` processes.
 
-Run: python benchmarks/bench_write.py [N] [--ray]
+Each item ``i`` becomes ``{"id": i, "emb": embed(i)}`` with ``embed(i)`` 256 float32 drawn
+from ``numpy.random.default_rng(i)`` (~8 us of work: the results, 1 KiB each, are what
+costs). Every library runs the same per-item function (the batch functions of the peers
+call it per item); every sample writes into a fresh temporary directory, and its files are
+read back with ``pyarrow`` after the clock stops (every id once, some embeddings compared).
 
-Rows (seconds, items/s), each in a fresh temporary directory:
+Rows (``run.py --only "W7 write"``):
 
-* easycore compute only: ``producer(embed) >> consumer`` that drops each result (the same
-  work, the results crossing to the caller instead of being written);
-* easycore write: ``producer(embed) >> write.parquet(out)`` (the workers write);
-* easycore write + resume: the same with ``resume=`` a fresh ledger;
-* with ``--ray``: Ray Data ``range(N).map_batches(embed_batch).write_parquet(out)`` on a
-  local Ray with 2 CPUs (started before the clock).
+* ``easycore write=parquet``: ``(embed >> write.parquet(out)).map(range(n), devices=2)``:
+  the workers write the files, the caller commits them;
+* ``easycore write=none``: the same work without writing, ``embed >> consumer``: the
+  results cross to the caller, which folds and drops them (the compute-only time the
+  write row is held against: writing should add at most 15%);
+* ``raydata``: ``ray.data.range(n).map_batches(fn).write_parquet(out)`` on a local Ray with
+  ``workers`` CPUs started before the clock (``bench_ray.py``'s setup), at its default batch
+  size and at batches of 1,000;
+* ``datasets``: HF ``Dataset.from_dict({"id": ...}).map(fn, batched=True,
+  num_proc=workers).to_parquet(out)`` (its cache in the sample's temporary directory).
 
-Not a timed test: figures for the notes. HF ``datasets`` is left out where it is not
-installed.
+Every row is timed as the one-shot call a user writes, after one untimed call on a few
+items in the same process (imports done, easycore's forkserver up, Ray's workers started).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
-import sys
 import tempfile
 import time
+from typing import Any
 
+import bench_workloads as wl
 import numpy as np
-
-from easycore import consumer, producer, write
 
 DIM = 256
 
 
-@producer
-def embed(i):
-    rng = np.random.default_rng(i)
-    return {"id": i, "emb": rng.random(DIM, dtype=np.float32)}
+def embed(i: int) -> dict[str, Any]:
+    """Item ``i``'s row: its id and 256 float32 seeded by it."""
+    return {"id": i, "emb": np.random.default_rng(i).random(DIM, dtype=np.float32)}
 
 
-@producer
-def embed_batch(ids):
-    return {"id": np.asarray(ids), "emb": np.stack([embed.fn(i)["emb"] for i in ids])}
+def embed_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """The peers' batch function: ``embed`` per item, stacked."""
+    ids = [int(i) for i in batch["id"]]
+    return {"id": np.asarray(ids, dtype=np.int64), "emb": np.stack([embed(i)["emb"] for i in ids])}
 
 
-@consumer(init=0)
-def drop(n, row):
-    return n + 1
+def _fold(state: tuple[int, int], row: dict[str, Any]) -> tuple[int, int]:
+    """Compute only: count the rows and sum their ids (checked), drop the rest."""
+    return state[0] + 1, state[1] + row["id"]
 
 
-def timed(label: str, n: int, fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    print(f"{label:<42} {dt:7.2f} s {n / dt:10,.0f} items/s", flush=True)
-    return dt
+# -- the rows -----------------------------------------------------------------------------------
+def _easycore(n: int, out: str, workers: int, opts: dict[str, str]) -> Any:
+    from easycore import consumer, producer, write
+
+    work = producer(embed)
+    if opts.get("write") == "none":
+        return (work >> consumer(init=(0, 0))(_fold)).map(range(n), devices=workers)
+    kw: dict[str, Any] = {}
+    if "resume" in opts:
+        kw["resume"] = os.path.join(os.path.dirname(out), f"run-{os.path.basename(out)}.db")
+    return (work >> write.parquet(out)).map(range(n), devices=workers, **kw)
 
 
-def main() -> None:
-    n = int(next((a for a in sys.argv[1:] if a.isdigit()), 200_000))
-    work = tempfile.mkdtemp(prefix="w7-")
+def _raydata(n: int, out: str, workers: int, opts: dict[str, str]) -> Any:
+    import ray
+
+    size = {"batch_size": int(opts["batch_size"])} if "batch_size" in opts else {}
+    ray.data.range(n).map_batches(embed_batch, **size).write_parquet(out)
+
+
+def _datasets(n: int, out: str, workers: int, opts: dict[str, str]) -> Any:
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"id": np.arange(n, dtype=np.int64)})
+    ds = ds.map(embed_batch, batched=True, num_proc=workers)
+    os.makedirs(out, exist_ok=True)
+    ds.to_parquet(os.path.join(out, "part-0.parquet"))
+
+
+RUNS = {"easycore": _easycore, "raydata": _raydata, "datasets": _datasets}
+
+
+def _check(lib: str, n: int, out: str, result: Any, opts: dict[str, str]) -> None:
+    """The files hold every id once, each with its embedding (compute only: the fold)."""
+    if opts.get("write") == "none":
+        if result != (n, n * (n - 1) // 2):
+            raise wl.WrongResult(f"W7 write: {lib} compute-only folded {result!r}")
+        return
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out)
+    ids = table.column("id").to_numpy()
+    if len(ids) != n or not np.array_equal(np.sort(ids), np.arange(n)):
+        raise wl.WrongResult(f"W7 write: {lib} wrote {len(ids)} rows, not ids 0..{n - 1} once")
+    where = {int(i): j for j, i in enumerate(ids)}
+    emb = table.column("emb")
+    for i in sorted({0, 1, n // 3, n // 2, n - 1}):
+        got = np.asarray(emb[where[i]].as_py(), dtype=np.float32)
+        if not np.array_equal(got, embed(i)["emb"]):
+            raise wl.WrongResult(f"W7 write: {lib} wrote a wrong embedding for id {i}")
+
+
+def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, Any]:
+    """Time one run of W7 write on ``lib``; ``{"seconds", "n", "extra"}`` (checked).
+
+    Raises:
+        bench_workloads.WrongResult: the files (or the fold) are wrong.
+    """
+    work = tempfile.mkdtemp(prefix="w7-write-")
+    ray_up = False
     try:
-        timed(
-            "easycore compute only (results to caller)",
-            n,
-            lambda: (embed >> drop).map(range(n), devices=2),
-        )
-        timed(
-            "easycore write.parquet",
-            n,
-            lambda: (embed >> write.parquet(os.path.join(work, "a"))).map(range(n), devices=2),
-        )
-        timed(
-            "easycore write.parquet + resume=",
-            n,
-            lambda: (embed >> write.parquet(os.path.join(work, "b"))).map(
-                range(n), devices=2, resume=os.path.join(work, "run.db")
-            ),
-        )
-        timed(
-            "easycore write.parquet, batches of 1000",
-            n,
-            lambda: (embed_batch >> write.parquet(os.path.join(work, "c"))).map(
-                range(n), devices=2, batch_size=1000
-            ),
-        )
-        if "--ray" in sys.argv:
+        if lib == "raydata":
             import ray
 
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            quiet = {"logging_level": "ERROR", "log_to_driver": False}
+            ray.init(num_cpus=workers, include_dashboard=False, **quiet)
+            ray_up = True
+            ctx = ray.data.DataContext.get_current()
+            ctx.enable_progress_bars = False
+        if lib == "datasets":
+            os.environ["HF_DATASETS_CACHE"] = os.path.join(work, "hf-cache")
+            import datasets
 
-            def ray_batch(batch):
-                ids = batch["id"]
-                return {"id": ids, "emb": np.stack([embed.fn(int(i))["emb"] for i in ids])}
-
-            def ray_job():
-                ds = ray.data.range(n).map_batches(ray_batch, batch_size=1000)
-                ds.write_parquet(os.path.join(work, "ray"))
-
-            timed("Ray Data map_batches + write_parquet", n, ray_job)
-            ray.shutdown()
+            datasets.disable_progress_bars()
+            datasets.disable_caching()
+        run = RUNS[lib]
+        run(max(4 * workers, n // 20), os.path.join(work, "warm"), workers, opts)  # warm-up
+        out = os.path.join(work, "out")
+        gc.collect()
+        t0 = time.perf_counter()
+        result = run(n, out, workers, opts)
+        seconds = time.perf_counter() - t0
+        files = [f for f in os.listdir(out) if f.endswith(".parquet")] if os.path.isdir(out) else []
+        _check(lib, n, out, result, opts)
+        return {"seconds": seconds, "n": n, "extra": {"files": len(files)}}
     finally:
+        if ray_up:
+            import ray
+
+            ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -134,6 +134,7 @@ GROUPS: dict[str, Group] = {
             "s",
             False,
         ),
+        Group("W7 write", "W7", "results of 256 float32 written to Parquet", "items/s"),
         Group("W8", "W8", "requests answered after 20 ms, then 1 ms of CPU each", "items/s"),
     ]
 }
@@ -353,6 +354,53 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             "W7", "easycore", "how=scratch", "reference", "easycore imap, first batch (epoch start)"
         ),
     ]
+    # W7 write: results written to Parquet by the workers (bench_write.py), against the same
+    # work without writing (compute only), Ray Data on a local Ray and HF datasets
+    nw = size("W7 write", quick)
+    ecw = f"easycore embed >> write.parquet(out), .map(devices={workers})"
+    cases += [
+        Case("W7 write", "easycore", "write=parquet", "easycore", ecw, n=nw),
+        Case(
+            "W7 write",
+            "easycore",
+            "write=none",
+            "baseline",
+            f"easycore embed >> consumer (compute only, no files), devices={workers}",
+            n=nw,
+        ),
+        Case(
+            "W7 write",
+            "easycore",
+            "write=parquet,resume=1",
+            "context",
+            f"{ecw}, resume= (a run ledger)",
+            n=nw,
+        ),
+        Case(
+            "W7 write",
+            "raydata",
+            "write=parquet",
+            "peer",
+            f"Ray Data map_batches + write_parquet, {workers} CPUs, default batch",
+            n=nw,
+        ),
+        Case(
+            "W7 write",
+            "raydata",
+            "write=parquet,batch_size=1000",
+            "peer",
+            f"Ray Data map_batches(batch_size=1000) + write_parquet, {workers} CPUs",
+            n=nw,
+        ),
+        Case(
+            "W7 write",
+            "datasets",
+            "write=parquet",
+            "peer",
+            f"HF datasets map(batched, num_proc={workers}) + to_parquet",
+            n=nw,
+        ),
+    ]
     # W8: a stage that waits, then a CPU step (bench_waiting.py); fixed layout, 3 processes
     ec8 = "easycore fetch.on(2, concurrency={}) >> step.on(1)"
     cases += [
@@ -545,7 +593,7 @@ def ratio(group: Group, row: Row, best: Row | None) -> float | None:
 
 def print_group(group: Group, rows: list[Row], args: argparse.Namespace, elapsed: float) -> None:
     """One workload's table."""
-    n = size(group.workload, args.quick)
+    n = rows[0].n if rows else size(group.workload, args.quick)
     unit = {"x seq": "speed-up over sequential", "s": "seconds"}.get(group.unit, group.unit)
     head = (
         f"{group.name}: {n:,} {group.title}"
@@ -723,6 +771,16 @@ def targets(rows: list[Row]) -> list[Target]:
             skip = role(g, "context")
             frac = ec.median / skip.median if ec and skip else None
             out.append(Target(g, "resume time to first batch / skipping's", frac, 1.0, False))
+        elif g == "W7 write":
+            by = {r.case.variant: r for r in rs if r.case.lib == "easycore" and r.ok}
+            wr, compute = by.get("write=parquet"), by.get("write=none")
+            rds = [r for r in rs if r.case.lib == "raydata" and r.ok]
+            rd = max(rds, key=lambda r: r.median, default=None)
+            what = "easycore write / best Ray Data, items/s"
+            out.append(Target(g, what, wr.median / rd.median if wr and rd else None, 1.5, True))
+            # the same work's time with writing against without (medians of items/s)
+            frac = compute.median / wr.median if wr and compute else None
+            out.append(Target(g, "easycore write time / compute-only time", frac, 1.15, False))
         elif g.startswith("W6"):
             best_ec = min(ecs, key=lambda r: r.median, default=None)
             out.append(
@@ -893,7 +951,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5,"
-        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, W8",
+        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, 'W7 write', W8",
     )
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(

@@ -113,6 +113,56 @@ class TestParquet:
         assert table.column("emb").to_pylist()[3] == [3.0] * 4
         assert table.column("key").to_pylist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]  # batch index
 
+    def test_plain_columns_keep_their_types_and_the_workers_load_no_pandas(self, tmp_path):
+        """Numbers, bools, strings and bytes, with and without None, read back as pyarrow
+        would type them; and writing them did not import pandas into the worker (pyarrow's
+        inference does when it is installed: ~0.2 s of a worker's time). With one worker,
+        each chunk is written before the next runs: later rows see what writing loaded."""
+        pytest.importorskip("pandas")
+
+        @producer
+        def kinds(x):
+            import sys
+
+            return {
+                "i": x,
+                "f": x / 4,
+                "b": x % 2 == 0,
+                "s": "é" * x,
+                "raw": bytes([x]),
+                "maybe": None if x % 3 else x,
+                "text": None if x % 2 else str(x),
+                "a": np.full(3, x, np.int16),
+                "pandas": "pandas" in sys.modules,
+            }
+
+        written = (kinds >> write.parquet(str(tmp_path))).map(range(40), devices=1)
+        table = pa.concat_tables([pq.read_table(f) for f in written.files])
+        want = pa.table(
+            {
+                k: pa.array([kinds.fn(x)[k] for x in range(40)])
+                for k in ["i", "f", "b", "s", "raw", "maybe", "text"]
+            }
+        )
+        assert table.select(want.column_names).equals(want)
+        assert table.column("a").to_pylist()[5] == [5, 5, 5]
+        assert len(written.files) > 1  # (more than one chunk: later ones ran after a write)
+        assert table.column("pandas").to_pylist() == [False] * 40
+
+    def test_many_small_items_make_few_files(self, tmp_path):
+        """A file per chunk, and a writing pool's chunks grow to ~0.5 s of work and shrink
+        to no less than ~0.1 s as the input runs out: 20,000 tiny items on 2 workers made
+        33-41 files before (a few rows each at the start and the end), 13-17 now."""
+
+        @producer
+        def tiny(x):
+            return {"x": x, "s": str(x)}
+
+        written = (tiny >> write.parquet(str(tmp_path))).map(range(20_000), devices=2)
+        assert written.rows == 20_000
+        assert sorted(r["x"] for r in parquet_rows(written)) == list(range(20_000))
+        assert len(written.files) <= 24
+
     def test_lists_of_rows_tables_and_key_column(self, tmp_path):
         @producer
         def many(x):

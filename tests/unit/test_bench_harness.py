@@ -217,3 +217,28 @@ class TestRayRows:
         got = {(t.group, t.what): t for t in run.targets(rows)}
         target = got[("W5 ray", "easycore on Ray / best Ray Data, items/s")]
         assert target.value == pytest.approx(1.5) and target.passed
+
+
+class TestWriteRows:
+    def test_w7_is_the_resume_group_and_w7_write_its_own(self):
+        assert {g for g, _ in groups_and_roles("W7")} == {"W7"}
+        assert {g for g, _ in groups_and_roles("W7 write")} == {"W7 write"}
+
+    def test_the_write_targets_compare_easycore_rows_with_their_own_references(self):
+        """Ray Data's rows and HF datasets' share the write row's variant: the write target
+        is easycore's write row against the best Ray Data row (not HF's), and the overhead
+        target its time against easycore's compute-only row."""
+        rows = [
+            _row("W7 write", "easycore", "write=parquet", "easycore", [2.3]),
+            _row("W7 write", "easycore", "write=none", "baseline", [2.0]),
+            _row("W7 write", "easycore", "write=parquet,resume=1", "context", [2.5]),
+            _row("W7 write", "raydata", "write=parquet", "peer", [4.6]),
+            _row("W7 write", "raydata", "write=parquet,batch_size=1000", "peer", [6.0]),
+            _row("W7 write", "datasets", "write=parquet", "peer", [1.0]),
+        ]
+        run.finish_group(run.GROUPS["W7 write"], rows)
+        got = {(t.group, t.what): t for t in run.targets(rows)}
+        vs_ray = got[("W7 write", "easycore write / best Ray Data, items/s")]
+        assert vs_ray.value == pytest.approx(2.0) and vs_ray.passed
+        cost = got[("W7 write", "easycore write time / compute-only time")]
+        assert cost.value == pytest.approx(1.15) and cost.passed

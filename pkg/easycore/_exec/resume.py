@@ -471,6 +471,9 @@ class RunLedger:
         rows: list[tuple[str, bytes, str | None, str | None, bytes | None]] = []
         files: list[tuple[str, str, int, int]] = []
         stored: list[tuple[int, str, Any]] = []
+        # a sink's chunk of single rows shares one Wrote: pickled once, not once per unit
+        last: Any = None
+        blob = b""
         for k, value in enumerate(values):
             key, digest, state, unit = self.pending.pop(first + k)
             if state != "new":
@@ -479,7 +482,9 @@ class RunLedger:
                 error = str(value.exc).split("\n", 1)[0]
                 rows.append((key, digest, error or type(value.exc).__name__, value.stage, None))
             else:
-                rows.append((key, digest, None, None, cloudpickle.dumps(value)))
+                if value is not last or last is None:
+                    last, blob = value, cloudpickle.dumps(value)
+                rows.append((key, digest, None, None, blob))
                 if type(value) is Wrote:  # a sink's files: recorded with their units
                     files.extend((s.name, s.temp, s.rows, s.nbytes) for s in value.shards)
         if stored:

@@ -8,6 +8,7 @@ __all__ = [
     "TARGET_CHUNK_BYTES",
     "TARGET_CHUNK_SECONDS",
     "WRITE_CHUNK_SECONDS",
+    "WRITE_TAIL_SECONDS",
     "ChunkSizer",
 ]
 
@@ -16,16 +17,21 @@ TARGET_CHUNK_SECONDS = 0.05  # grow chunks until one takes about this long...
 TAIL_CHUNK_SECONDS = 0.001  # ...and, as a sized input runs out, shrink them no further
 TARGET_CHUNK_BYTES = 1 << 20  # ...or carries about this many pickled bytes
 WRITE_CHUNK_SECONDS = 0.5  # a run whose last pool writes files: a file per chunk, so bigger
+WRITE_TAIL_SECONDS = 0.1  # ...and its tail shrinks to no less: a file of 50 rows is no use
 
 
 class ChunkSizer:
     """Grow chunks of small items until one takes ~50 ms or carries ~1 MiB; shrink for slow
     or big ones. One per hop: a run's chunks are as big as its slowest hop allows."""
 
-    __slots__ = ("bytes_per_item", "per_item", "seconds", "size")
+    __slots__ = ("bytes_per_item", "per_item", "seconds", "size", "tail")
 
     def __init__(self, seconds: float = TARGET_CHUNK_SECONDS) -> None:
         self.seconds = seconds  # the work a chunk should hold
+        # the least work a chunk holds as a sized input runs out: a millisecond, or for the
+        # bigger chunks of a writing pool (each is a file) a fifth of their time, so the
+        # last files are not tens of rows each, for at most ~0.1 s of one worker idle
+        self.tail = WRITE_TAIL_SECONDS if seconds >= WRITE_CHUNK_SECONDS else TAIL_CHUNK_SECONDS
         self.size = 1
         self.per_item: float | None = None
         self.bytes_per_item = 0.0
@@ -40,7 +46,7 @@ class ChunkSizer:
         """The smallest chunk worth a message: about a millisecond of work."""
         if self.per_item is None:
             return 1
-        return max(1, min(self.size, int(TAIL_CHUNK_SECONDS / self.per_item)))
+        return max(1, min(self.size, int(self.tail / self.per_item)))
 
     def update(self, n: int, elapsed: float, nbytes: int) -> None:
         """A chunk of ``n`` items took ``elapsed`` seconds and replied ``nbytes``."""
