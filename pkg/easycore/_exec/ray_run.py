@@ -322,9 +322,10 @@ class RayRun:
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
         # alone, where a death names it. (retries=0 raising names the oldest.)
+        again: list[Work] = []
         if culprit is None and len(lost) > 1 and self.books.pins_down():
             again = [Work(work.start, work.items, solo=True) for work in lost]
-        else:
+        elif lost:
             again = self.blame(actor, lost, exc, culprit)  # (may raise)
         self.engine.replace(actor)
         self.books.again(again)
