@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -46,6 +46,7 @@ __all__ = [
     "RunBooks",
     "Segment",
     "Work",
+    "without",
 ]
 
 
@@ -428,6 +429,32 @@ class RunBooks:
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()
+
+
+def without(
+    start: int,
+    values: list[Any],
+    align: int,
+    out: Callable[[Any], bool],
+    left: Callable[[int, Any], None] | None = None,
+) -> Iterator[Segment]:
+    """Segment ``(start, values)`` as the runs of its values that are not ``out``;
+    ``left(unit, value)`` is told of each value taken out (``unit``: its output unit), after
+    the run before it is yielded."""
+    kept: list[Any] = []
+    at = start
+    for k, value in enumerate(values):
+        if not out(value):
+            kept.append(value)
+            continue
+        if kept:
+            yield Segment(at, kept)
+            kept = []
+        at = start + (k + 1) * align
+        if left is not None:
+            left(start // align + k, value)
+    if kept:
+        yield Segment(at, kept)
 
 
 def _pickling_error(item: Any) -> Exception | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._errors import Failure, SkippedItemsWarning
-from easycore._exec.core import Failed
+from easycore._exec.core import Failed, without
 from easycore._options import RunOptions
 
 __all__ = ["SkippedItemsWarning", "set_aside"]
@@ -33,33 +33,25 @@ def set_aside(
     """
     count = 0
     first: Failure | None = None
+
+    def report(unit: int, value: Failed) -> None:
+        nonlocal count, first
+        if passed is not None:
+            passed(unit * align)
+        failure = Failure(options.global_index(unit), value.item, value.stage, value.exc)
+        count += 1
+        if options.on_error is not None:
+            options.on_error(failure)
+        elif first is None:
+            first = failure
+
     try:
         yield next(stream)  # PRIMED
         for start, values in stream:
-            if not any(type(v) is Failed for v in values):
+            if any(type(v) is Failed for v in values):
+                yield from without(start, values, align, _failed, report)
+            else:
                 yield start, values
-                continue
-            kept: list[Any] = []
-            at = start
-            for k, value in enumerate(values):
-                if type(value) is not Failed:
-                    kept.append(value)
-                    continue
-                if kept:
-                    yield at, kept
-                    kept = []
-                at = start + (k + 1) * align
-                unit = start // align + k
-                if passed is not None:
-                    passed(unit * align)
-                failure = Failure(options.global_index(unit), value.item, value.stage, value.exc)
-                count += 1
-                if options.on_error is not None:
-                    options.on_error(failure)
-                elif first is None:
-                    first = failure
-            if kept:
-                yield at, kept
     finally:
         if count and options.on_error is None:
             msg = (
@@ -67,3 +59,7 @@ def set_aside(
                 f"the first: {first!r}. Pass on_error= to see every one."
             )
             warnings.warn(msg, SkippedItemsWarning, stacklevel=2)
+
+
+def _failed(value: Any) -> bool:
+    return type(value) is Failed

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from easycore._errors import short_repr
+from easycore._exec.core import without
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
 
@@ -260,18 +261,7 @@ def drop_passed(stream: Iterator[Any], align: int) -> Iterator[Any]:
     """``stream``'s segments without the values of units passed as markers."""
     yield next(stream)  # PRIMED
     for start, values in stream:
-        if not any(is_cached(v) for v in values):
+        if any(is_cached(v) for v in values):
+            yield from without(start, values, align, is_cached)
+        else:
             yield start, values
-            continue
-        kept: list[Any] = []
-        at = start
-        for k, value in enumerate(values):
-            if not is_cached(value):
-                kept.append(value)
-                continue
-            if kept:
-                yield at, kept
-                kept = []
-            at = start + (k + 1) * align
-        if kept:
-            yield at, kept
