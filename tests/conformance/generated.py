@@ -62,12 +62,17 @@ def cases(draw: Any, resume: bool = False) -> Case:
     cuts = sorted(draw(st.sets(st.integers(1, n_stages - 1), max_size=2)) if n_stages > 1 else [])
     groups = [stages[a:b] for a, b in itertools.pairwise([0, *cuts, n_stages])]
     pools = []
+    used = 0
     for h, group in enumerate(groups):
         own = h > 0 or draw(st.booleans())  # the first pool: .on, or the run's devices
+        # within MAX_WORKERS over all pools, one left for each pool after this one
+        most = max(1, min(3, MAX_WORKERS - used - (len(groups) - h - 1)))
+        workers = draw(st.integers(1, most)) if own else None
+        used += workers or 0
         pools.append(
             PoolSpec(
                 tuple(group),
-                workers=draw(st.integers(1, 3)) if own else None,
+                workers=workers,
                 batch_size=draw(st.none() | st.integers(1, 3)),
                 concurrency=draw(st.sampled_from([1, 1, 4])),
                 asynchronous=draw(st.booleans()),
