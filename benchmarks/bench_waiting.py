@@ -22,6 +22,10 @@ Rows (``run.py --only W8``):
 * on a local Ray (3 CPUs): easycore ``engine="ray"`` and Ray Data with an async callable
   class (``async def __call__`` yielding each batch's answers, fetched under ``gather``)
   on 2 actors, then the step on 1 actor, order preserved.
+
+``W8 uneven`` (``uneven=1``): each request waits its own time (exponentially distributed,
+mean 20 ms: :func:`uneven_delays`) and there is no CPU step: the limit, the threads and
+easycore's fetch pool on an open runner (``prefetch=2`` and ``8``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import asyncio
 import contextlib
 import http.client
 import os
+import random
 import subprocess
 import sys
 import time
@@ -50,9 +55,10 @@ async def _serve() -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            path = head.split(b" ", 2)[1].decode()
+            path, _, query = head.split(b" ", 2)[1].decode().partition("?")
             body = path.rsplit("/", 1)[-1].encode()
-            await asyncio.sleep(W8_DELAY)
+            # (``?d=s``: this request's own wait, for the uneven rows)
+            await asyncio.sleep(float(query[2:]) if query.startswith("d=") else W8_DELAY)
             writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
@@ -80,8 +86,9 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
 async def aget(url: str) -> int:
     parts = urllib.parse.urlsplit(url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
     try:
-        writer.write(f"GET {parts.path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
         raw = await reader.read()
     finally:
         writer.close()
@@ -96,7 +103,7 @@ def get(url: str) -> int:
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
     try:
-        conn.request("GET", parts.path)
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
         answer = conn.getresponse()
         if answer.status != 200:
             msg = f"{url}: HTTP {answer.status}"
@@ -125,7 +132,14 @@ def step(x: int) -> int:
 
 
 # -- the rows --------------------------------------------------------------------------------------
-def _limit(urls: Sequence[str]) -> list[int]:
+def uneven_delays(n: int) -> list[float]:
+    """The waits of the uneven rows: exponentially distributed, mean ``W8_DELAY`` (seeded:
+    the same for every library)."""
+    rng = random.Random(8)
+    return [rng.expovariate(1 / W8_DELAY) for _ in range(n)]
+
+
+def _limit(urls: Sequence[str], steps: bool = True) -> list[int]:
     async def everything() -> list[int]:
         gate = asyncio.Semaphore(W8_LIMIT)
 
@@ -135,12 +149,13 @@ def _limit(urls: Sequence[str]) -> list[int]:
 
         return list(await asyncio.gather(*(one(u) for u in urls)))
 
-    return [cpu_step(x) for x in asyncio.run(everything())]
+    got = asyncio.run(everything())
+    return [cpu_step(x) for x in got] if steps else got
 
 
-def _threads(urls: Sequence[str]) -> list[int]:
+def _threads(urls: Sequence[str], steps: bool = True) -> list[int]:
     with ThreadPoolExecutor(W8_LIMIT) as pool:
-        return list(pool.map(lambda u: cpu_step(get(u)), urls))
+        return list(pool.map(lambda u: cpu_step(get(u)) if steps else get(u), urls))
 
 
 def _pipeline(k: int, fetch_only: bool = False) -> Any:
@@ -183,10 +198,13 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
     server, base = start_server()
     ray_up = False
     try:
+        uneven = "uneven" in opts  # exponential waits, and no CPU step
         urls = [f"{base}/v/{i}" for i in range(n)]
+        if uneven:
+            urls = [f"{u}?d={d:.5f}" for u, d in zip(urls, uneven_delays(n), strict=True)]
         warm = urls[: max(64, n // 20)]
         extra: dict[str, Any] = {}
-        fetch_only = opts.get("stage") == "fetch"
+        fetch_only = opts.get("stage") == "fetch" or uneven
         times = 1 if fetch_only else 2
         if lib in ("raydata",) or opts.get("engine") == "ray":
             import ray
@@ -194,13 +212,13 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
             ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR")
             ray_up = True
         if lib == "limit":
-            _limit(warm)
+            _limit(warm, not uneven)
             t0 = time.perf_counter()
-            result = _limit(urls)
+            result = _limit(urls, not uneven)
         elif lib == "threads":
-            _threads(warm)
+            _threads(warm, not uneven)
             t0 = time.perf_counter()
-            result = _threads(urls)
+            result = _threads(urls, not uneven)
         elif lib == "raydata":
             batch = int(opts.get("batch_size", 64))
             _raydata(warm, batch)
@@ -212,7 +230,8 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
             part = int(opts.get("part", 1))
             pipeline = _pipeline(k, fetch_only)
             if part > 1 or "runner" in opts:  # on an open runner (a share of it, scaled)
-                with pipeline.open(**kw) as runner:
+                prefetch = {"prefetch": int(opts["prefetch"])} if "prefetch" in opts else {}
+                with pipeline.open(**kw, **prefetch) as runner:
                     runner.map(warm[:8])
                     some = urls[: n // part]
                     t0 = time.perf_counter()

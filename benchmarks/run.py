@@ -136,6 +136,12 @@ GROUPS: dict[str, Group] = {
         ),
         Group("W7 write", "W7", "results of 256 float32 written to Parquet", "items/s"),
         Group("W8", "W8", "requests answered after 20 ms, then 1 ms of CPU each", "items/s"),
+        Group(
+            "W8 uneven",
+            "W8",
+            "requests answered after exponential waits (mean 20 ms), nothing else",
+            "items/s",
+        ),
     ]
 }
 
@@ -430,6 +436,22 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
         ),
         Case("W8", "raydata", "batch_size=64", "peer", "Ray Data async class, 2+1 actors"),
         Case("W8", "easycore", "concurrency=64,engine=ray", "context", ec8.format(64) + ", Ray"),
+    ]
+    # W8 uneven: the fetch stage alone over waits of uneven length, on an open runner
+    u8 = "uneven=1"
+    ecu = "easycore fetch.on(2, concurrency=64), open runner"
+    cases += [
+        Case("W8 uneven", "limit", u8, "reference", "limit: asyncio.gather (sem. 128)", n=4000),
+        Case("W8 uneven", "threads", u8, "peer", "ThreadPoolExecutor(128)", n=4000),
+        Case("W8 uneven", "easycore", f"{u8},concurrency=64,runner=1", "easycore", ecu, n=4000),
+        Case(
+            "W8 uneven",
+            "easycore",
+            f"{u8},concurrency=64,runner=1,prefetch=8",
+            "easycore",
+            ecu + ", prefetch=8",
+            n=4000,
+        ),
     ]
     return cases
 
@@ -760,6 +782,19 @@ def targets(rows: list[Row]) -> list[Target]:
                     True,
                 )
             )
+        elif g == "W8 uneven":
+            by = {r.case.variant: r for r in ecs if r.ok}
+            c64 = by.get("uneven=1,concurrency=64,runner=1")
+            ref = role(g, "reference")
+            out.append(
+                Target(
+                    g,
+                    "easycore c=64 / the limit (asyncio), items/s",
+                    c64.median / ref.median if c64 and ref else None,
+                    0.8,
+                    True,
+                )
+            )
         elif g in ("W2 ray", "W5 ray"):
             unit = "speed-up" if g == "W2 ray" else "items/s"
             out.append(Target(g, f"easycore on Ray / best Ray Data, {unit}", rat, 1.0, True))
@@ -951,7 +986,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5,"
-        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, 'W7 write', W8",
+        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, 'W7 write', W8, 'W8 uneven'",
     )
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(

@@ -76,24 +76,26 @@ def _handler(state: LocalServer) -> type[BaseHTTPRequestHandler]:
                 state.peak = max(state.peak, state.in_hand)
             try:
                 time.sleep(float(query.get("delay", 0)))
-                drop = int(query.get("drop", 0))
-                if drop < 0 or n <= drop:
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.connection.shutdown(2)
-                    return
-                fail = int(query.get("fail", 0))
-                if fail < 0 or n <= fail:
-                    self.send_error(500, "told to fail")
-                    return
-                body = parts.path.rsplit("/", 1)[-1].encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
             finally:
+                # (out of hand before the answer goes: a client that has it may ask again
+                # at once, and is not holding two requests)
                 with state.lock:
                     state.in_hand -= 1
+            drop = int(query.get("drop", 0))
+            if drop < 0 or n <= drop:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(2)
+                return
+            fail = int(query.get("fail", 0))
+            if fail < 0 or n <= fail:
+                self.send_error(500, "told to fail")
+                return
+            body = parts.path.rsplit("/", 1)[-1].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
     return Handler
 

@@ -21,7 +21,8 @@ A worker to the next hop's worker: the same ``Task``, carrying the held results 
 
 Besides messages, each worker has one *slot* of ``SLOT_WIDTH`` doubles in a shared array
 (:class:`Slots`): the index of the unit in hand (or that a chunk is being unpickled), when it
-started, the chunk whose results are being pickled or sent, and how many units it runs now.
+started, the chunk whose results are being pickled or sent, how many units it runs now, and
+how many chunks it holds ahead of one it is unpickling.
 The worker writes them without any message; the caller reads them when the worker dies or
 runs late, to know which item to blame (and for ``stats()``: items in flight).
 """
@@ -264,15 +265,19 @@ class EndFailed(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 # the shared slots
 # ---------------------------------------------------------------------------------------------
-SLOT_WIDTH = 4  # doubles per worker:
+SLOT_WIDTH = 5  # doubles per worker:
 AT_INDEX = 0  # the index of the unit in hand (within its hop), or UNPICKLING
 AT_STARTED = 1  # its start time when timed; RUNNING while a chunk runs untimed; IDLE
 AT_SENDING = 2  # the id of the chunk whose results are being pickled or sent, or NOT_SENDING
 AT_FLIGHT = 3  # units the worker is running now (up to its concurrency; 0 between chunks)
+# chunks taken ahead of the one being unpickled (a hop that waits takes the next chunk while
+# its units run; else 0): which chunk UNPICKLING is about
+AT_AHEAD = 4
 IDLE = 0.0
 RUNNING = 1.0
 NOT_SENDING = -1.0
-# AT_INDEX while the worker unpickles a chunk (its oldest: it takes them in the order sent);
+# AT_INDEX while the worker unpickles a chunk (the one after AT_AHEAD chunks it still has: it
+# takes them in the order sent);
 # AT_STARTED then holds when it began, and stays the chunk's first unit's start time, so that
 # a timeout counts an item's unpickling.
 UNPICKLING = -1.0
@@ -288,6 +293,7 @@ class Slots:
         self.raw[SLOT_WIDTH * slot + AT_STARTED] = IDLE
         self.raw[SLOT_WIDTH * slot + AT_SENDING] = NOT_SENDING
         self.raw[SLOT_WIDTH * slot + AT_FLIGHT] = 0.0
+        self.raw[SLOT_WIDTH * slot + AT_AHEAD] = 0.0
 
     def index(self, slot: int) -> float:
         return float(self.raw[SLOT_WIDTH * slot + AT_INDEX])
@@ -298,6 +304,10 @@ class Slots:
 
     def sending(self, slot: int) -> int:
         return int(self.raw[SLOT_WIDTH * slot + AT_SENDING])
+
+    def ahead(self, slot: int) -> int:
+        """Chunks the worker had taken, and not answered, when it began unpickling one."""
+        return int(self.raw[SLOT_WIDTH * slot + AT_AHEAD])
 
     def in_flight(self, slot: int) -> int:
         """Units the worker is running now (a snapshot, written without any message)."""

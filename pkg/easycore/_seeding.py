@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from typing import Any
 
 __all__ = [
+    "bind_thread",
     "check_epoch",
     "derive_seed",
     "drop_hooks",
@@ -206,6 +207,15 @@ def setup_torch(device: str, n_threads: int | None) -> None:
             torch.cuda.set_device(torch.device(device))
         return
     seed_on_import(n_threads)
+
+
+def bind_thread(device: str) -> None:
+    """Bind ``device`` in a thread that runs items besides the main one (a worker's event
+    loop, its item threads): CUDA's current device is per thread."""
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
 
 
 def seed_on_import(n_threads: int | None = None) -> list[Any]:

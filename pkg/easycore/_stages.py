@@ -9,11 +9,13 @@ with retries, and :meth:`~PreparedStages.finish` runs every ``end``. Failures co
 
 Stages that wait (API.md section 11): a producer, ``init`` or ``end`` may be ``async def``;
 they run on one event loop per place (a worker, an actor, the caller for ``"inline"``). A
-hop with ``concurrency=k`` runs up to ``k`` of a chunk's units at once
-(:meth:`~PreparedStages.run_many`): as tasks of that loop when a stage is async, else on
-``k`` threads. Each unit keeps its own retries, seed (:func:`easycore.item_seed`) and
-timeout (an async unit past it is cancelled: :class:`~easycore._errors.TimedOutItem`);
-results keep the chunk's order. ``concurrency=1`` with plain functions is the loop of old.
+hop with ``concurrency=k`` runs up to ``k`` units at once (:meth:`~PreparedStages.start_many`):
+as tasks of that loop when a stage is async, else on ``k`` threads. The ``k`` slots belong to
+the place, not to a chunk: the units of the chunks it holds take them first come, first
+served, so a slot that one chunk's slow unit leaves free takes the next chunk's unit at
+once. Each unit keeps its own retries, seed (:func:`easycore.item_seed`) and timeout (an
+async unit past it is cancelled: :class:`~easycore._errors.TimedOutItem`); results keep
+their chunk's order. ``concurrency=1`` with plain functions is the loop of old.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
 from easycore._inject import call_with, injected
 from easycore._protocol import (
-    AT_FLIGHT,
     AT_INDEX,
     AT_STARTED,
     CACHED,
@@ -37,7 +38,14 @@ from easycore._protocol import (
     Task,
     is_cached,
 )
-from easycore._seeding import ITEM_SEED, derive_seed, drop_hooks, seed_loaded, seed_on_import
+from easycore._seeding import (
+    ITEM_SEED,
+    bind_thread,
+    derive_seed,
+    drop_hooks,
+    seed_loaded,
+    seed_on_import,
+)
 
 if TYPE_CHECKING:  # (loaded when a stage waits, or a pool writes: others never pay)
     import asyncio
@@ -45,7 +53,15 @@ if TYPE_CHECKING:  # (loaded when a stage waits, or a pool writes: others never 
 
     from easycore._sinks import ShardWriter, Sink
 
-__all__ = ["PreparedStages", "StageDef", "StageFailure", "cancel_grace", "is_async_fn"]
+__all__ = [
+    "ChunkRun",
+    "Flight",
+    "PreparedStages",
+    "StageDef",
+    "StageFailure",
+    "cancel_grace",
+    "is_async_fn",
+]
 
 # (index, start) of the oldest unit in flight, or (None, 0.0) when none: for a watchdog
 Publish = Callable[[int | None, float], None]
@@ -178,44 +194,81 @@ class PreparedStages:
         self.is_async = any(is_async_fn(s.fn) for s in self.defs)
         # units go through run_many (concurrently), not the loop of old
         self.waits = self.is_async or concurrency > 1
-        # the last run_many's slot-seconds beyond its wall time (each unit in flight counts):
-        # a chunk's slot-time is its wall time plus this (0.0 for a hop that does not wait)
-        self.overlap = 0.0
+        # the units in flight here, of every chunk (a worker's slots are shared by its chunks)
+        self.flight = Flight()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._gate: asyncio.Semaphore | None = None  # (made on the loop: the k slots)
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- the event loop and the threads -------------------------------------------------------
     def loop(self) -> asyncio.AbstractEventLoop:
-        """This place's event loop (made on first use; a worker's is its thread's loop)."""
+        """This place's event loop, made on first use. In the caller (``"inline"``) it runs
+        when an item does; in a worker or an actor it runs on a thread of its own, so that
+        chunks run at once share it (and the ``concurrency`` slots, :meth:`start_many`),
+        and it is also the worker's main thread's loop (``asyncio.get_event_loop()``)."""
         import asyncio
 
         if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
+            loop = self._loop = asyncio.new_event_loop()
+            self._gate = None
             if not self.in_caller:  # (the caller's own loop policy is none of our business)
-                asyncio.set_event_loop(self._loop)
+                asyncio.set_event_loop(loop)
+                self._loop_thread = threading.Thread(
+                    target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
+                )
+                self._loop_thread.start()
         return self._loop
+
+    def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        import asyncio
+
+        asyncio.set_event_loop(loop)
+        bind_thread(self.context["device"])
+        loop.run_forever()
+
+    def run_async(self, coro: Any) -> Any:
+        """Run ``coro`` on the loop and wait for what it gives (or raises)."""
+        import asyncio
+
+        loop = self.loop()
+        if self._loop_thread is None:
+            return loop.run_until_complete(coro)
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # (any: what it gives)
 
     def wait_for(self, value: Any) -> Any:
         """``value``, or what it gives once awaited on the loop when it is awaitable (an
         async ``init``/``end``)."""
         if inspect.isawaitable(value):
-            return self.loop().run_until_complete(_awaited(value))
+            return self.run_async(_awaited(value))
         return value
 
     def _close_loop(self) -> None:
         loop, self._loop = self._loop, None
+        thread, self._loop_thread = self._loop_thread, None
         if loop is not None and not loop.is_closed():
             import asyncio
 
-            try:
-                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            async def wind_up() -> None:
+                pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 for t in pending:
                     t.cancel()
                 if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
+                    await asyncio.gather(*pending, return_exceptions=True)
+                await loop.shutdown_asyncgens()
+
+            try:
+                if thread is None:
+                    loop.run_until_complete(wind_up())
+                else:
+                    try:
+                        asyncio.run_coroutine_threadsafe(wind_up(), loop).result(5.0)
+                    finally:
+                        loop.call_soon_threadsafe(loop.stop)
+                        thread.join(5.0)
             finally:
-                loop.close()
+                if not loop.is_running():
+                    loop.close()
                 if not self.in_caller:
                     asyncio.set_event_loop(None)
         threads, self._threads = self._threads, None
@@ -305,7 +358,8 @@ class PreparedStages:
                 hooks = seed_on_import()
         try:
             if self.is_async:
-                return self.loop().run_until_complete(self._astages(item, timeout))
+                done: tuple[Any, StageFailure | None] = self.run_async(self._astages(item, timeout))
+                return done
             value = item
             for st in self.prepared:
                 try:
@@ -319,15 +373,19 @@ class PreparedStages:
             if token is not None:
                 ITEM_SEED.reset(token)
 
-    async def _astages(self, item: Any, timeout: float | None) -> tuple[Any, StageFailure | None]:
-        """The stages over one unit on the loop, cancelled past ``timeout`` seconds."""
+    async def _astages(
+        self, item: Any, timeout: float | None, left: float | None = None
+    ) -> tuple[Any, StageFailure | None]:
+        """The stages over one unit on the loop, cancelled past ``timeout`` seconds (``left``
+        of them, when some went before: its unpickling)."""
         import asyncio
 
         where = [self.prepared[0].name if self.prepared else ""]
         if timeout is None:
             return await self._achain(item, where)
         try:
-            return await asyncio.wait_for(self._achain(item, where), max(timeout, 0.0))
+            limit = timeout if left is None else left
+            return await asyncio.wait_for(self._achain(item, where), max(limit, 0.0))
         except asyncio.TimeoutError:  # (user code's own TimeoutError is a failure inside)
             error = TimedOutItem(
                 f"ran past timeout={timeout}s in {where[0]!r}; it was cancelled and its "
@@ -384,15 +442,14 @@ class PreparedStages:
         stop: Any,
         since: float | None = None,
     ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
-        """Run the stages over a chunk's units (unit ``k`` is unit ``base + k`` of the hop).
+        """Run the stages over a chunk's units (unit ``k`` is unit ``base + k`` of the hop),
+        one at a time (a hop that waits starts them instead: :meth:`start_chunk`).
 
         Failed units are retried here while ``task`` allows; what still fails is reported as
         ``(position, ErrorReport)`` with ``None`` in its place. The index of the unit in
         hand, and with a timeout its start time, go into the shared slot ``cur[at:]``;
         ``since`` (when the chunk's unpickling began) is the first unit's start time.
         """
-        if self.waits:
-            return self._run_chunk_waiting(units, base, task, cur, at, stop, since)
         values: list[Any] = []
         errors: list[tuple[int, ErrorReport]] = []
         only = self.prepared[0] if len(self.prepared) == 1 else None
@@ -445,14 +502,11 @@ class PreparedStages:
         at: int,
         task: Task,
     ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
-        """A chunk's values, written by the sink when there is one (:meth:`write`)."""
+        """A chunk's values, written by the sink when there is one (:meth:`write_chunk`)."""
         if self.writer is None:
             return values, errors
         cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
-        bad = self.write(base, values, units, [k for k, _ in errors], task.keys)
-        if bad:
-            errors = sorted([*errors, *((k, f.report()) for k, f in bad)], key=lambda e: e[0])
-        return values, errors
+        return values, self.write_chunk(base, values, errors, units, task.keys)
 
     def run_marked(
         self, item: Any, index: int, task: Task, cur: Any, at: int, since: float | None = None
@@ -465,33 +519,15 @@ class PreparedStages:
         return self.run(item, index, task.seed, task.numbering)
 
     # -- units in flight together (concurrency=k, async stages) --------------------------------
-    def _run_chunk_waiting(
-        self,
-        units: Any,
-        base: int,
-        task: Task,
-        cur: Any,
-        at: int,
-        stop: Any,
-        since: float | None,
-    ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
-        """:meth:`run_chunk` for a hop that waits: its units through :meth:`run_many`, the
-        oldest unit in flight in the shared slot (what a watchdog times, and blames)."""
-        # An async unit is cancelled at its timeout; the caller's watchdog, which kills the
-        # worker, only acts if that did not happen (a blocked loop): a grace later.
-        shift = cancel_grace(task.timeout) if self.is_async and task.timeout else 0.0
-        timed = task.timed
+    def start_chunk(self, units: Any, base: int, task: Task, stop: Any, since: float) -> ChunkRun:
+        """Start a chunk of a hop that waits (:attr:`waits`): its units go to this place's
+        ``concurrency`` slots behind those of chunks started earlier, so a slot that one
+        chunk frees takes the next chunk's unit at once. ``since``: when the chunk's
+        unpickling began (its first unit's start, if a slot is free for it then).
 
-        def publish(index: int | None, start: float) -> None:
-            if index is None:
-                cur[at + AT_STARTED] = RUNNING
-                return
-            cur[at + AT_INDEX] = float(index)
-            cur[at + AT_STARTED] = start + shift if timed else RUNNING
-
-        def flying(n: int) -> None:
-            cur[at + AT_FLIGHT] = float(n)
-
+        Returns:
+            The :class:`ChunkRun`; its ``future`` is done when every unit is.
+        """
         jobs = []
         cached = []
         for k, unit in enumerate(units):
@@ -499,30 +535,31 @@ class PreparedStages:
                 cached.append(k)
             else:
                 jobs.append((base + k, unit))
-        done = self.run_many(
+        future = self.start_many(
             jobs,
             seed=task.seed,
             numbering=task.numbering,
             allowed=lambda index: self.retries_left(task, index),
             timeout=task.timeout if self.is_async else None,
-            publish=publish,
             stop=stop,
             since=since,
-            flying=flying,
         )
-        values: list[Any] = []
-        errors: list[tuple[int, ErrorReport]] = []
-        results = iter(done)
-        skip = set(cached)
-        for k in range(len(units)):
-            if k in skip:
-                values.append(CACHED)
-                continue
-            value, failed = next(results)
-            if failed is not None:
-                errors.append((k, failed.report()))
-            values.append(value)
-        return self._written(base, values, errors, units, cur, at, task)
+        return ChunkRun(self, task, units, base, cached, future)
+
+    def write_chunk(
+        self,
+        base: int,
+        values: list[Any],
+        errors: list[tuple[int, ErrorReport]],
+        units: Any,
+        keys: Any,
+    ) -> list[tuple[int, ErrorReport]]:
+        """A chunk's values written by the sink, when there is one (:meth:`write`): the
+        failures, with those of writing added."""
+        bad = self.write(base, values, units, [k for k, _ in errors], keys)
+        if bad:
+            errors = sorted([*errors, *((k, f.report()) for k, f in bad)], key=lambda e: e[0])
+        return errors
 
     def run_many(
         self,
@@ -532,64 +569,82 @@ class PreparedStages:
         numbering: tuple[int, int],
         allowed: Callable[[int], int],
         timeout: float | None = None,
-        publish: Publish | None = None,
         stop: Any = None,
         since: float | None = None,
-        flying: Callable[[int], None] | None = None,
-    ) -> list[tuple[Any, StageFailure | None]]:
-        """Run ``(index, unit)`` jobs, up to ``concurrency`` at once; results in job order.
+    ) -> tuple[list[tuple[Any, StageFailure | None]], float]:
+        """:meth:`start_many`, waited for (by any thread: those of several chunks share the
+        slots)."""
+        results: tuple[list[tuple[Any, StageFailure | None]], float]
+        results = self.start_many(
+            jobs,
+            seed=seed,
+            numbering=numbering,
+            allowed=allowed,
+            timeout=timeout,
+            stop=stop,
+            since=since,
+        ).result()
+        return results
 
-        Each unit retries while it fails and ``allowed(index)`` retries remain. Async stages
-        run as tasks of the loop, each unit cancelled past ``timeout`` seconds of its own
-        (counted from ``since`` for the first, when given: its chunk's unpickling); plain
-        stages on ``concurrency`` threads. ``publish`` hears of the oldest unit in flight.
-        ``stop`` (an Event): units not started yet are left out, as ``(None, None)``.
-        ``flying`` hears how many units are in flight, at each change. Afterwards
-        :attr:`overlap` holds the slot-seconds the units spent in flight (each unit counted)
-        minus the call's wall time.
-        """
-        flight = _Flight(publish, flying)
-        try:
-            return self._many(jobs, seed, numbering, allowed, timeout, flight, stop, since)
-        finally:
-            self.overlap = flight.close()
-
-    def _many(
+    def start_many(
         self,
         jobs: Sequence[tuple[int, Any]],
+        *,
         seed: int | None,
         numbering: tuple[int, int],
         allowed: Callable[[int], int],
-        timeout: float | None,
-        flight: _Flight,
-        stop: Any,
-        since: float | None,
-    ) -> list[tuple[Any, StageFailure | None]]:
+        timeout: float | None = None,
+        stop: Any = None,
+        since: float | None = None,
+    ) -> concurrent.futures.Future[tuple[list[tuple[Any, StageFailure | None]], float]]:
+        """Start ``(index, unit)`` jobs on this place's ``concurrency`` slots, behind the
+        jobs started before (first come, first served).
+
+        Each unit retries while it fails and ``allowed(index)`` retries remain. Async stages
+        run as tasks of the loop, each unit cancelled past ``timeout`` seconds of its own
+        (counted from ``since`` for the first, when given and a slot is free: its chunk's
+        unpickling); plain stages on ``concurrency`` threads. :attr:`flight` hears of every
+        unit in flight. ``stop`` (an Event): units not started yet are left out, as
+        ``(None, None)``.
+
+        Returns:
+            A future of the results in job order and the slot-seconds the units held.
+        """
+        import asyncio
         import concurrent.futures
 
+        tally = _Tally()
         if self.is_async:
-            return self.loop().run_until_complete(
-                self._amany(jobs, seed, numbering, allowed, timeout, flight, stop, since)
-            )
+            loop = self.loop()
+            coro = self._amany(jobs, seed, numbering, allowed, timeout, stop, since, tally)
+            if self._loop_thread is not None:
+                return asyncio.run_coroutine_threadsafe(coro, loop)
+            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            done.set_result(loop.run_until_complete(coro))
+            return done
         if self._threads is None:
             self._threads = concurrent.futures.ThreadPoolExecutor(
-                self.concurrency, thread_name_prefix="easycore-item"
+                self.concurrency,
+                thread_name_prefix="easycore-item",
+                initializer=bind_thread,
+                initargs=(self.context["device"],),
             )
-        futures = [
-            self._threads.submit(
-                self._one_unit,
-                index,
-                unit,
-                seed,
-                numbering,
-                allowed(index),
-                flight,
-                stop,
-                since if k == 0 else None,
-            )
-            for k, (index, unit) in enumerate(jobs)
-        ]
-        return [f.result() for f in futures]
+        return tally.gather(
+            [
+                self._threads.submit(
+                    self._one_unit,
+                    index,
+                    unit,
+                    seed,
+                    numbering,
+                    allowed(index),
+                    stop,
+                    since if k == 0 else None,
+                    tally,
+                )
+                for k, (index, unit) in enumerate(jobs)
+            ]
+        )
 
     def _one_unit(
         self,
@@ -598,21 +653,21 @@ class PreparedStages:
         seed: int | None,
         numbering: tuple[int, int],
         allowed: int,
-        flight: _Flight,
         stop: Any,
         since: float | None,
+        tally: _Tally,
     ) -> tuple[Any, StageFailure | None]:
         """(a thread) One unit with its retries."""
         value: Any = None
         failed: StageFailure | None = None
         attempt = 0
         while stop is None or not stop.is_set():
-            key = flight.begin(index, time.monotonic() if since is None else since)
+            key, _ = self.flight.begin(index, since)
             since = None
             try:
                 value, failed = self.run(unit, index, seed, numbering)
             finally:
-                flight.end(key)
+                tally.add(self.flight.end(key))
             if failed is None or attempt >= allowed:
                 break
             attempt += 1
@@ -625,42 +680,45 @@ class PreparedStages:
         numbering: tuple[int, int],
         allowed: Callable[[int], int],
         timeout: float | None,
-        flight: _Flight,
         stop: Any,
         since: float | None,
-    ) -> list[tuple[Any, StageFailure | None]]:
+        tally: _Tally,
+    ) -> tuple[list[tuple[Any, StageFailure | None]], float]:
         import asyncio
 
-        gate = asyncio.Semaphore(self.concurrency)
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.concurrency)
+        gate = self._gate
         clock = time.monotonic
+        flight = self.flight
 
         async def one(k: int, index: int, unit: Any) -> tuple[Any, StageFailure | None]:
             value: Any = None
             failed: StageFailure | None = None
             async with gate:
-                started = since if k == 0 and since is not None else clock()
+                first = since if k == 0 else None
                 attempt = 0
                 budget = allowed(index)
                 while stop is None or not stop.is_set():
-                    key = flight.begin(index, started)
+                    key, started = flight.begin(index, first)
+                    first = None
                     try:
                         if seed is not None:  # (this task's own context: no other unit's)
                             value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
                             seed_loaded(value)
                             ITEM_SEED.set(value)
                         left = None if timeout is None else timeout - (clock() - started)
-                        value, failed = await self._astages(unit, left)
+                        value, failed = await self._astages(unit, timeout, left)
                     finally:
-                        flight.end(key)
+                        tally.add(flight.end(key))
                     if failed is None or attempt >= budget:
                         break
                     attempt += 1
-                    started = clock()
             return value, failed
 
         tasks = [asyncio.ensure_future(one(k, i, u)) for k, (i, u) in enumerate(jobs)]
         try:
-            return list(await asyncio.gather(*tasks))
+            return list(await asyncio.gather(*tasks)), tally.busy
         except BaseException:
             for t in tasks:
                 t.cancel()
@@ -671,58 +729,147 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
-class _Flight:
-    """The units in flight in one place, oldest first: the oldest goes to ``publish``, their
-    number to ``flying``; ``area`` sums the time each spent in flight (slot-seconds)."""
+class ChunkRun:
+    """A chunk of a hop that waits, started (:meth:`PreparedStages.start_chunk`)."""
 
-    __slots__ = ("area", "began", "flying", "items", "last", "lock", "n", "publish")
+    __slots__ = ("base", "cached", "future", "stages", "task", "units")
 
-    def __init__(self, publish: Publish | None, flying: Callable[[int], None] | None) -> None:
-        self.publish = publish
-        self.flying = flying
+    def __init__(
+        self,
+        stages: PreparedStages,
+        task: Task,
+        units: Any,
+        base: int,
+        cached: list[int],
+        future: concurrent.futures.Future[tuple[list[tuple[Any, StageFailure | None]], float]],
+    ) -> None:
+        self.stages, self.task, self.units, self.base = stages, task, units, base
+        self.cached, self.future = cached, future
+
+    def result(self) -> tuple[list[Any], list[tuple[int, ErrorReport]], float]:
+        """(values, failures as ``(position, report)``, slot-seconds), once ``future`` is
+        done; a sink has written the values."""
+        done, busy = self.future.result()
+        values: list[Any] = []
+        errors: list[tuple[int, ErrorReport]] = []
+        results = iter(done)
+        skip = set(self.cached)
+        for k in range(len(self.units)):
+            if k in skip:
+                values.append(CACHED)
+                continue
+            value, failed = next(results)
+            if failed is not None:
+                errors.append((k, failed.report()))
+            values.append(value)
+        if self.stages.writer is not None:
+            errors = self.stages.write_chunk(self.base, values, errors, self.units, self.task.keys)
+        return values, errors, busy
+
+
+class _Tally:
+    """The slot-seconds that the units of one chunk held, and their results gathered."""
+
+    __slots__ = ("busy", "lock")
+
+    def __init__(self) -> None:
+        self.busy = 0.0
+        self.lock = threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            self.busy += seconds
+
+    def gather(
+        self, futures: list[concurrent.futures.Future[Any]]
+    ) -> concurrent.futures.Future[tuple[list[Any], float]]:
+        """One future of every unit's result (in order) and the busy time, once all are
+        done; a unit cancelled before it started (the threads shut down) is left out."""
+        import concurrent.futures
+
+        done: concurrent.futures.Future[tuple[list[Any], float]] = concurrent.futures.Future()
+        left = [len(futures)]
+
+        def one_done(_: Any) -> None:
+            with self.lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                results = [(None, None) if f.cancelled() else f.result() for f in futures]
+                done.set_result((results, self.busy))
+
+        if not futures:
+            done.set_result(([], 0.0))
+        for f in futures:
+            f.add_done_callback(one_done)
+        return done
+
+
+class Flight:
+    """The units in flight in one place (of every chunk it runs), oldest first: the oldest
+    goes to ``publish``, their number to ``flying`` (see :meth:`watch`).
+
+    While :meth:`hold` is on (a chunk is being unpickled, which the place's shared slot
+    says), neither hears of changes; :meth:`release` tells them how things stand.
+    """
+
+    __slots__ = ("flying", "held", "items", "lock", "n", "publish")
+
+    def __init__(self) -> None:
+        self.publish: Publish | None = None
+        self.flying: Callable[[int], None] | None = None
         self.items: dict[int, tuple[int, float]] = {}
         self.lock = threading.Lock()
         self.n = 0
-        self.began = self.last = time.monotonic()
-        self.area = 0.0
+        self.held = False
 
-    def _tick(self) -> None:
-        """(under the lock) Before the number in flight changes: count the time since."""
-        now = time.monotonic()
-        self.area += len(self.items) * (now - self.last)
-        self.last = now
-
-    def close(self) -> float:
-        """Slot-seconds in flight minus the wall time since this flight began."""
+    def watch(self, publish: Publish | None, flying: Callable[[int], None] | None = None) -> None:
+        """Who hears of the oldest unit in flight (``(None, 0.0)``: none) and of their
+        number."""
         with self.lock:
-            self._tick()
+            self.publish, self.flying = publish, flying
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held = True
+
+    def release(self, empty: Callable[[], None] | None = None) -> None:
+        """End :meth:`hold`, telling how things stand (``empty`` is called instead of
+        ``publish`` when no unit is in flight)."""
+        with self.lock:
+            self.held = False
+            if self.items:
+                self._tell(True)
+                return
             if self.flying is not None:
                 self.flying(0)
-            return self.area - (self.last - self.began)
+            if empty is not None:
+                empty()
 
-    def begin(self, index: int, start: float) -> int:
+    def _tell(self, oldest: bool) -> None:
+        if self.flying is not None:
+            self.flying(len(self.items))
+        if oldest and self.publish is not None:
+            first = next(iter(self.items.values()), None)
+            self.publish(*(first or (None, 0.0)))
+
+    def begin(self, index: int, since: float | None = None) -> tuple[int, float]:
+        """Unit ``index`` starts now (or at ``since``, when no other unit is in flight: its
+        chunk's unpickling was its own time). Returns its key for :meth:`end` and its start."""
         with self.lock:
-            self._tick()
+            start = since if since is not None and not self.items else time.monotonic()
             key = self.n
             self.n += 1
             self.items[key] = (index, start)
-            if self.flying is not None:
-                self.flying(len(self.items))
-            if len(self.items) == 1 and self.publish is not None:
-                self.publish(index, start)
-        return key
+            if not self.held:
+                self._tell(len(self.items) == 1)
+        return key, start
 
-    def end(self, key: int) -> None:
+    def end(self, key: int) -> float:
+        """The unit of ``key`` is over: the seconds it was in flight."""
         with self.lock:
-            self._tick()
             first = next(iter(self.items), None)
-            del self.items[key]
-            if self.flying is not None:
-                self.flying(len(self.items))
-            if self.publish is None or first != key:
-                return
-            oldest = next(iter(self.items.values()), None)
-            if oldest is None:
-                self.publish(None, 0.0)
-            else:
-                self.publish(*oldest)
+            _, start = self.items.pop(key)
+            if not self.held:
+                self._tell(first == key)
+        return time.monotonic() - start

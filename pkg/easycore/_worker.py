@@ -27,7 +27,9 @@ A worker runs one hop of a chain of pools. Its threads::
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import multiprocessing.util
@@ -47,6 +49,7 @@ import cloudpickle
 
 from easycore._devices import bind_gpus
 from easycore._protocol import (
+    AT_AHEAD,
     AT_FLIGHT,
     AT_INDEX,
     AT_SENDING,
@@ -80,7 +83,7 @@ from easycore._reaping import (
     remove_own_mp_tempdir,
 )
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import PreparedStages
+from easycore._stages import ChunkRun, PreparedStages, cancel_grace
 from easycore._transport import CONTROL, Channel, Damaged
 
 __all__ = ["WorkerSpec", "worker_main"]
@@ -515,7 +518,8 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         return
     _send(chan, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
-    _serve(chan, tasks, stop, stages, outlet, spec, cur, at)
+    serve = _serve_waiting if stages.waits else _serve
+    serve(chan, tasks, stop, stages, outlet, spec, cur, at)
 
     failed = stages.finish()  # every stage's end runs even when an earlier one fails
     goodbye = EndFailed(failed.report()) if failed is not None else None
@@ -543,48 +547,18 @@ def _serve(
     clock = time.monotonic
     upstream: set[Channel] = set()
     while True:
-        if upstream:
-            try:
-                entry = tasks.get(timeout=0.05)
-            except queue.Empty:
-                _flush_releases(upstream)
-                continue
-        else:
-            entry = tasks.get()
+        entry = _next_entry(tasks, upstream)
         if entry is None or stop.is_set():
             return
-        src, frame, fds = entry
-        if isinstance(src, _PeerClosed):
-            upstream.discard(src.chan)
-            src.chan.close()
-            continue
-        # An item's time starts now: a timeout counts its unpickling (a slow __setstate__),
-        # and a death in it is charged to the chunk (see UNPICKLING).
         t0 = clock()
-        cur[at + AT_INDEX] = UNPICKLING
-        cur[at + AT_STARTED] = t0
-        try:
-            task = src.decode(frame, fds)
-            if type(task) is Damaged:
-                raise task.error
-        except BaseException as exc:
-            cur[at + AT_STARTED] = IDLE
-            # A task that pickled in the caller but does not unpickle here: say so for the
-            # oldest chunk we hold (chunks arrive and are answered in order).
-            _send(chan, Unreadable(ErrorReport.of("<item unpickling>", exc)))
-            continue
-        if task is None:  # only releases
+        task = _take(entry, chan, upstream, cur, at, t0)
+        if task is None:
             cur[at + AT_STARTED] = IDLE
             continue
-        if src is not chan:
-            upstream.add(src)
-        units = task.units
-        if spec.group is not None:
-            units = [units[i : i + spec.group] for i in range(0, len(units), spec.group)]
+        units = _units_of(task, spec)
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
-        if not stages.waits:
-            cur[at + AT_FLIGHT] = 1.0  # (a hop that waits counts its units in flight itself)
+        cur[at + AT_FLIGHT] = 1.0
         values, errors = stages.run_chunk(
             units, task.start // spec.unit, task, cur, at, stop, since=t0
         )
@@ -593,7 +567,159 @@ def _serve(
         if stop.is_set():
             return
         elapsed = clock() - t0
-        outlet.deliver(task, units, values, errors, elapsed, elapsed + stages.overlap)
+        outlet.deliver(task, units, values, errors, elapsed, elapsed)
         del units, values, task
         if upstream:
             _flush_releases(upstream)
+
+
+def _serve_waiting(
+    chan: Channel,
+    tasks: queue.SimpleQueue[Any],
+    stop: threading.Event,
+    stages: PreparedStages,
+    outlet: _ToCaller | _ToNextHop,
+    spec: WorkerSpec,
+    cur: Any,
+    at: int,
+) -> None:
+    """:func:`_serve` for a hop that waits (``concurrency=k``, async stages): each chunk is
+    started as it comes, its units queued for the worker's ``k`` slots behind those of the
+    chunks before (a slot that one chunk's slow unit leaves free takes the next chunk's unit
+    at once), and each is answered when it is done, so that the caller sends the next one
+    then (a chunk held up by one slow unit holds up no other). The slot names the oldest
+    unit in flight (what a watchdog times and a death blames)."""
+    clock = time.monotonic
+    upstream: set[Channel] = set()
+    pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
+    timing = [False, 0.0]  # the newest chunk's: whether units are timed, the grace added
+
+    def publish(index: int | None, start: float) -> None:
+        if index is None:
+            cur[at + AT_STARTED] = RUNNING
+            return
+        cur[at + AT_INDEX] = float(index)
+        cur[at + AT_STARTED] = start + timing[1] if timing[0] else RUNNING
+
+    def flying(n: int) -> None:
+        cur[at + AT_FLIGHT] = float(n)
+
+    def tick(_: Any) -> None:
+        tasks.put(_TICK)
+
+    stages.flight.watch(publish, flying)
+    while True:
+        k = 0
+        while k < len(pending):  # answer what is done
+            run, t0 = pending[k]
+            if isinstance(run, ChunkRun):
+                if not run.future.done():
+                    k += 1
+                    continue
+                del pending[k]
+                values, errors, busy = run.result()
+                if stop.is_set():
+                    return
+                outlet.deliver(run.task, run.units, values, errors, clock() - t0, busy)
+                del run, values
+            elif k == 0:  # (answered for the oldest chunk not answered: in its turn)
+                pending.popleft()
+                _send(chan, run)
+            else:
+                k += 1
+        if not pending:
+            cur[at + AT_STARTED] = IDLE
+            if upstream:
+                _flush_releases(upstream)
+        entry = _next_entry(tasks, upstream)
+        if entry is None or stop.is_set():
+            for run, _ in pending:  # units in flight end (those not started are left out)
+                if type(run) is ChunkRun:
+                    run.future.result()
+            return
+        if entry is _TICK:
+            continue
+        t0 = clock()
+        stages.flight.hold()  # (the slot says UNPICKLING, and which chunk: AT_AHEAD)
+        cur[at + AT_AHEAD] = float(len(pending))
+        task = None
+        try:
+            task = _take(entry, chan, upstream, cur, at, t0, pending)
+            if task is not None:
+                timing[:] = [task.timed, 0.0]
+                if stages.is_async and task.timeout:
+                    timing[1] = cancel_grace(task.timeout)
+                units = _units_of(task, spec)
+                run = stages.start_chunk(units, task.start // spec.unit, task, stop, t0)
+                run.future.add_done_callback(tick)
+                pending.append((run, t0))
+        finally:
+            # no unit in flight: the chunk's own time goes on (its unpickling), as in _serve
+            started = t0 if task is not None and task.timed else RUNNING
+            stages.flight.release(functools.partial(_set, cur, at + AT_STARTED, started))
+
+
+_TICK = object()  # (in the task queue) a chunk of a hop that waits is done
+
+
+def _set(cur: Any, at: int, value: float) -> None:
+    cur[at] = value
+
+
+def _next_entry(tasks: queue.SimpleQueue[Any], upstream: set[Channel]) -> Any:
+    """The next entry of the task queue; while waiting, releases go back upstream."""
+    while True:
+        if not upstream:
+            return tasks.get()
+        try:
+            return tasks.get(timeout=0.05)
+        except queue.Empty:
+            _flush_releases(upstream)
+
+
+def _take(
+    entry: Any,
+    chan: Channel,
+    upstream: set[Channel],
+    cur: Any,
+    at: int,
+    t0: float,
+    pending: Any = None,
+) -> Task | None:
+    """Decode a task-queue entry: the task, or None (a closed peer, only releases, or a task
+    that did not unpickle: the caller hears so, in the order chunks are answered: at once,
+    or after those ``pending``)."""
+    src, frame, fds = entry
+    if isinstance(src, _PeerClosed):
+        upstream.discard(src.chan)
+        src.chan.close()
+        return None
+    # An item's time starts now: a timeout counts its unpickling (a slow __setstate__),
+    # and a death in it is charged to the chunk (see UNPICKLING).
+    cur[at + AT_INDEX] = UNPICKLING
+    cur[at + AT_STARTED] = t0
+    try:
+        task = src.decode(frame, fds)
+        if type(task) is Damaged:
+            raise task.error
+    except BaseException as exc:
+        # A task that pickled in the caller but does not unpickle here: the caller takes it
+        # to be about the oldest chunk not answered (chunks arrive in order; a hop that
+        # waits, which answers chunks as they end, says so once those before are answered).
+        unreadable = Unreadable(ErrorReport.of("<item unpickling>", exc))
+        if pending is None:
+            _send(chan, unreadable)
+        else:
+            pending.append((unreadable, t0))
+        return None
+    if task is not None and src is not chan:
+        upstream.add(src)
+    return task  # type: ignore[no-any-return]
+
+
+def _units_of(task: Task, spec: WorkerSpec) -> Any:
+    """A task's units for this hop: grouped into batches when it takes them."""
+    units = task.units
+    if spec.group is not None:
+        units = [units[i : i + spec.group] for i in range(0, len(units), spec.group)]
+    return units

@@ -144,3 +144,37 @@ def test_stats_count_items_in_flight_and_busy_slots(tmp_path, init):
         s = runner.stats()[0]
     assert (s.in_flight, s.queued, s.done) == (0, 0, 32)
     assert s.busy * s.slots * took >= 32 * 0.2 * 0.99, (s.busy, took)
+
+
+@pytest.mark.parametrize("kind", ["async", "threads"])
+def test_a_slow_item_keeps_one_slot_of_its_actor_not_all(tmp_path, kind):
+    """One actor at concurrency 4 (chunks of 4): item 0 is held, the rest return at once.
+    The actor takes the next chunk while item 0 waits (its slots are the actor's, not one
+    chunk's), so items 4-7 start before item 0 is let go; the results come in order."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    started.mkdir()
+
+    @producer
+    async def ahold(x):
+        (started / str(x)).touch()
+        while x == 0 and not release.exists():
+            await asyncio.sleep(0.01)
+        return x
+
+    @producer
+    def thold(x):
+        (started / str(x)).touch()
+        while x == 0 and not release.exists():
+            time.sleep(0.01)
+        return x
+
+    stage = {"async": ahold, "threads": thold}[kind]
+    with stage.open(devices=1, concurrency=4, engine="ray") as runner:
+        results = runner.imap(range(40), prefetch=2)
+        deadline = time.monotonic() + 60
+        while not all((started / str(i)).exists() for i in range(8)):
+            assert time.monotonic() < deadline, sorted(p.name for p in started.iterdir())
+            time.sleep(0.02)
+        assert not release.exists()
+        release.touch()
+        assert list(results) == list(range(40))

@@ -377,6 +377,82 @@ class TestStats:
         assert s.busy * s.slots * took >= n * 0.1 * 0.99, (s.busy, took)
 
 
+def _exit_on_load():
+    os._exit(3)
+
+
+class DiesOnLoad:
+    """Pickles fine; unpickling it (in a worker) ends that process."""
+
+    def __reduce__(self):
+        return (_exit_on_load, ())
+
+
+class TestSlotsAcrossChunks:
+    """A worker's ``k`` slots are shared by the chunks it holds (``prefetch`` of them): a slot
+    that one chunk's slow item leaves free takes the next chunk's item at once."""
+
+    @pytest.mark.parametrize("kind", ["async", "threads"])
+    def test_a_slow_item_keeps_one_slot_not_four(self, tmp_path, kind):
+        """One worker at concurrency 4, prefetch 2 (chunks of 4): item 0 is held, the rest
+        return at once. The items of the chunks after the first start while item 0 still
+        waits (a chunk done is answered at once, and the next one sent), until the run's
+        window is full: item 0's result is not yet yielded, so the run stops taking input
+        short of the 40 items. Results come in order once item 0 is let go."""
+        started, release = tmp_path / "started", tmp_path / "release"
+        started.mkdir()
+
+        @producer
+        async def ahold(x):
+            (started / str(x)).touch()
+            while x == 0 and not release.exists():
+                await asyncio.sleep(0.01)
+            return x
+
+        @producer
+        def thold(x):
+            (started / str(x)).touch()
+            while x == 0 and not release.exists():
+                time.sleep(0.01)
+            return x
+
+        stage = {"async": ahold, "threads": thold}[kind]
+        with stage.open(devices=1, concurrency=4) as runner:
+            results = runner.imap(range(40), prefetch=2)
+            wait_for_files(started, 8)
+            while True:  # until the window is full
+                n = len(list(started.iterdir()))
+                time.sleep(0.3)
+                if len(list(started.iterdir())) == n:
+                    break
+            assert sorted(int(p.name) for p in started.iterdir()) == list(range(n))
+            assert n < 40
+            assert (runner.stats()[0].in_flight, release.exists()) == (1, False)
+            release.touch()
+            assert list(results) == list(range(40))
+
+    def test_a_death_unpickling_the_next_chunk_names_that_chunk(self, tmp_path):
+        """An item whose unpickling ends the worker, in the second chunk while an item of
+        the first is still in flight: the death names the chunk being unpickled (items
+        4..7), not the first one (the slot says how many chunks the worker held ahead)."""
+        release = tmp_path / "release"
+
+        @producer
+        def hold(x):
+            while x == 0 and not release.exists():
+                time.sleep(0.01)
+            return x
+
+        data: list[object] = list(range(12))
+        data[5] = DiesOnLoad()
+        try:
+            with pytest.raises(easycore.WorkerDied, match="unpickling") as info:
+                hold.map(data, devices=1, concurrency=4, prefetch=2)
+        finally:
+            release.touch()
+        assert info.value.index == 4
+
+
 class TestInline:
     def test_stats_count_the_item_in_hand(self):
         """Inline, items run one at a time (concurrency does not apply): one slot, and the

@@ -77,9 +77,10 @@ def assign_blame(
     """A worker process's death: blame the unit in hand (its shared slot says which), and
     results being sent; else the oldest chunk it had.
 
-    A worker that died (or ran past the timeout) unpickling a chunk was at its oldest (it
-    takes them in the order sent): a chunk of one unit names that unit; a bigger one has
-    all its units charged, and they run again one per chunk, which pins the unit down.
+    A worker that died (or ran past the timeout) unpickling a chunk was at the one after
+    those its slot says it had taken ahead (it takes them in the order sent): a chunk of
+    one unit names that unit; a bigger one has all its units charged, and they run again
+    one per chunk, which pins the unit down.
     """
     busy = slots.started(w.slot) > 0
     culprit: int | None = w.timed_out
@@ -87,7 +88,11 @@ def assign_blame(
         culprit = int(slots.index(w.slot))
     unpickling = None
     if culprit == int(UNPICKLING):
-        unpickling = min(running, key=lambda c: c.id, default=None)
+        # the chunk after those it had taken ahead (a hop that waits takes the next chunk
+        # while units of the ones before run; else none are ahead: its oldest)
+        taken = sorted(running, key=lambda c: c.id)
+        ahead = slots.ahead(w.slot)
+        unpickling = taken[min(ahead, len(taken) - 1)] if taken else None
         culprit = None
         if unpickling is not None and len(unpickling.items) <= unit:
             culprit = unpickling.start // unit

@@ -190,6 +190,7 @@ class StageActor:
             hop=self.hop,
             concurrency=self.concurrency,
         )
+        self.stages.flight.watch(self._publish)
         if not task:
             threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
         failed = self.stages.start()
@@ -288,29 +289,27 @@ class StageActor:
                 continue
             jobs.append((base + k, unit))
         timeout = self.timeout if self.stages.is_async else None
-        shift = cancel_grace(timeout) if timeout else 0.0
-
-        def publish(index: int | None, start: float) -> None:
-            with self.lock:
-                self.current = None if index is None else (index, start + shift)
-
-        done = self.stages.run_many(
+        done, busy = self.stages.run_many(
             jobs,
             seed=seed,
             numbering=numbering,
             allowed=lambda index: max(retries - spent.get(index, 0), 0),
             timeout=timeout,
-            publish=publish,
         )
-        with self.lock:
-            self.current = None
         for (index, _), (value, failed) in zip(jobs, done, strict=True):
             out[index - base] = (
                 value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
         self.write_out(base, out, units, keys)
         took = time.perf_counter() - t0
-        return out, Meta(len(jobs), took, rss_bytes(), took + self.stages.overlap)
+        return out, Meta(len(jobs), took, rss_bytes(), busy)
+
+    def _publish(self, index: int | None, start: float) -> None:
+        """(a hop that waits) The oldest unit in flight, of any chunk: the watchdog's."""
+        timeout = self.timeout if self.stages.is_async else None
+        shift = cancel_grace(timeout) if timeout else 0.0
+        with self.lock:
+            self.current = None if index is None else (index, start + shift)
 
     def write_out(
         self, base: int, out: list[Any], units: Sequence[Any], keys: Sequence[Any] | None
@@ -324,7 +323,10 @@ class StageActor:
     def unpack(self, packed: Packed, base: int) -> Any:
         """The items of a timed run, unpickled here on the clock: the first unit's (or, for
         several, UNPICKLING's) time starts now, as a local worker's does. A Broken (its
-        ``unit``: how many) when they do not unpickle."""
+        ``unit``: how many) when they do not unpickle. (A hop that waits may have units of
+        other chunks in flight meanwhile: the watchdog hears of them again afterwards.)"""
+        flight = self.stages.flight
+        flight.hold()
         with self.lock:
             self.current = (base if packed.n == 1 else int(UNPICKLING), time.monotonic())
         try:
@@ -333,8 +335,11 @@ class StageActor:
             report = ErrorReport.of("<item unpickling>", exc)
             return Broken(self.hop, packed.n, report, self.where)
         finally:
-            with self.lock:
-                self.current = None
+            flight.release(self._idle)
+
+    def _idle(self) -> None:
+        with self.lock:
+            self.current = None
 
     def finish(self) -> ErrorReport | None:
         """Run every ``end``, then end what the work started; the first failure, or None."""

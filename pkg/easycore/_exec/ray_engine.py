@@ -63,6 +63,7 @@ from easycore._exec.workers import UNIT_GRACE
 from easycore._options import RunOptions
 from easycore._protocol import PROTOCOL
 from easycore._reaping import descendants
+from easycore._stages import is_async_fn
 
 __all__ = ["RayEngine", "check_fits", "ray_devices"]
 
@@ -334,14 +335,21 @@ class RayEngine:
         # Pools run as Ray tasks rather than actors (``tasks``: the run keeps no worker
         # state: no timeout clock, no recycling): those on CPUs whose stages have neither
         # ``init`` nor ``end``, so that nothing is lost by not keeping a process.
+        # A pool that waits (``concurrency=k``, async stages) runs on actors that take two
+        # chunks at once (a task holds one: its slots would empty with its slowest unit).
+        self.waits = [
+            h.concurrency > 1 or any(is_async_fn(getattr(st, "fn", None)) for st in h.stages)
+            for h in self.chain.hops
+        ]
         self.as_tasks = [
             tasks
+            and not waits
             and set(h.devices) == {"cpu"}
             and not any(
                 getattr(st, "is_sink", False) is True or st.has_init or st.end is not None
                 for st in h.stages
             )
-            for h in self.chain.hops
+            for h, waits in zip(self.chain.hops, self.waits, strict=True)
         ]
         self.pools: list[list[Actor]] = []
         self.payloads: list[bytes] = []
@@ -398,6 +406,11 @@ class RayEngine:
             return Actor(hop, index, device, None, task=self._task_sender(hop, index))
         gpus = _gpus_of(device)
         opts: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
+        if self.waits[hop]:
+            # two chunks at once, on threads of the actor: a slot that one chunk's slow unit
+            # leaves free takes the next chunk's unit (the stages' loop, or their k threads,
+            # are the actor's, shared by both)
+            opts["max_concurrency"] = 2
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
         key = next(self.next_key)
         handle = (
@@ -578,8 +591,14 @@ class RayEngine:
         elif timeout == self.timeout:
             return
         self.timeout = timeout
+        told = []
         for a in [a for pool in self.pools for a in pool if a.task is None]:
-            a.handle.watch.remote(timeout, self.clock)
+            ref = a.handle.watch.remote(timeout, self.clock)
+            if self.waits[a.hop]:
+                told.append(ref)
+        # (an actor that runs two chunks at once runs its tasks in no set order: it knows
+        # the timeout before any chunk is sent)
+        ray_module().get(told)
 
     def stats(self) -> list[StageStats]:
         if self.last_run is None:

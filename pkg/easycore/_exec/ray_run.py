@@ -89,6 +89,7 @@ class ActorPools(Protocol):
 
     chain: Chain
     pools: list[list[Actor]]
+    waits: list[bool]  # per hop: its actors run two chunks at once (a pool that waits)
 
     def replace(self, actor: Actor) -> Actor: ...
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
@@ -322,8 +323,11 @@ class RayRun:
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
         # alone, where a death names it. (retries=0 raising names the oldest.)
+        # An actor of a pool that waits runs two chunks at once: one being unpickled is not
+        # known to be the oldest either.
+        unknown = culprit is None or (culprit == int(UNPICKLING) and self.engine.waits[actor.hop])
         again: list[Work] = []
-        if culprit is None and len(lost) > 1 and self.books.pins_down():
+        if unknown and len(lost) > 1 and self.books.pins_down():
             again = [Work(work.start, work.items, solo=True) for work in lost]
         elif lost:
             again = self.blame(actor, lost, exc, culprit)  # (may raise)
@@ -339,6 +343,8 @@ class RayRun:
         books = self.books
         unit = self.hops[actor.hop].unit
         work = lost[0]
+        if culprit is not None and culprit >= 0:  # (in the second chunk of an actor that waits)
+            work = next((w for w in lost if w.start <= culprit * unit < w.end), work)
         units = sorted({(work.start + k) // unit for k in range(len(work.items))})
         doing = "unpickling" if culprit == int(UNPICKLING) else "running"
         if doing == "unpickling" or culprit is None:
