@@ -20,6 +20,7 @@ their chunk's order. ``concurrency=1`` with plain functions is the loop of old.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -248,6 +249,7 @@ class PreparedStages:
         thread, self._loop_thread = self._loop_thread, None
         if loop is not None and not loop.is_closed():
             import asyncio
+            import concurrent.futures
 
             async def wind_up() -> None:
                 pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -261,8 +263,9 @@ class PreparedStages:
                 if thread is None:
                     loop.run_until_complete(wind_up())
                 else:
-                    try:
-                        asyncio.run_coroutine_threadsafe(wind_up(), loop).result(5.0)
+                    try:  # (a loop blocked by a sync call in an item: leave it be)
+                        with contextlib.suppress(concurrent.futures.TimeoutError):
+                            asyncio.run_coroutine_threadsafe(wind_up(), loop).result(5.0)
                     finally:
                         loop.call_soon_threadsafe(loop.stop)
                         thread.join(5.0)

@@ -431,10 +431,10 @@ class TestSlotsAcrossChunks:
             release.touch()
             assert list(results) == list(range(40))
 
-    def test_a_death_unpickling_the_next_chunk_names_that_chunk(self, tmp_path):
-        """An item whose unpickling ends the worker, in the second chunk while an item of
-        the first is still in flight: the death names the chunk being unpickled (items
-        4..7), not the first one (the slot says how many chunks the worker held ahead)."""
+    def test_a_death_unpickling_a_later_chunk_names_that_chunk(self, tmp_path):
+        """An item whose unpickling ends the worker, in a later chunk while item 0 of the
+        first is still in flight: the death names the item being unpickled (5), not the
+        oldest chunk the worker had (the slot says how many chunks it held ahead)."""
         release = tmp_path / "release"
 
         @producer
@@ -450,7 +450,7 @@ class TestSlotsAcrossChunks:
                 hold.map(data, devices=1, concurrency=4, prefetch=2)
         finally:
             release.touch()
-        assert info.value.index == 4
+        assert info.value.index == 5
 
 
 class TestInline:

@@ -187,10 +187,12 @@ class RunBooks:
         sink: Any = last[-1] if writes else None
         wants_keys = sink is not None and (sink.key_column is not None or sink.kind == "webdataset")
         self.key_fn = options.key if wants_keys else None
-        # A hop with concurrency=k runs a chunk's units k at once: chunks of at least k
-        # (whole output units) keep its workers' k slots busy from the first chunk on.
+        # A worker of a hop with concurrency=k holds up to `depth x k` units (its k slots
+        # are shared by its chunks, each answered as it ends): chunks of a sixteenth of k or
+        # more, so that a chunk held open by one slow unit holds few others' results.
         most = max(h.concurrency for h in self.hops)
-        self.least = -(-most // self.align) * self.align if most > 1 else 1
+        self.slots = most  # units a worker of the widest hop runs at once
+        self.least = -(-most // 16 // self.align) * self.align if most > 1 else 1
         self.chunk_size = max(self.align, self.least)
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
@@ -230,10 +232,12 @@ class RunBooks:
     # -- what goes out -----------------------------------------------------------------------
     def window(self, n_workers: int) -> int:
         """First-hop units that may be taken and not yet yielded (backpressure): what the
-        workers may hold, and a chunk per worker more, so new work goes out while results
-        just received still wait to be yielded."""
+        workers may hold (``depth`` chunks each, or ``depth x k`` units for slots that wait),
+        and as much again per worker, so new work goes out while results just received still
+        wait to be yielded."""
         depth = self.depth
-        return max((depth + 1) * n_workers * self.chunk_size, 2 * depth * n_workers * self.align)
+        per = max(self.chunk_size, self.slots)
+        return max((depth + 1) * n_workers * per, 2 * depth * n_workers * self.align)
 
     def take(self, room: int, limit: int | None = None) -> Work | None:
         """The next chunk: a re-run, or new input (at most ``room`` units; ``limit``: at most

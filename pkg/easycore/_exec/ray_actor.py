@@ -107,8 +107,9 @@ class StageActor:
     """One hop's producers on one Ray actor (made a Ray actor class by the driver).
 
     Its tasks run one at a time on its main thread, as a local worker runs the user's code
-    (``signal.signal`` works there); a watchdog thread tells ``clock`` when the unit in hand
-    passes the run's ``timeout``.
+    (``signal.signal`` works there), except for a hop that waits: several at once on
+    threads, sharing the stages' ``concurrency`` slots. A watchdog thread tells ``clock`` when the
+    unit in hand (the oldest in flight) passes the run's ``timeout``.
 
     Args:
         payload: the hop's producers and ``cfg``, cloudpickled by the driver.
@@ -123,8 +124,8 @@ class StageActor:
         clock: the engine's :class:`UnitClock` actor (None before a run with a timeout).
         key: this actor's name at the clock.
         timeout: the run's ``timeout`` (see :meth:`watch`).
-        concurrency: units of a chunk it runs at once (async stages: tasks of its event
-            loop, each cancelled at the timeout; plain ones: threads).
+        concurrency: units it runs at once, of one chunk or more (async stages: tasks of
+            its event loop, each cancelled at the timeout; plain ones: threads).
     """
 
     def __init__(

@@ -19,7 +19,12 @@ Ray object references instead of pipes::
   The dead actor is replaced (its ``init`` runs) before more work goes to its pool.
 * An actor runs the user's code on its main thread, one task at a time, as a local worker
   does (``signal.signal`` works there; an actor with a second concurrency group would run
-  every task on other threads).
+  every task on other threads). An actor of a pool that waits (``concurrency=k``, async
+  stages) is the exception: it runs chunks at once on threads (``max_concurrency=k+1``),
+  sharing its ``k`` slots, so that a slot one chunk's slow unit leaves free takes the next
+  chunk's; its units are never timed by a signal (async ones are cancelled, thread ones
+  are reported to the clock), and a death there without a timeout blames no chunk at
+  once: each runs again solo, as above.
 * ``timeout``: an actor's watchdog thread tells the engine's clock (a small actor holding no
   CPU, :class:`~.ray_actor.UnitClock`) when its unit in hand passes the limit; the driver
   asks the clock, kills that actor, then as for a death, blaming that unit.
@@ -335,7 +340,7 @@ class RayEngine:
         # Pools run as Ray tasks rather than actors (``tasks``: the run keeps no worker
         # state: no timeout clock, no recycling): those on CPUs whose stages have neither
         # ``init`` nor ``end``, so that nothing is lost by not keeping a process.
-        # A pool that waits (``concurrency=k``, async stages) runs on actors that take two
+        # A pool that waits (``concurrency=k``, async stages) runs on actors that take several
         # chunks at once (a task holds one: its slots would empty with its slowest unit).
         self.waits = [
             h.concurrency > 1 or any(is_async_fn(getattr(st, "fn", None)) for st in h.stages)
@@ -407,10 +412,11 @@ class RayEngine:
         gpus = _gpus_of(device)
         opts: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
         if self.waits[hop]:
-            # two chunks at once, on threads of the actor: a slot that one chunk's slow unit
+            # chunks at once, on threads of the actor: a slot that one chunk's slow unit
             # leaves free takes the next chunk's unit (the stages' loop, or their k threads,
-            # are the actor's, shared by both)
-            opts["max_concurrency"] = 2
+            # are the actor's, shared by all); each chunk running holds a unit in a slot or
+            # waits for one, so k + 1 of them keep the k slots full
+            opts["max_concurrency"] = h.concurrency + 1
         entropy = int.from_bytes(os.urandom(8), "little") >> 1
         key = next(self.next_key)
         handle = (
@@ -596,7 +602,7 @@ class RayEngine:
             ref = a.handle.watch.remote(timeout, self.clock)
             if self.waits[a.hop]:
                 told.append(ref)
-        # (an actor that runs two chunks at once runs its tasks in no set order: it knows
+        # (an actor that runs chunks at once runs its tasks in no set order: it knows
         # the timeout before any chunk is sent)
         ray_module().get(told)
 

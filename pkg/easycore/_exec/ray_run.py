@@ -89,7 +89,7 @@ class ActorPools(Protocol):
 
     chain: Chain
     pools: list[list[Actor]]
-    waits: list[bool]  # per hop: its actors run two chunks at once (a pool that waits)
+    waits: list[bool]  # per hop: its actors run several chunks at once (a pool that waits)
 
     def replace(self, actor: Actor) -> Actor: ...
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
@@ -164,7 +164,7 @@ class RayRun:
         books = self.books
         chunks = (books.depth + 1) * self.widest  # chunks in flight, at most
         while True:
-            window = chunks * books.chunk_size
+            window = chunks * max(books.chunk_size, books.slots)  # (slots that wait: k each)
             if books.redo:
                 if len({id(c) for c, _ in self.pending.values()}) >= chunks:
                     return
@@ -323,7 +323,7 @@ class RayRun:
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
         # alone, where a death names it. (retries=0 raising names the oldest.)
-        # An actor of a pool that waits runs two chunks at once: one being unpickled is not
+        # An actor of a pool that waits runs chunks at once: one being unpickled is not
         # known to be the oldest either.
         unknown = culprit is None or (culprit == int(UNPICKLING) and self.engine.waits[actor.hop])
         again: list[Work] = []
@@ -419,15 +419,18 @@ class RayRun:
         queued = [0] * len(self.hops)
         for chunk, h in self.pending.values():
             queued[h] += math.ceil(len(chunk.work.items) / self.hops[h].unit)
-        # An actor is not asked mid-chunk: in flight are the units of the chunk it is on (its
-        # oldest, once the hops before have finished it), up to its concurrency.
+        # An actor is not asked mid-chunk: in flight are the units of the chunks it is on
+        # (its oldest, once the hops before have finished it; an actor that waits runs all
+        # it has), up to its concurrency.
         flying = [0] * len(self.hops)
         for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:  # (snapshots)
-            queue = list(actor.queue)
             h = actor.hop
-            if not queue or any(m in self.pending for m in queue[0].metas[:h]):
-                continue
-            units = math.ceil(len(queue[0].work.items) / self.hops[h].unit)
+            ready = [
+                c for c in list(actor.queue) if not any(m in self.pending for m in c.metas[:h])
+            ]
+            if not self.engine.waits[h]:
+                ready = ready[:1]
+            units = sum(math.ceil(len(c.work.items) / self.hops[h].unit) for c in ready)
             flying[h] += min(self.hops[h].concurrency, units)
         return self.books.stats(queued, [0] * len(self.hops), flying)
 

@@ -90,6 +90,8 @@ class Worker:
     retiring: bool = False  # takes no more chunks: it is replaced once it holds none
     stopping: bool = False  # told to end (retiring): its goodbye brings a fresh worker
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
+    concurrency: int = 1  # units it runs at once (its hop's concurrency=k)
+    unit: int = 1  # first-hop items per unit of its hop
     _exit_poll: Any = None
 
     @property
@@ -97,9 +99,16 @@ class Worker:
         return self.chan.conn
 
     def has_room(self, depth: int) -> bool:
-        """Whether it may take another chunk: it holds fewer than ``depth`` (a worker that
-        is still starting queues them; it runs them once its ``init`` is done)."""
-        return self.alive and not self.retiring and len(self.outstanding) < depth
+        """Whether it may take another chunk: it holds fewer than ``depth`` chunks (a worker
+        that is still starting queues them; it runs them once its ``init`` is done); one
+        with ``concurrency=k`` (whose chunks are answered as each ends) fewer than ``depth
+        x k`` units, queued, in flight or done and on their way back."""
+        if not self.alive or self.retiring:
+            return False
+        if self.concurrency == 1:
+            return len(self.outstanding) < depth
+        held = sum(len(c.items) for c in self.outstanding.values())
+        return held < depth * self.concurrency * self.unit
 
     def count_done(self, n: int, most: int | None, memory: int | None) -> None:
         """It finished ``n`` units: due for replacement after ``most`` units, or once its
@@ -257,7 +266,14 @@ class WorkerSet:
         child.close()
         self.slots.reset(slot)
         return Worker(
-            slot=slot, index=index, hop=hop.index, device=device, proc=proc, chan=Channel(parent)
+            slot=slot,
+            index=index,
+            hop=hop.index,
+            device=device,
+            proc=proc,
+            chan=Channel(parent),
+            concurrency=hop.concurrency,
+            unit=hop.unit,
         )
 
     def respawn(self, slot: int) -> None:
