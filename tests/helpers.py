@@ -120,3 +120,27 @@ def no_actors_left():
     actor alive after the test, as a generator for a fixture."""
     yield
     assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
+
+
+def first_held(started: Path, release: Path) -> dict[str, object]:
+    """An async and a plain producer whose items touch ``started/<item>`` as they begin;
+    item 0 then waits until ``release`` exists, the others return at once."""
+    import asyncio
+
+    from easycore import producer
+
+    @producer
+    async def ahold(x):
+        (started / str(x)).touch()
+        while x == 0 and not release.exists():
+            await asyncio.sleep(0.01)
+        return x
+
+    @producer
+    def thold(x):
+        (started / str(x)).touch()
+        while x == 0 and not release.exists():
+            time.sleep(0.01)
+        return x
+
+    return {"async": ahold, "threads": thold}

@@ -13,6 +13,7 @@ import pytest
 
 import easycore
 from easycore import Failure, ItemTimeout, producer
+from helpers import first_held
 from local_http import HTTPFailed, aget, get
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
@@ -148,27 +149,12 @@ def test_stats_count_items_in_flight_and_busy_slots(tmp_path, init):
 
 @pytest.mark.parametrize("kind", ["async", "threads"])
 def test_a_slow_item_keeps_one_slot_of_its_actor_not_all(tmp_path, kind):
-    """One actor at concurrency 4 (chunks of 4): item 0 is held, the rest return at once.
-    The actor takes the next chunk while item 0 waits (its slots are the actor's, not one
-    chunk's), so items 4-7 start before item 0 is let go; the results come in order."""
+    """One actor at concurrency 4: item 0 is held, the rest return at once. The actor takes
+    the next chunks while item 0 waits (its slots are the actor's, not one chunk's), so
+    items 1-7 start before item 0 is let go; the results come in order."""
     started, release = tmp_path / "started", tmp_path / "release"
     started.mkdir()
-
-    @producer
-    async def ahold(x):
-        (started / str(x)).touch()
-        while x == 0 and not release.exists():
-            await asyncio.sleep(0.01)
-        return x
-
-    @producer
-    def thold(x):
-        (started / str(x)).touch()
-        while x == 0 and not release.exists():
-            time.sleep(0.01)
-        return x
-
-    stage = {"async": ahold, "threads": thold}[kind]
+    stage = first_held(started, release)[kind]
     with stage.open(devices=1, concurrency=4, engine="ray") as runner:
         results = runner.imap(range(40), prefetch=2)
         deadline = time.monotonic() + 60

@@ -20,6 +20,7 @@ import pytest
 
 import easycore
 from easycore import Failure, ItemTimeout, WorkerError, consumer, producer
+from helpers import first_held
 from local_http import HTTPFailed, aget, get
 
 pytestmark = pytest.mark.timeout(90)
@@ -394,29 +395,14 @@ class TestSlotsAcrossChunks:
 
     @pytest.mark.parametrize("kind", ["async", "threads"])
     def test_a_slow_item_keeps_one_slot_not_four(self, tmp_path, kind):
-        """One worker at concurrency 4, prefetch 2 (chunks of 4): item 0 is held, the rest
-        return at once. The items of the chunks after the first start while item 0 still
-        waits (a chunk done is answered at once, and the next one sent), until the run's
-        window is full: item 0's result is not yet yielded, so the run stops taking input
-        short of the 40 items. Results come in order once item 0 is let go."""
+        """One worker at concurrency 4, prefetch 2 (it holds up to 8 items): item 0 is
+        held, the rest return at once. Items after the first chunk's start while item 0
+        still waits (a chunk done is answered at once, and the next one sent), until the
+        run's window is full: item 0's result is not yet yielded, so the run stops taking
+        input short of the 40 items. Results come in order once item 0 is let go."""
         started, release = tmp_path / "started", tmp_path / "release"
         started.mkdir()
-
-        @producer
-        async def ahold(x):
-            (started / str(x)).touch()
-            while x == 0 and not release.exists():
-                await asyncio.sleep(0.01)
-            return x
-
-        @producer
-        def thold(x):
-            (started / str(x)).touch()
-            while x == 0 and not release.exists():
-                time.sleep(0.01)
-            return x
-
-        stage = {"async": ahold, "threads": thold}[kind]
+        stage = first_held(started, release)[kind]
         with stage.open(devices=1, concurrency=4) as runner:
             results = runner.imap(range(40), prefetch=2)
             wait_for_files(started, 8)
