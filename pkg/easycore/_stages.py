@@ -20,7 +20,6 @@ their chunk's order. ``concurrency=1`` with plain functions is the loop of old.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import threading
 import time
@@ -204,10 +203,11 @@ class PreparedStages:
 
     # -- the event loop and the threads -------------------------------------------------------
     def loop(self) -> asyncio.AbstractEventLoop:
-        """This place's event loop, made on first use. In the caller (``"inline"``) it runs
-        when an item does; in a worker or an actor it runs on a thread of its own, so that
-        chunks run at once share it (and the ``concurrency`` slots, :meth:`start_many`),
-        and it is also the worker's main thread's loop (``asyncio.get_event_loop()``)."""
+        """This place's event loop, made on first use (a worker's is its main thread's loop
+        too: ``asyncio.get_event_loop()`` in a plain ``init`` finds it). It runs when
+        something awaits on it: ``init``, ``end`` and, in the caller (``"inline"``), items
+        (:meth:`run_async`); in a worker or an actor, items run while it runs on a thread
+        of its own (:meth:`_serving`), so that chunks in flight at once share it."""
         import asyncio
 
         if self._loop is None or self._loop.is_closed():
@@ -215,11 +215,18 @@ class PreparedStages:
             self._gate = None
             if not self.in_caller:  # (the caller's own loop policy is none of our business)
                 asyncio.set_event_loop(loop)
-                self._loop_thread = threading.Thread(
-                    target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
-                )
-                self._loop_thread.start()
         return self._loop
+
+    def _serving(self) -> asyncio.AbstractEventLoop:
+        """The loop, running on its own thread from now until :meth:`finish` (in a worker or
+        an actor; in the caller it runs only while an item does)."""
+        loop = self.loop()
+        if not self.in_caller and self._loop_thread is None:
+            self._loop_thread = threading.Thread(
+                target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
+            )
+            self._loop_thread.start()
+        return loop
 
     def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         import asyncio
@@ -227,6 +234,18 @@ class PreparedStages:
         asyncio.set_event_loop(loop)
         bind_thread(self.context["device"])
         loop.run_forever()
+
+    def _park_loop(self) -> None:
+        """Stop the loop's own thread (``end`` runs on the main thread, as ``init`` did);
+        a loop blocked by a sync call in an item is left to the process's exit."""
+        thread, self._loop_thread = self._loop_thread, None
+        loop = self._loop
+        if thread is None or loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5.0)
+        if thread.is_alive():
+            self._loop = None  # (still running there: not ours to close)
 
     def run_async(self, coro: Any) -> Any:
         """Run ``coro`` on the loop and wait for what it gives (or raises)."""
@@ -245,33 +264,20 @@ class PreparedStages:
         return value
 
     def _close_loop(self) -> None:
+        self._park_loop()
         loop, self._loop = self._loop, None
-        thread, self._loop_thread = self._loop_thread, None
         if loop is not None and not loop.is_closed():
             import asyncio
-            import concurrent.futures
 
-            async def wind_up() -> None:
-                pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
                 for t in pending:
                     t.cancel()
                 if pending:
-                    await asyncio.gather(*pending, return_exceptions=True)
-                await loop.shutdown_asyncgens()
-
-            try:
-                if thread is None:
-                    loop.run_until_complete(wind_up())
-                else:
-                    try:  # (a loop blocked by a sync call in an item: leave it be)
-                        with contextlib.suppress(concurrent.futures.TimeoutError):
-                            asyncio.run_coroutine_threadsafe(wind_up(), loop).result(5.0)
-                    finally:
-                        loop.call_soon_threadsafe(loop.stop)
-                        thread.join(5.0)
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
-                if not loop.is_running():
-                    loop.close()
+                loop.close()
                 if not self.in_caller:
                     asyncio.set_event_loop(None)
         threads, self._threads = self._threads, None
@@ -305,6 +311,7 @@ class PreparedStages:
 
     def finish(self) -> StageFailure | None:
         """Run ``end`` of every started stage, all of them; return the first failure."""
+        self._park_loop()
         first: StageFailure | None = None
         for st in self.prepared:
             if st.end is None:
@@ -618,7 +625,7 @@ class PreparedStages:
 
         tally = _Tally()
         if self.is_async:
-            loop = self.loop()
+            loop = self._serving()
             coro = self._amany(jobs, seed, numbering, allowed, timeout, stop, since, tally)
             if self._loop_thread is not None:
                 return asyncio.run_coroutine_threadsafe(coro, loop)

@@ -117,6 +117,22 @@ class TestInFlight:
 
         assert same_loop.map(range(6), devices=1, concurrency=3) == [True] * 6
 
+    def test_a_plain_init_may_run_the_loop_itself(self):
+        """A plain init that runs the worker's loop to make its client (code written before
+        async stages could have an async init) works, and items run on that loop."""
+
+        async def client():
+            return asyncio.get_running_loop()
+
+        def init():
+            return asyncio.get_event_loop().run_until_complete(client())
+
+        @producer(init=init)
+        async def same_loop(x, state):
+            return asyncio.get_running_loop() is state
+
+        assert same_loop.map(range(6), devices=1, concurrency=3) == [True] * 6
+
     def test_a_runner_keeps_its_concurrency_across_maps(self, server):
         with afetch.open(devices=1, concurrency=4) as runner:
             assert runner.map(urls(server, 10, delay=0.05)) == list(range(10))
