@@ -25,12 +25,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 import cloudpickle
 
-from easycore._errors import SerializationError, after_retries, short_repr
+from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source
@@ -45,6 +45,7 @@ __all__ = [
     "Failed",
     "RunBooks",
     "Segment",
+    "Transport",
     "Work",
     "without",
 ]
@@ -134,6 +135,19 @@ class Charges:
         return {
             (h, i): k for (h, i), k in self.runs.items() if start <= i * self.hops[h].unit < end
         }
+
+
+class Transport(Protocol):
+    """What an engine does for one run under :meth:`RunBooks.loop`."""
+
+    def dispatch(self, most_chunks: int | None = None) -> None:
+        """Send chunks while the window has room (at most ``most_chunks``)."""
+
+    def busy(self) -> bool:
+        """Whether a chunk is out at a worker."""
+
+    def wait(self) -> None:
+        """Wait for what comes back (or a submitted item, or the clock) and handle it."""
 
 
 class RunBooks:
@@ -387,6 +401,37 @@ class RunBooks:
                 start, values, n = self.ready.popleft()
                 self.taken -= n
                 yield Segment(start, values)
+
+    def loop(self, transport: Transport, is_current: Callable[[], bool]) -> Iterator[Segment]:
+        """Yield segments until the run is done, ``transport`` moving the chunks.
+
+        Each turn refills before yielding (the workers compute while the caller folds
+        results) and after (yielding frees room): it never waits with room and nothing in
+        flight. With a result ready, only a chunk per worker goes out first: after a pause
+        the caller finds many results at once, and the rest of the refill waits for its next
+        call rather than delay the result it came for.
+
+        Raises:
+            RuntimeError: ``is_current()`` turned False (the runner was closed under it).
+        """
+        try:
+            while True:
+                transport.dispatch(len(self.chain.devices) if self.deliverable() else None)
+                yield from self.deliver()
+                if not is_current():
+                    msg = "the runner was closed while this run had items pending"
+                    raise RuntimeError(msg)
+                transport.dispatch()
+                settled = not (transport.busy() or self.unsettled())
+                if self.source.should_end(settled) or (settled and self.source.exhausted):
+                    return
+                transport.wait()
+        finally:
+            self.finished = time.monotonic()
+
+    def stalled(self) -> EasycoreError:
+        """Work remains, yet nothing is in flight or can go out (a bug in easycore)."""
+        return EasycoreError(f"easycore internal error: stalled with {self.taken} item(s) pending")
 
     def unsettled(self) -> bool:
         """Something waits to be re-run or yielded."""

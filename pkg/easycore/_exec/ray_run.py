@@ -18,7 +18,6 @@ from typing import Any, Protocol
 import attrs
 import cloudpickle
 
-from easycore._errors import EasycoreError
 from easycore._exec.blame import Blame, Dead, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Segment, Work
 from easycore._exec.plan import Chain, StageStats
@@ -117,44 +116,37 @@ class RayRun:
         memory = options.max_worker_memory
         self.memory = parse_bytes(memory) if memory is not None else None
 
-    # -- the loop ----------------------------------------------------------------------------
+    # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
     def loop(self, is_current: Callable[[], bool]) -> Iterator[Segment]:
+        return self.books.loop(self, is_current)
+
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def wait(self) -> None:
+        """Wait for a chunk's hop to finish (a live source or the clock: a while at most)."""
         ray = ray_module()
 
-        books = self.books
-        live = books.source.wakeup() is not None
-        try:
-            while True:
-                if not is_current():
-                    msg = "the runner was closed while this run was going on"
-                    raise RuntimeError(msg)
-                yield from books.deliver()
-                self.dispatch()
-                settled = not self.pending and not books.unsettled()
-                if settled and (books.source.exhausted or books.source.should_end(True)):
-                    return
-                wait = POLL if live or self.options.timeout else 1.0
-                refs = list(self.pending)
-                if refs:
-                    ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
-                    if ready:
-                        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                    for ref in ready:
-                        if ref in self.pending:
-                            self.on_ready(ref)
-                elif live:
-                    time.sleep(POLL)
-                    books.source.drain_wakeups()
-                elif not (books.redo or books.deliverable()):
-                    msg = f"easycore internal error: stalled with {books.taken} item(s) pending"
-                    raise EasycoreError(msg)
-                if self.options.timeout is not None:
-                    self.check_clock()
-                self.engine.recycle_idle()
-        finally:
-            books.finished = time.monotonic()
+        live = self.books.source.wakeup() is not None
+        refs = list(self.pending)
+        if refs:
+            wait = POLL if live or self.options.timeout else 1.0
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                if ref in self.pending:
+                    self.on_ready(ref)
+        elif live:
+            time.sleep(POLL)
+            self.books.source.drain_wakeups()
+        elif not (self.books.redo or self.books.deliverable()):
+            raise self.books.stalled()
+        if self.options.timeout is not None:
+            self.check_clock()
+        self.engine.recycle_idle()
 
-    def dispatch(self) -> None:
+    def dispatch(self, most_chunks: int | None = None) -> None:
         """Send chunks while the window has room: re-runs first, then new input.
 
         Re-runs (counted in the window already, and perhaps split into many) go out while
@@ -162,7 +154,9 @@ class RayRun:
         """
         books = self.books
         chunks = (books.depth + 1) * self.widest  # chunks in flight, at most
-        while True:
+        sent = 0
+        while most_chunks is None or sent < most_chunks:
+            sent += 1
             window = chunks * books.chunk_size
             if books.redo:
                 if len({id(c) for c, _ in self.pending.values()}) >= chunks:

@@ -1,36 +1,26 @@
 """The process transport: one ``map``/``imap`` on worker processes, over the run's books.
 
-The books (``core.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy)
-are the engine-neutral part; this module moves chunks through the workers' pipes and turns
-what comes back (Done, Held, deaths, timeouts) into entries in those books. Results come
-back per chunk and are yielded as segments, so the per-item cost in the caller is a list
-append, not a message. Each turn of :meth:`Run.loop`::
+The books (``core.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy,
+the loop) are the engine-neutral part; this module moves chunks through the workers' pipes
+and turns what comes back (Done, Held, Sent, BadOutput, Unreadable, deaths, timeouts) into
+entries in those books. Results come back per chunk, so the per-item cost in the caller is a
+list append, not a message.
 
-    dispatch      route held chunks to the next hop's workers that have room, give segment
-                  releases back to last-hop workers, send new chunks to first-hop workers
-    deliver       yield what is ready (in input order with ordered=True)
-    wait          for a pipe, a process sentinel or (submit) the wake-up socket
-    on_message    Done / Held / Sent / BadOutput / Unreadable, or on_death for a gone worker
-    check_timeouts
-
-Guarantees kept here: backpressure (at most ``books.window()`` items taken from the source
-and not yet yielded), exactly-once (the ledger knows where every chunk is; a dead worker's chunks
-re-run under new ids, a late reply for an old id is dropped), ordering (segments keyed by
-start index), and the fault matrix (which item to blame for a death or a timeout, retries
-charged per unit, errors raised with the stage and item named).
+Kept here: exactly-once (the ledger knows where every chunk is; a dead worker's chunks re-run
+under new ids, a late reply for an old id is dropped) and which unit a death or a timeout
+blames (``blame.assign_blame``, from the worker's shared slot).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from easycore._errors import EasycoreError, SerializationError, describe_exitcode, item_label
+from easycore._errors import SerializationError, describe_exitcode, item_label
 from easycore._exec.blame import Dead, assign_blame, settle_death
-from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment, Work
+from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Work
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sources import Source, source_of
@@ -62,7 +52,6 @@ class Run:
         ids: chunk ids, shared by every run of the runner.
         policy: what a failed output unit becomes (raised, or delivered as ``Failed``).
         bars: one progress bar per hop, or None.
-        is_current: False once the runner was closed (or re-activated) under this run.
     """
 
     def __init__(
@@ -74,7 +63,6 @@ class Run:
         *,
         policy: ErrorPolicy = RAISE,
         bars: list[Any] | None = None,
-        is_current: Callable[[], bool] = lambda: True,
     ) -> None:
         self.workers = workers
         self.chain: Chain = workers.chain
@@ -85,7 +73,6 @@ class Run:
         self.recycling = (
             options.max_items_per_worker is not None or options.max_worker_memory is not None
         )
-        self.is_current = is_current
         self.ledger = Ledger(workers, ids, len(self.hops), options.ordered)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: dict[int, int] = {}
@@ -95,52 +82,19 @@ class Run:
         queued, waiting = self.ledger.units(self.hops)
         return self.books.stats(queued, waiting, self.workers.in_flight())
 
-    # -- the loop ----------------------------------------------------------------------------
-    def loop(self) -> Iterator[Segment]:
-        """Yield segments until the run is done."""
-        books = self.books
-        try:
-            while True:
-                # Refill before yielding (the workers compute while the caller folds results)
-                # and after (yielding frees room): never wait with room and nothing in flight.
-                # With a result ready, only a chunk per worker goes out first: after a pause
-                # the caller finds many results at once, and the rest of the refill waits
-                # for its next call rather than delay the result it came for.
-                self.dispatch(len(self.workers.workers) if books.deliverable() else None)
-                yield from books.deliver()
-                if not self.is_current():
-                    msg = "the runner was closed while this run had items pending"
-                    raise RuntimeError(msg)
-                self.dispatch()
-                if books.source.should_end(self._settled()):
-                    return
-                if not self.ledger:
-                    if books.source.exhausted and self._settled():
-                        return
-                    self._check_stalled()
-                self.wait()
-        finally:
-            books.finished = time.monotonic()
-
-    def _settled(self) -> bool:
-        """Nothing in flight, to re-run, or to yield."""
-        return not (self.ledger or self.books.unsettled())
-
-    def _check_stalled(self) -> None:
-        source = self.books.source
-        if source.wakeup() is not None and not source.exhausted:
-            return  # idle until the next submit
-        if all(w.ready and not w.retiring for w in self.workers.workers):
-            # Nothing in flight, every worker idle, yet work remains: waiting would hang
-            # forever, so fail loudly instead (this is a bug in easycore). (A worker being
-            # replaced comes back: its goodbye wakes us.)
-            msg = f"easycore internal error: stalled with {self.books.taken} item(s) pending"
-            raise EasycoreError(msg)
+    # -- the transport's part of the loop (core.RunBooks.loop) ---------------------------
+    def busy(self) -> bool:
+        return bool(self.ledger)
 
     def wait(self) -> None:
         """Wait for the next message, death or submitted item; handle it; enforce timeouts."""
         source = self.books.source
         wake = source.wakeup()
+        # Nothing in flight and every worker idle, yet work remains: waiting would hang
+        # forever. (A worker being replaced comes back: its goodbye wakes us.)
+        idle = not self.ledger and (wake is None or source.exhausted)
+        if idle and all(w.ready and not w.retiring for w in self.workers.workers):
+            raise self.books.stalled()
         timeout = self.options.timeout
         self.workers.wait_and_handle(
             self.workers.wait_time(timeout), self.on_message, () if wake is None else (wake,)
