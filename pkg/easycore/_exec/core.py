@@ -33,7 +33,7 @@ import cloudpickle
 from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
-from easycore._exec.sources import Source
+from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import ErrorReport, is_cached
 
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 
+@attrs.define(eq=False)
 class Failed:
     """An output unit that failed, delivered in place of its result when the policy keeps
     the run going: the error ``raise`` would have raised, its first-hop item(s), its stage,
@@ -62,13 +63,10 @@ class Failed:
     of the earliest hop's failures first, together).
     """
 
-    __slots__ = ("exc", "hop", "item", "stage")
-
-    def __init__(self, exc: BaseException, item: Any = None, stage: str = "", hop: int = 0) -> None:
-        self.exc = exc
-        self.item = item
-        self.stage = stage
-        self.hop = hop
+    exc: BaseException
+    item: Any = None
+    stage: str = ""
+    hop: int = 0
 
 
 class Segment(NamedTuple):
@@ -89,11 +87,11 @@ class ErrorPolicy:
     name: str
     isolates: bool
 
-    def settle(self, error: BaseException, item: Any, stage: str) -> Failed:
+    def settle(self, error: BaseException, item: Any, stage: str, hop: int = 0) -> Failed:
         """The failed unit's result; raises ``error`` under ``raise``."""
         if not self.isolates:
             raise error
-        return Failed(error, item, stage)
+        return Failed(error, item, stage, hop)
 
 
 RAISE = ErrorPolicy("raise", isolates=False)
@@ -231,10 +229,6 @@ class RunBooks:
         a = out * self.align - start
         return items[a] if self.align == 1 else list(items[a : a + self.align])
 
-    def stage_of(self, hop: int, stage: str) -> str:
-        """The stage a failure names: the hop's own name for a transport's ``<...>``."""
-        return self.hops[hop].name if stage.startswith("<") else stage
-
     def pins_down(self) -> bool:
         """Whether units under suspicion (a death that names none of them) run again one by
         one, so that only the one at fault is charged, retried or set aside; else (no
@@ -346,7 +340,8 @@ class RunBooks:
             index=self.index(hop, index),
         )
         item = self.unit_items(work.items, work.start, out)
-        return self.policy.settle(error, item, self.stage_of(hop, report.stage))
+        stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
+        return self.policy.settle(error, item, stage)  # (a transport's "<...>": the hop's)
 
     def unpicklable(self, work: Work, exc: BaseException) -> None:
         """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
@@ -471,6 +466,7 @@ class RunBooks:
 
     def clear(self) -> None:
         """The run is over: drop its input and results (the counters stay, for stats)."""
+        self.source = source_of(())
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()

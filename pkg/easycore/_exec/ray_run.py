@@ -22,8 +22,8 @@ from easycore._exec.blame import Blame, Dead, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Segment, Work
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.ray_actor import Broken, Meta, Packed, Placement
-from easycore._exec.sources import Source, source_of
-from easycore._options import RunOptions, parse_bytes
+from easycore._exec.sources import Source
+from easycore._options import RunOptions
 from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, is_cached
 
 __all__ = ["POLL", "Actor", "ActorPools", "RayChunk", "RayRun", "first_line", "ray_module"]
@@ -78,10 +78,6 @@ class RayChunk:
     values: Any = None  # the last hop's result reference
     metas: list[Any] = attrs.Factory(list)  # per hop
 
-    @property
-    def start(self) -> int:
-        return self.work.start
-
 
 class ActorPools(Protocol):
     """What a run needs of its engine: the actors of every hop, and fresh ones."""
@@ -113,8 +109,6 @@ class RayRun:
         self.pending: dict[Any, tuple[RayChunk, int]] = {}  # meta ref -> (chunk, hop)
         self.last_probe = time.monotonic()
         self.widest = max(len(h.devices) for h in self.hops)
-        memory = options.max_worker_memory
-        self.memory = parse_bytes(memory) if memory is not None else None
 
     # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
     def loop(self, is_current: Callable[[], bool]) -> Iterator[Segment]:
@@ -176,13 +170,15 @@ class RayRun:
             return True
         picks = []
         for pool in self.engine.pools:
-            # an actor running a solo chunk takes nothing else; a solo chunk needs an idle one
-            free = [a for a in pool if not (a.retiring or any(c.work.solo for c in a.queue))]
-            if work.solo:
-                free = [a for a in free if not a.queue]
-            # a slot of tasks holds one chunk at a time: Ray would run more of them at once,
-            # so a pool would use more CPUs (and hold more items) than its devices say
-            free = [a for a in free if a.task is None or not a.queue]
+            # An actor running a solo chunk takes nothing else; a solo chunk needs an idle
+            # one. A slot of tasks holds one chunk at a time: Ray would run more of them at
+            # once, so a pool would use more CPUs (and hold more items) than its devices say.
+            free = [
+                a
+                for a in pool
+                if not (a.retiring or any(c.work.solo for c in a.queue))
+                and not (a.queue and (work.solo or a.task is not None))
+            ]
             if not free:
                 books.redo.appendleft(work)
                 return False
@@ -222,46 +218,41 @@ class RayRun:
         ray = ray_module()
 
         books = self.books
-        chunk, h = self.pending.pop(ref)
+        chunk, h = self.pending[ref]
         actor = chunk.actors[h]
         try:
             meta: Meta = ray.get(ref)
             values = ray.get(chunk.values) if h == len(self.hops) - 1 else None
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            self.pending[ref] = (chunk, h)  # (on_death forgets every chunk of the actor)
             dead = self.dead_actor(chunk)
             if dead.task is None:
-                self.on_death(dead, exc, culprit=None)
+                self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
             else:  # a task's process died: that chunk alone was running there
                 self.forget(chunk)
                 books.again(self.blame(dead, [chunk.work], exc, None))
             if ref in self.pending:  # it was not the dead actor's: run it again as it is
                 self.forget(chunk)
-                books.again([Work(chunk.start, chunk.work.items)])
+                books.again([Work(chunk.work.start, chunk.work.items)])
             return
-        except (ray.exceptions.RayTaskError, ray.exceptions.RaySystemError) as exc:
-            # a result that would not pickle there, or not unpickle here (a class this
-            # process lacks, a __setstate__ that raises): its unit fails, named
-            self.pending[ref] = (chunk, h)
+        except ray.exceptions.RayError as exc:
             self.forget(chunk)
-            books.unpicklable(chunk.work, exc)
+            if isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
+                # a result that would not pickle there, or not unpickle here (a class this
+                # process lacks, a __setstate__ that raises): its unit fails, named
+                books.unpicklable(chunk.work, exc)
+            else:  # a result lost with its node: run it again
+                books.again([Work(chunk.work.start, chunk.work.items)])
             return
-        except ray.exceptions.RayError:  # a result lost with its node: run it again
-            self.pending[ref] = (chunk, h)
-            self.forget(chunk)
-            books.again([Work(chunk.start, chunk.work.items)])
-            return
-        if actor.queue and actor.queue[0] is chunk:
-            actor.queue.popleft()
-        else:
-            with contextlib.suppress(ValueError):
-                actor.queue.remove(chunk)
+        del self.pending[ref]
+        with contextlib.suppress(ValueError):  # (the oldest, mostly: found at once)
+            actor.queue.remove(chunk)
         books.count(h, meta.n, meta.busy)
         books.measured(h, len(chunk.work.items), meta.elapsed)
-        if self.memory is not None and meta.rss > self.memory:
+        memory = self.options.max_worker_memory  # (bytes: RunOptions parsed it)
+        if memory is not None and meta.rss > memory:
             actor.retiring = True
         if values is not None:
-            books.store(chunk.start, self.outputs(chunk, values), len(chunk.work.items))
+            books.store(chunk.work.start, self.outputs(chunk, values), len(chunk.work.items))
 
     def outputs(self, chunk: RayChunk, values: list[Any]) -> list[Any]:
         """The last hop's values, failed units settled by the policy."""
@@ -394,7 +385,6 @@ class RayRun:
             for actor in pool:
                 actor.cut_short = actor.cut_short or bool(actor.queue)
         self.clear()
-        self.books.source = source_of(())
 
     def clear(self) -> None:
         for pool in self.engine.pools:

@@ -23,7 +23,7 @@ from easycore._exec.blame import Dead, assign_blame, settle_death
 from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Work
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sources import Source, source_of
+from easycore._exec.sources import Source
 from easycore._exec.workers import Worker, WorkerSet
 from easycore._options import RunOptions
 from easycore._protocol import (
@@ -209,6 +209,7 @@ class Run:
     def _fail_held(self, chunk: Chunk, failed: dict[int, Failed]) -> None:
         """Units of a chunk failed before its last hop; the chunk's other output units did
         not move on: they run again from the start."""
+        self.ledger.untrack(chunk)
         books = self.books
         for unit, failure in failed.items():
             books.store(unit * books.align, [failure], books.align)
@@ -230,7 +231,6 @@ class Run:
             chunk = self.ledger.live.get(msg.chunk_id)
             if chunk is not None:  # that unit fails; the chunk's others run again
                 failed = self._errors(w, chunk, [(msg.position, msg.error)], "while sending")
-                self.ledger.untrack(chunk)
                 self._fail_held(chunk, failed)
         elif isinstance(msg, Unreadable):
             self._on_unreadable(w, msg)
@@ -257,7 +257,6 @@ class Run:
         failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
         if isinstance(msg, Held):
             if failed:
-                self.ledger.live.pop(chunk.id, None)
                 self._fail_held(chunk, failed)
             else:
                 self.ledger.hold(chunk, w)
@@ -367,6 +366,5 @@ class Run:
 
     def let_go(self) -> None:
         """Drop the input and results once the run is over (stats() keeps the counters)."""
-        self.books.source = source_of(())
         self.books.clear()
         self.ledger.clear()
