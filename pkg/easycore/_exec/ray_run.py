@@ -1,9 +1,8 @@
-"""One run of ``engine="ray"``: chunks through the chain's actors over object references.
+"""The Ray transport: one run's chunks through the chain's actors over object references.
 
-The driver's loop of named steps (``dispatch``, ``send``, ``on_ready``, ``on_death`` /
-``blame``, ``check_clock``, ``recycle``, ``finish``), the Ray counterpart of ``run.Run``; the
-engine (``ray_engine.RayEngine``) owns the actors and replaces them when asked. See the
-engine's docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept.
+The counterpart of ``run.Run`` under the same books and loop (``core.RunBooks``); the engine
+(``ray_engine.RayEngine``) owns the actors and replaces them when asked. See the engine's
+docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept.
 """
 
 from __future__ import annotations
