@@ -286,24 +286,25 @@ class RunBooks:
         least = min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
         return max(least, self.least)
 
-    def measured(self, hop: int, n: int, elapsed: float, nbytes: int = 0) -> None:
-        """A chunk of ``n`` first-hop units took ``elapsed`` s at ``hop`` (``nbytes`` back)."""
-        self.sizers[hop].update(n, elapsed, nbytes)
-        self.resize()
-
     def resize(self) -> None:
         if any(s.per_item is None for s in self.sizers):
             return  # a hop not yet measured may be the slow one: no big chunks before then
         size = min(s.size for s in self.sizers)
         self.chunk_size = max(self.align, size - size % self.align, self.least)
 
-    def count(self, hop: int, n: int, busy: float) -> None:
+    def count(
+        self, hop: int, n: int, busy: float, items: int = 0, elapsed: float = 0.0, nbytes: int = 0
+    ) -> None:
         """``hop`` finished ``n`` of its units in ``busy`` slot-seconds of work (its wall
-        time, with units in flight together counted each)."""
+        time, with units in flight together counted each); a chunk of ``items`` first-hop
+        units that took ``elapsed`` s (``nbytes`` back) sizes the chunks to come."""
         self.done[hop] += n
         self.busy[hop] += busy
         if self.bars is not None:
             self.bars[hop].update(n)
+        if items:
+            self.sizers[hop].update(items, elapsed, nbytes)
+            self.resize()
 
     # -- what comes back ---------------------------------------------------------------------
     def store(self, start: int, values: list[Any], n: int) -> None:

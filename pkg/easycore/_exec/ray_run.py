@@ -245,8 +245,7 @@ class RayRun:
         del self.pending[ref]
         with contextlib.suppress(ValueError):  # (the oldest, mostly: found at once)
             actor.queue.remove(chunk)
-        books.count(h, meta.n, meta.busy)
-        books.measured(h, len(chunk.work.items), meta.elapsed)
+        books.count(h, meta.n, meta.busy, len(chunk.work.items), meta.elapsed)
         memory = self.options.max_worker_memory  # (bytes: RunOptions parsed it)
         if memory is not None and meta.rss > memory:
             actor.retiring = True

@@ -250,8 +250,7 @@ class Run:
         books = self.books
         h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
-        books.count(h, n, msg.busy)
-        books.measured(h, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
+        books.count(h, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
         if self.recycling:
             w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
         failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
