@@ -379,15 +379,13 @@ class RayRun:
             if chunk.actors[h].task is None:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
-        for pool in self.engine.pools:
-            for actor in pool:
-                actor.cut_short = actor.cut_short or bool(actor.queue)
-        self.clear()
+        self.clear(cut_short=True)
 
-    def clear(self) -> None:
-        for pool in self.engine.pools:
-            for actor in pool:
-                actor.queue.clear()
+    def clear(self, cut_short: bool = False) -> None:
+        """Forget every chunk (``cut_short``: an actor that had one may be mid-unit)."""
+        for actor in [a for pool in self.engine.pools for a in pool]:
+            actor.cut_short = actor.cut_short or (cut_short and bool(actor.queue))
+            actor.queue.clear()
         self.pending.clear()
         self.books.clear()
 

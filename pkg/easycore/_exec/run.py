@@ -69,10 +69,6 @@ class Run:
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars)
         self.options = options
-        # workers are replaced after n items or past a memory bound (long jobs)
-        self.recycling = (
-            options.max_items_per_worker is not None or options.max_worker_memory is not None
-        )
         self.ledger = Ledger(workers, ids, len(self.hops), options.ordered)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: dict[int, int] = {}
@@ -109,8 +105,7 @@ class Run:
         hold no chunk), then send new chunks to the first hop (at most ``most_chunks``)."""
         self._route()
         self.workers.give_back(self.chain.last)
-        if self.recycling:
-            self.workers.retire_idle()
+        self.workers.retire_idle()
         books = self.books
         timed = self.options.timeout is not None
         most = self.options.max_items_per_worker
@@ -245,14 +240,12 @@ class Run:
                 with contextlib.suppress(OSError):
                     w.chan.send_control(Drop(msg.chunk_id))
             return
-        if self.idle_deaths:  # retries bound deaths in a row, not deaths over a long run
-            self.idle_deaths.pop(w.slot, None)
+        self.idle_deaths.pop(w.slot, None)  # retries bound deaths in a row, not over a run
         books = self.books
         h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
         books.count(h, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
-        if self.recycling:
-            w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
+        w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
         failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
         if isinstance(msg, Held):
             if failed:
