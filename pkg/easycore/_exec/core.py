@@ -437,7 +437,7 @@ class RunBooks:
         self,
         queued: Sequence[int],
         waiting: Sequence[int],
-        in_flight: Sequence[int] | None = None,
+        in_flight: Sequence[int],
         concurrent: bool = True,
     ) -> list[StageStats]:
         """Per hop: done, busy (of its slots' time), queued, in flight and waiting units.
@@ -450,7 +450,7 @@ class RunBooks:
         out = []
         for h, hop in enumerate(self.hops):
             k = hop.concurrency if concurrent else 1
-            flying = 0 if in_flight is None else in_flight[h]
+            flying = in_flight[h]
             out.append(
                 StageStats(
                     hop.name,
