@@ -322,17 +322,16 @@ class RayRun:
         books = self.books
         unit = self.hops[actor.hop].unit
         work = lost[0]
-        units = sorted({(work.start + k) // unit for k in range(len(work.items))})
+        units = tuple(range(work.start // unit, -(-work.end // unit)))
         doing = "unpickling" if culprit == int(UNPICKLING) else "running"
         if doing == "unpickling" or culprit is None:
             culprit = units[0] if len(units) == 1 else None
         outs = -(-work.end // books.align) - work.start // books.align
         if culprit is not None:
             blame = Blame(culprit, work, None, (culprit,), None, doing)
-        elif outs == 1 or not books.pins_down():  # every unit of it is charged
-            blame = Blame(None, None, None, tuple(units), work, doing)
-        else:  # split it, charging nothing: a death of one alone pins the culprit down
-            blame = Blame(None, None, None, (), work, doing)
+        else:  # every unit of it charged; or, split, none: a death of one alone names it
+            charged = units if outs == 1 or not books.pins_down() else ()
+            blame = Blame(None, None, None, charged, work, doing)
         dead = Dead(
             actor.hop,
             actor.index,

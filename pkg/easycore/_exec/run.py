@@ -20,7 +20,7 @@ from typing import Any
 
 from easycore._errors import SerializationError, describe_exitcode, item_label
 from easycore._exec.blame import Dead, assign_blame, settle_death
-from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Work
+from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sources import Source
@@ -190,14 +190,13 @@ class Run:
         the output units they belong to (the policy may raise the first)."""
         books = self.books
         per = self.hops[w.hop].unit
-        work = Work(chunk.start, chunk.items)
         out: dict[int, Failed] = {}
         for k, report in errors:
             index = chunk.start // per + k  # a unit of w's hop
             unit = index * per // books.align
             if unit not in out:
                 out[unit] = books.settle_report(
-                    report, w.hop, index, work, device=w.device, worker=w.index, doing=doing
+                    report, w.hop, index, chunk, device=w.device, worker=w.index, doing=doing
                 )
         return out
 
@@ -208,7 +207,7 @@ class Run:
         books = self.books
         for unit, failure in failed.items():
             books.store(unit * books.align, [failure], books.align)
-        books.again(books.rerun(Work(chunk.start, chunk.items), failed))
+        books.again(books.rerun(chunk, failed))
 
     # -- messages ----------------------------------------------------------------------------
     def on_message(self, w: Worker, msg: Any) -> None:
