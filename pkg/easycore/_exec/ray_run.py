@@ -222,24 +222,21 @@ class RayRun:
         try:
             meta: Meta = ray.get(ref)
             values = ray.get(chunk.values) if h == len(self.hops) - 1 else None
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            dead = self.dead_actor(chunk)
-            if dead.task is None:
-                self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
-            else:  # a task's process died: that chunk alone was running there
-                self.forget(chunk)
-                books.again(self.blame(dead, [chunk.work], exc, None))
-            if ref in self.pending:  # it was not the dead actor's: run it again as it is
-                self.forget(chunk)
-                books.again([Work(chunk.work.start, chunk.work.items)])
-            return
         except ray.exceptions.RayError as exc:
-            self.forget(chunk)
-            if isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
+            if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
+                dead = self.dead_actor(chunk)
+                if dead.task is None:
+                    self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
+                else:  # a task's process died: that chunk alone was running there
+                    self.forget(chunk)
+                    books.again(self.blame(dead, [chunk.work], exc, None))
+            elif isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
                 # a result that would not pickle there, or not unpickle here (a class this
                 # process lacks, a __setstate__ that raises): its unit fails, named
+                self.forget(chunk)
                 books.unpicklable(chunk.work, exc)
-            else:  # a result lost with its node: run it again
+            if ref in self.pending:  # lost with its node, or not the dead actor's: run it again
+                self.forget(chunk)
                 books.again([Work(chunk.work.start, chunk.work.items)])
             return
         del self.pending[ref]
