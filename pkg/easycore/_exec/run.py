@@ -107,9 +107,7 @@ class Run:
         self.workers.give_back(self.chain.last)
         self.workers.retire_idle()
         books = self.books
-        timed = self.options.timeout is not None
         most = self.options.max_items_per_worker
-        n_workers = len(self.workers.workers)
         # One chunk at a time to the worker holding the fewest, so consecutive chunks go to
         # different workers: an ordered stream is then fed by all of them at once, not by one
         # worker working through a deep queue of consecutive chunks while the others' results
@@ -124,7 +122,7 @@ class Run:
                 if limit <= 0:
                     open_.remove(w)
                     continue
-            work = books.take(books.window(n_workers) - books.taken, limit)
+            work = books.take(books.window(len(self.workers.workers)) - books.taken, limit)
             if work is None:
                 return
             chunk_id = next(self.ledger.ids)
@@ -133,7 +131,7 @@ class Run:
                 self.options.run_seed,
                 work.start,
                 work.items,
-                timed,
+                self.options.timeout is not None,
                 self.options.retries,
                 books.charges.spent(work.start, work.end),
                 books.numbering,
