@@ -25,15 +25,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 import cloudpickle
 
-from easycore._errors import SerializationError, after_retries, short_repr
+from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
-from easycore._exec.sources import Source
+from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import ErrorReport, is_cached
 
@@ -45,11 +45,13 @@ __all__ = [
     "Failed",
     "RunBooks",
     "Segment",
+    "Transport",
     "Work",
     "without",
 ]
 
 
+@attrs.define(eq=False)
 class Failed:
     """An output unit that failed, delivered in place of its result when the policy keeps
     the run going: the error ``raise`` would have raised, its first-hop item(s), its stage,
@@ -61,13 +63,10 @@ class Failed:
     of the earliest hop's failures first, together).
     """
 
-    __slots__ = ("exc", "hop", "item", "stage")
-
-    def __init__(self, exc: BaseException, item: Any = None, stage: str = "", hop: int = 0) -> None:
-        self.exc = exc
-        self.item = item
-        self.stage = stage
-        self.hop = hop
+    exc: BaseException
+    item: Any = None
+    stage: str = ""
+    hop: int = 0
 
 
 class Segment(NamedTuple):
@@ -88,11 +87,11 @@ class ErrorPolicy:
     name: str
     isolates: bool
 
-    def settle(self, error: BaseException, item: Any, stage: str) -> Failed:
+    def settle(self, error: BaseException, item: Any, stage: str, hop: int = 0) -> Failed:
         """The failed unit's result; raises ``error`` under ``raise``."""
         if not self.isolates:
             raise error
-        return Failed(error, item, stage)
+        return Failed(error, item, stage, hop)
 
 
 RAISE = ErrorPolicy("raise", isolates=False)
@@ -134,6 +133,19 @@ class Charges:
         return {
             (h, i): k for (h, i), k in self.runs.items() if start <= i * self.hops[h].unit < end
         }
+
+
+class Transport(Protocol):
+    """What an engine does for one run under :meth:`RunBooks.loop`."""
+
+    def dispatch(self, most_chunks: int | None = None) -> None:
+        """Send chunks while the window has room (at most ``most_chunks``)."""
+
+    def busy(self) -> bool:
+        """Whether a chunk is out at a worker."""
+
+    def wait(self) -> None:
+        """Wait for what comes back (or a submitted item, or the clock) and handle it."""
 
 
 class RunBooks:
@@ -219,10 +231,6 @@ class RunBooks:
         a = out * self.align - start
         return items[a] if self.align == 1 else list(items[a : a + self.align])
 
-    def stage_of(self, hop: int, stage: str) -> str:
-        """The stage a failure names: the hop's own name for a transport's ``<...>``."""
-        return self.hops[hop].name if stage.startswith("<") else stage
-
     def pins_down(self) -> bool:
         """Whether units under suspicion (a death that names none of them) run again one by
         one, so that only the one at fault is charged, retried or set aside; else (no
@@ -282,24 +290,25 @@ class RunBooks:
         least = min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
         return max(least, self.least)
 
-    def measured(self, hop: int, n: int, elapsed: float, nbytes: int = 0) -> None:
-        """A chunk of ``n`` first-hop units took ``elapsed`` s at ``hop`` (``nbytes`` back)."""
-        self.sizers[hop].update(n, elapsed, nbytes)
-        self.resize()
-
     def resize(self) -> None:
         if any(s.per_item is None for s in self.sizers):
             return  # a hop not yet measured may be the slow one: no big chunks before then
         size = min(s.size for s in self.sizers)
         self.chunk_size = max(self.align, size - size % self.align, self.least)
 
-    def count(self, hop: int, n: int, busy: float) -> None:
+    def count(
+        self, hop: int, n: int, busy: float, items: int = 0, elapsed: float = 0.0, nbytes: int = 0
+    ) -> None:
         """``hop`` finished ``n`` of its units in ``busy`` slot-seconds of work (its wall
-        time, with units in flight together counted each)."""
+        time, with units in flight together counted each); a chunk of ``items`` first-hop
+        units that took ``elapsed`` s (``nbytes`` back) sizes the chunks to come."""
         self.done[hop] += n
         self.busy[hop] += busy
         if self.bars is not None:
             self.bars[hop].update(n)
+        if items:
+            self.sizers[hop].update(items, elapsed, nbytes)
+            self.resize()
 
     # -- what comes back ---------------------------------------------------------------------
     def store(self, start: int, values: list[Any], n: int) -> None:
@@ -336,7 +345,8 @@ class RunBooks:
             index=self.index(hop, index),
         )
         item = self.unit_items(work.items, work.start, out)
-        return self.policy.settle(error, item, self.stage_of(hop, report.stage))
+        stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
+        return self.policy.settle(error, item, stage)  # (a transport's "<...>": the hop's)
 
     def unpicklable(self, work: Work, exc: BaseException) -> None:
         """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
@@ -392,6 +402,37 @@ class RunBooks:
                 self.taken -= n
                 yield Segment(start, values)
 
+    def loop(self, transport: Transport, is_current: Callable[[], bool]) -> Iterator[Segment]:
+        """Yield segments until the run is done, ``transport`` moving the chunks.
+
+        Each turn refills before yielding (the workers compute while the caller folds
+        results) and after (yielding frees room): it never waits with room and nothing in
+        flight. With a result ready, only a chunk per worker goes out first: after a pause
+        the caller finds many results at once, and the rest of the refill waits for its next
+        call rather than delay the result it came for.
+
+        Raises:
+            RuntimeError: ``is_current()`` turned False (the runner was closed under it).
+        """
+        try:
+            while True:
+                transport.dispatch(len(self.chain.devices) if self.deliverable() else None)
+                yield from self.deliver()
+                if not is_current():
+                    msg = "the runner was closed while this run had items pending"
+                    raise RuntimeError(msg)
+                transport.dispatch()
+                settled = not (transport.busy() or self.unsettled())
+                if self.source.should_end(settled) or (settled and self.source.exhausted):
+                    return
+                transport.wait()
+        finally:
+            self.finished = time.monotonic()
+
+    def stalled(self) -> EasycoreError:
+        """Work remains, yet nothing is in flight or can go out (a bug in easycore)."""
+        return EasycoreError(f"easycore internal error: stalled with {self.taken} item(s) pending")
+
     def unsettled(self) -> bool:
         """Something waits to be re-run or yielded."""
         return bool(self.redo or self.segments or self.ready)
@@ -400,7 +441,7 @@ class RunBooks:
         self,
         queued: Sequence[int],
         waiting: Sequence[int],
-        in_flight: Sequence[int] | None = None,
+        in_flight: Sequence[int],
         concurrent: bool = True,
     ) -> list[StageStats]:
         """Per hop: done, busy (of its slots' time), queued, in flight and waiting units.
@@ -413,7 +454,7 @@ class RunBooks:
         out = []
         for h, hop in enumerate(self.hops):
             k = hop.concurrency if concurrent else 1
-            flying = 0 if in_flight is None else in_flight[h]
+            flying = in_flight[h]
             out.append(
                 StageStats(
                     hop.name,
@@ -430,6 +471,7 @@ class RunBooks:
 
     def clear(self) -> None:
         """The run is over: drop its input and results (the counters stay, for stats)."""
+        self.source = source_of(())
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()

@@ -106,13 +106,12 @@ class ProcessEngine:
             self.ids,
             policy=policy,
             bars=bars,
-            is_current=is_current,
         )
         self.last_run = run  # for stats(); it lets go of the data when the run ends
         try:
             run.dispatch()  # the first chunks go out as soon as the caller primes the stream
             yield PRIMED
-            yield from run.loop()
+            yield from run.books.loop(run, is_current)
         except GeneratorExit:
             # The caller stopped early (break out of imap): wait for what is in flight and
             # drop it, so the runner stays usable. (A failure here closes the runner.)

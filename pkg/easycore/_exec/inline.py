@@ -23,7 +23,7 @@ from easycore._exec.sources import batched, source_of
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
 from easycore._seeding import seed_loaded
-from easycore._stages import PreparedStages
+from easycore._stages import PreparedStages, StageFailure
 
 __all__ = ["InlineEngine"]
 
@@ -128,10 +128,9 @@ class InlineEngine:
             if is_cached(unit):  # resume=: the ledger has its result
                 yield index, CACHED, origin
                 continue
-            item = origin[0] if books.align == 1 else origin
-            failed_before = _failed_in(unit)
-            if failed_before is not None:  # (a unit of) an earlier hop failed: this one does
-                before = failed_before
+            before = _failed_in(unit)
+            if before is not None:  # (a unit of) an earlier hop failed: this one does
+                item = origin[0] if books.align == 1 else origin
                 yield index, Failed(before.exc, item, before.stage, before.hop), origin
                 continue
             t0 = time.perf_counter()
@@ -149,11 +148,8 @@ class InlineEngine:
                 self.flying[hop] = 0
             books.count(hop, 1, time.perf_counter() - t0)
             if failed is not None:
-                what = f"while running {books.label(hop, index)}{after_retries(options.retries)}"
-                error = failed.to_error(what, books.index(hop, index))
-                error.__cause__ = failed.error
-                value = books.policy.settle(error, item, failed.stage)
-                value.hop = hop
+                doing = f"while running {books.label(hop, index)}{after_retries(options.retries)}"
+                value = _settle(books, failed, doing, hop, index, origin)
             yield index, value, origin
 
 
@@ -173,17 +169,21 @@ def _written(
         keys = books.keys_of([u for _, _, origin in group for u in origin])
         for k, failed in stages.write(base, values, inputs, (), keys):
             index, _, origin = group[k]
-            item = origin[0] if books.align == 1 else origin
-            error = failed.to_error(
-                f"while writing {books.label(hop, index)}", books.index(hop, index)
-            )
-            error.__cause__ = failed.error
-            value = books.policy.settle(error, item, failed.stage)
-            value.hop = hop
-            values[k] = value
+            doing = f"while writing {books.label(hop, index)}"
+            values[k] = _settle(books, failed, doing, hop, index, origin)
         yield [
             (index, value, origin) for (index, _, origin), value in zip(group, values, strict=True)
         ]
+
+
+def _settle(
+    books: RunBooks, failed: StageFailure, doing: str, hop: int, index: int, origin: list[Any]
+) -> Failed:
+    """Unit ``index`` of ``hop`` failed (``failed``: the stages' report), settled by the policy."""
+    error = failed.to_error(doing, books.index(hop, index))
+    error.__cause__ = failed.error
+    item = origin[0] if books.align == 1 else origin
+    return books.policy.settle(error, item, failed.stage, hop)
 
 
 def _batched(

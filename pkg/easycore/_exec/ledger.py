@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from easycore._exec.core import Work
 from easycore._exec.plan import Hop
 from easycore._exec.workers import Worker, WorkerSet
 
@@ -34,21 +35,16 @@ class ChunkState(enum.Enum):
 
 
 @attrs.define(eq=False, slots=True)
-class Chunk:
-    """Consecutive first-hop items on their way through the hops."""
+class Chunk(Work):
+    """:class:`~easycore._exec.core.Work` on its way through the hops (its first-hop items
+    are kept to re-run it after a death)."""
 
-    id: int
-    start: int  # index of its first first-hop item
-    items: Sequence[Any]  # the first-hop items, kept to re-run the chunk after a death
+    id: int = attrs.field(kw_only=True)
     hop: int = 0  # the hop that has it
     slot: int = -1  # the worker of that hop that runs it, holds its results, or receives it
     state: ChunkState = ChunkState.QUEUED
     src: int = -1  # >= 0 while moving: the worker sending it to `slot` (not yet confirmed)
     ledger: Any = None  # the ledger (the run) it belongs to
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.items)
 
 
 class Ledger:
@@ -66,7 +62,7 @@ class Ledger:
 
     def send(self, chunk_id: int, start: int, items: Sequence[Any], w: Worker) -> Chunk:
         """A new chunk of first-hop items, queued at ``w`` (a worker of the first hop)."""
-        chunk = Chunk(chunk_id, start, items, slot=w.slot, ledger=self)
+        chunk = Chunk(start, items, id=chunk_id, slot=w.slot, ledger=self)
         w.outstanding[chunk.id] = chunk
         self.live[chunk.id] = chunk
         return chunk

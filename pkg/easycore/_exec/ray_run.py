@@ -1,9 +1,8 @@
-"""One run of ``engine="ray"``: chunks through the chain's actors over object references.
+"""The Ray transport: one run's chunks through the chain's actors over object references.
 
-The driver's loop of named steps (``dispatch``, ``send``, ``on_ready``, ``on_death`` /
-``blame``, ``check_clock``, ``recycle``, ``finish``), the Ray counterpart of ``run.Run``; the
-engine (``ray_engine.RayEngine``) owns the actors and replaces them when asked. See the
-engine's docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept.
+The counterpart of ``run.Run`` under the same books and loop (``core.RunBooks``); the engine
+(``ray_engine.RayEngine``) owns the actors and replaces them when asked. See the engine's
+docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept.
 """
 
 from __future__ import annotations
@@ -18,13 +17,12 @@ from typing import Any, Protocol
 import attrs
 import cloudpickle
 
-from easycore._errors import EasycoreError
 from easycore._exec.blame import Blame, Dead, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Segment, Work
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.ray_actor import Broken, Meta, Packed, Placement
-from easycore._exec.sources import Source, source_of
-from easycore._options import RunOptions, parse_bytes
+from easycore._exec.sources import Source
+from easycore._options import RunOptions
 from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, is_cached
 
 __all__ = ["POLL", "Actor", "ActorPools", "RayChunk", "RayRun", "first_line", "ray_module"]
@@ -79,10 +77,6 @@ class RayChunk:
     values: Any = None  # the last hop's result reference
     metas: list[Any] = attrs.Factory(list)  # per hop
 
-    @property
-    def start(self) -> int:
-        return self.work.start
-
 
 class ActorPools(Protocol):
     """What a run needs of its engine: the actors of every hop, and fresh ones."""
@@ -115,47 +109,38 @@ class RayRun:
         self.pending: dict[Any, tuple[RayChunk, int]] = {}  # meta ref -> (chunk, hop)
         self.last_probe = time.monotonic()
         self.widest = max(len(h.devices) for h in self.hops)
-        memory = options.max_worker_memory
-        self.memory = parse_bytes(memory) if memory is not None else None
 
-    # -- the loop ----------------------------------------------------------------------------
+    # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
     def loop(self, is_current: Callable[[], bool]) -> Iterator[Segment]:
+        return self.books.loop(self, is_current)
+
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def wait(self) -> None:
+        """Wait for a chunk's hop to finish (a live source or the clock: a while at most)."""
         ray = ray_module()
 
-        books = self.books
-        live = books.source.wakeup() is not None
-        try:
-            while True:
-                if not is_current():
-                    msg = "the runner was closed while this run was going on"
-                    raise RuntimeError(msg)
-                yield from books.deliver()
-                self.dispatch()
-                settled = not self.pending and not books.unsettled()
-                if settled and (books.source.exhausted or books.source.should_end(True)):
-                    return
-                wait = POLL if live or self.options.timeout else 1.0
-                refs = list(self.pending)
-                if refs:
-                    ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
-                    if ready:
-                        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                    for ref in ready:
-                        if ref in self.pending:
-                            self.on_ready(ref)
-                elif live:
-                    time.sleep(POLL)
-                    books.source.drain_wakeups()
-                elif not (books.redo or books.deliverable()):
-                    msg = f"easycore internal error: stalled with {books.taken} item(s) pending"
-                    raise EasycoreError(msg)
-                if self.options.timeout is not None:
-                    self.check_clock()
-                self.engine.recycle_idle()
-        finally:
-            books.finished = time.monotonic()
+        live = self.books.source.wakeup() is not None
+        refs = list(self.pending)
+        if refs:
+            wait = POLL if live or self.options.timeout else 1.0
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                if ref in self.pending:
+                    self.on_ready(ref)
+        elif live:
+            time.sleep(POLL)
+            self.books.source.drain_wakeups()
+        elif not (self.books.redo or self.books.deliverable()):
+            raise self.books.stalled()
+        if self.options.timeout is not None:
+            self.check_clock()
+        self.engine.recycle_idle()
 
-    def dispatch(self) -> None:
+    def dispatch(self, most_chunks: int | None = None) -> None:
         """Send chunks while the window has room: re-runs first, then new input.
 
         Re-runs (counted in the window already, and perhaps split into many) go out while
@@ -163,7 +148,9 @@ class RayRun:
         """
         books = self.books
         chunks = (books.depth + 1) * self.widest  # chunks in flight, at most
-        while True:
+        sent = 0
+        while most_chunks is None or sent < most_chunks:
+            sent += 1
             window = chunks * max(books.chunk_size, books.slots)  # (slots that wait: k each)
             if books.redo:
                 if len({id(c) for c, _ in self.pending.values()}) >= chunks:
@@ -183,13 +170,15 @@ class RayRun:
             return True
         picks = []
         for pool in self.engine.pools:
-            # an actor running a solo chunk takes nothing else; a solo chunk needs an idle one
-            free = [a for a in pool if not (a.retiring or any(c.work.solo for c in a.queue))]
-            if work.solo:
-                free = [a for a in free if not a.queue]
-            # a slot of tasks holds one chunk at a time: Ray would run more of them at once,
-            # so a pool would use more CPUs (and hold more items) than its devices say
-            free = [a for a in free if a.task is None or not a.queue]
+            # An actor running a solo chunk takes nothing else; a solo chunk needs an idle
+            # one. A slot of tasks holds one chunk at a time: Ray would run more of them at
+            # once, so a pool would use more CPUs (and hold more items) than its devices say.
+            free = [
+                a
+                for a in pool
+                if not (a.retiring or any(c.work.solo for c in a.queue))
+                and not (a.queue and (work.solo or a.task is not None))
+            ]
             if not free:
                 books.redo.appendleft(work)
                 return False
@@ -229,46 +218,37 @@ class RayRun:
         ray = ray_module()
 
         books = self.books
-        chunk, h = self.pending.pop(ref)
+        chunk, h = self.pending[ref]
         actor = chunk.actors[h]
         try:
             meta: Meta = ray.get(ref)
             values = ray.get(chunk.values) if h == len(self.hops) - 1 else None
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            self.pending[ref] = (chunk, h)  # (on_death forgets every chunk of the actor)
-            dead = self.dead_actor(chunk)
-            if dead.task is None:
-                self.on_death(dead, exc, culprit=None)
-            else:  # a task's process died: that chunk alone was running there
+        except ray.exceptions.RayError as exc:
+            if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
+                dead = self.dead_actor(chunk)
+                if dead.task is None:
+                    self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
+                else:  # a task's process died: that chunk alone was running there
+                    self.forget(chunk)
+                    books.again(self.blame(dead, [chunk.work], exc, None))
+            elif isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
+                # a result that would not pickle there, or not unpickle here (a class this
+                # process lacks, a __setstate__ that raises): its unit fails, named
                 self.forget(chunk)
-                books.again(self.blame(dead, [chunk.work], exc, None))
-            if ref in self.pending:  # it was not the dead actor's: run it again as it is
+                books.unpicklable(chunk.work, exc)
+            if ref in self.pending:  # lost with its node, or not the dead actor's: run it again
                 self.forget(chunk)
-                books.again([Work(chunk.start, chunk.work.items)])
+                books.again([Work(chunk.work.start, chunk.work.items)])
             return
-        except (ray.exceptions.RayTaskError, ray.exceptions.RaySystemError) as exc:
-            # a result that would not pickle there, or not unpickle here (a class this
-            # process lacks, a __setstate__ that raises): its unit fails, named
-            self.pending[ref] = (chunk, h)
-            self.forget(chunk)
-            books.unpicklable(chunk.work, exc)
-            return
-        except ray.exceptions.RayError:  # a result lost with its node: run it again
-            self.pending[ref] = (chunk, h)
-            self.forget(chunk)
-            books.again([Work(chunk.start, chunk.work.items)])
-            return
-        if actor.queue and actor.queue[0] is chunk:
-            actor.queue.popleft()
-        else:
-            with contextlib.suppress(ValueError):
-                actor.queue.remove(chunk)
-        books.count(h, meta.n, meta.busy)
-        books.measured(h, len(chunk.work.items), meta.elapsed)
-        if self.memory is not None and meta.rss > self.memory:
+        del self.pending[ref]
+        with contextlib.suppress(ValueError):  # (the oldest, mostly: found at once)
+            actor.queue.remove(chunk)
+        books.count(h, meta.n, meta.busy, len(chunk.work.items), meta.elapsed)
+        memory = self.options.max_worker_memory  # (bytes: RunOptions parsed it)
+        if memory is not None and meta.rss > memory:
             actor.retiring = True
         if values is not None:
-            books.store(chunk.start, self.outputs(chunk, values), len(chunk.work.items))
+            books.store(chunk.work.start, self.outputs(chunk, values), len(chunk.work.items))
 
     def outputs(self, chunk: RayChunk, values: list[Any]) -> list[Any]:
         """The last hop's values, failed units settled by the policy."""
@@ -343,19 +323,18 @@ class RayRun:
         books = self.books
         unit = self.hops[actor.hop].unit
         work = lost[0]
-        if culprit is not None and culprit >= 0:  # (in the second chunk of an actor that waits)
+        if culprit is not None and culprit >= 0:  # (in a later chunk of an actor that waits)
             work = next((w for w in lost if w.start <= culprit * unit < w.end), work)
-        units = sorted({(work.start + k) // unit for k in range(len(work.items))})
+        units = tuple(range(work.start // unit, -(-work.end // unit)))
         doing = "unpickling" if culprit == int(UNPICKLING) else "running"
         if doing == "unpickling" or culprit is None:
             culprit = units[0] if len(units) == 1 else None
         outs = -(-work.end // books.align) - work.start // books.align
         if culprit is not None:
             blame = Blame(culprit, work, None, (culprit,), None, doing)
-        elif outs == 1 or not books.pins_down():  # every unit of it is charged
-            blame = Blame(None, None, None, tuple(units), work, doing)
-        else:  # split it, charging nothing: a death of one alone pins the culprit down
-            blame = Blame(None, None, None, (), work, doing)
+        else:  # every unit of it charged; or, split, none: a death of one alone names it
+            charged = units if outs == 1 or not books.pins_down() else ()
+            blame = Blame(None, None, None, charged, work, doing)
         dead = Dead(
             actor.hop,
             actor.index,
@@ -402,16 +381,13 @@ class RayRun:
             if chunk.actors[h].task is None:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
-        for pool in self.engine.pools:
-            for actor in pool:
-                actor.cut_short = actor.cut_short or bool(actor.queue)
-        self.clear()
-        self.books.source = source_of(())
+        self.clear(cut_short=True)
 
-    def clear(self) -> None:
-        for pool in self.engine.pools:
-            for actor in pool:
-                actor.queue.clear()
+    def clear(self, cut_short: bool = False) -> None:
+        """Forget every chunk (``cut_short``: an actor that had one may be mid-unit)."""
+        for actor in [a for pool in self.engine.pools for a in pool]:
+            actor.cut_short = actor.cut_short or (cut_short and bool(actor.queue))
+            actor.queue.clear()
         self.pending.clear()
         self.books.clear()
 
@@ -425,11 +401,10 @@ class RayRun:
         flying = [0] * len(self.hops)
         for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:  # (snapshots)
             h = actor.hop
-            ready = [
-                c for c in list(actor.queue) if not any(m in self.pending for m in c.metas[:h])
-            ]
+            queue = list(actor.queue)
             if not self.engine.waits[h]:
-                ready = ready[:1]
+                queue = queue[:1]  # (one at a time, in order)
+            ready = [c for c in queue if not any(m in self.pending for m in c.metas[:h])]
             units = sum(math.ceil(len(c.work.items) / self.hops[h].unit) for c in ready)
             flying[h] += min(self.hops[h].concurrency, units)
         return self.books.stats(queued, [0] * len(self.hops), flying)

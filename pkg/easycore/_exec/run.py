@@ -1,39 +1,29 @@
 """The process transport: one ``map``/``imap`` on worker processes, over the run's books.
 
-The books (``core.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy)
-are the engine-neutral part; this module moves chunks through the workers' pipes and turns
-what comes back (Done, Held, deaths, timeouts) into entries in those books. Results come
-back per chunk and are yielded as segments, so the per-item cost in the caller is a list
-append, not a message. Each turn of :meth:`Run.loop`::
+The books (``core.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy,
+the loop) are the engine-neutral part; this module moves chunks through the workers' pipes
+and turns what comes back (Done, Held, Sent, BadOutput, Unreadable, deaths, timeouts) into
+entries in those books. Results come back per chunk, so the per-item cost in the caller is a
+list append, not a message.
 
-    dispatch      route held chunks to the next hop's workers that have room, give segment
-                  releases back to last-hop workers, send new chunks to first-hop workers
-    deliver       yield what is ready (in input order with ordered=True)
-    wait          for a pipe, a process sentinel or (submit) the wake-up socket
-    on_message    Done / Held / Sent / BadOutput / Unreadable, or on_death for a gone worker
-    check_timeouts
-
-Guarantees kept here: backpressure (at most ``books.window()`` items taken from the source
-and not yet yielded), exactly-once (the ledger knows where every chunk is; a dead worker's chunks
-re-run under new ids, a late reply for an old id is dropped), ordering (segments keyed by
-start index), and the fault matrix (which item to blame for a death or a timeout, retries
-charged per unit, errors raised with the stage and item named).
+Kept here: exactly-once (the ledger knows where every chunk is; a dead worker's chunks re-run
+under new ids, a late reply for an old id is dropped) and which unit a death or a timeout
+blames (``blame.assign_blame``, from the worker's shared slot).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from easycore._errors import EasycoreError, SerializationError, describe_exitcode, item_label
+from easycore._errors import SerializationError, describe_exitcode, item_label
 from easycore._exec.blame import Dead, assign_blame, settle_death
-from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment, Work
+from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks
 from easycore._exec.ledger import Chunk, Ledger
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sources import Source, source_of
+from easycore._exec.sources import Source
 from easycore._exec.workers import Worker, WorkerSet
 from easycore._options import RunOptions
 from easycore._protocol import (
@@ -62,7 +52,6 @@ class Run:
         ids: chunk ids, shared by every run of the runner.
         policy: what a failed output unit becomes (raised, or delivered as ``Failed``).
         bars: one progress bar per hop, or None.
-        is_current: False once the runner was closed (or re-activated) under this run.
     """
 
     def __init__(
@@ -74,18 +63,12 @@ class Run:
         *,
         policy: ErrorPolicy = RAISE,
         bars: list[Any] | None = None,
-        is_current: Callable[[], bool] = lambda: True,
     ) -> None:
         self.workers = workers
         self.chain: Chain = workers.chain
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars)
         self.options = options
-        # workers are replaced after n items or past a memory bound (long jobs)
-        self.recycling = (
-            options.max_items_per_worker is not None or options.max_worker_memory is not None
-        )
-        self.is_current = is_current
         self.ledger = Ledger(workers, ids, len(self.hops), options.ordered)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: dict[int, int] = {}
@@ -95,52 +78,19 @@ class Run:
         queued, waiting = self.ledger.units(self.hops)
         return self.books.stats(queued, waiting, self.workers.in_flight())
 
-    # -- the loop ----------------------------------------------------------------------------
-    def loop(self) -> Iterator[Segment]:
-        """Yield segments until the run is done."""
-        books = self.books
-        try:
-            while True:
-                # Refill before yielding (the workers compute while the caller folds results)
-                # and after (yielding frees room): never wait with room and nothing in flight.
-                # With a result ready, only a chunk per worker goes out first: after a pause
-                # the caller finds many results at once, and the rest of the refill waits
-                # for its next call rather than delay the result it came for.
-                self.dispatch(len(self.workers.workers) if books.deliverable() else None)
-                yield from books.deliver()
-                if not self.is_current():
-                    msg = "the runner was closed while this run had items pending"
-                    raise RuntimeError(msg)
-                self.dispatch()
-                if books.source.should_end(self._settled()):
-                    return
-                if not self.ledger:
-                    if books.source.exhausted and self._settled():
-                        return
-                    self._check_stalled()
-                self.wait()
-        finally:
-            books.finished = time.monotonic()
-
-    def _settled(self) -> bool:
-        """Nothing in flight, to re-run, or to yield."""
-        return not (self.ledger or self.books.unsettled())
-
-    def _check_stalled(self) -> None:
-        source = self.books.source
-        if source.wakeup() is not None and not source.exhausted:
-            return  # idle until the next submit
-        if all(w.ready and not w.retiring for w in self.workers.workers):
-            # Nothing in flight, every worker idle, yet work remains: waiting would hang
-            # forever, so fail loudly instead (this is a bug in easycore). (A worker being
-            # replaced comes back: its goodbye wakes us.)
-            msg = f"easycore internal error: stalled with {self.books.taken} item(s) pending"
-            raise EasycoreError(msg)
+    # -- the transport's part of the loop (core.RunBooks.loop) ---------------------------
+    def busy(self) -> bool:
+        return bool(self.ledger)
 
     def wait(self) -> None:
         """Wait for the next message, death or submitted item; handle it; enforce timeouts."""
         source = self.books.source
         wake = source.wakeup()
+        # Nothing in flight and every worker idle, yet work remains: waiting would hang
+        # forever. (A worker being replaced comes back: its goodbye wakes us.)
+        idle = not self.ledger and (wake is None or source.exhausted)
+        if idle and all(w.ready and not w.retiring for w in self.workers.workers):
+            raise self.books.stalled()
         timeout = self.options.timeout
         self.workers.wait_and_handle(
             self.workers.wait_time(timeout), self.on_message, () if wake is None else (wake,)
@@ -155,12 +105,9 @@ class Run:
         hold no chunk), then send new chunks to the first hop (at most ``most_chunks``)."""
         self._route()
         self.workers.give_back(self.chain.last)
-        if self.recycling:
-            self.workers.retire_idle()
+        self.workers.retire_idle()
         books = self.books
-        timed = self.options.timeout is not None
         most = self.options.max_items_per_worker
-        n_workers = len(self.workers.workers)
         # One chunk at a time to the worker holding the fewest, so consecutive chunks go to
         # different workers: an ordered stream is then fed by all of them at once, not by one
         # worker working through a deep queue of consecutive chunks while the others' results
@@ -175,7 +122,7 @@ class Run:
                 if limit <= 0:
                     open_.remove(w)
                     continue
-            work = books.take(books.window(n_workers) - books.taken, limit)
+            work = books.take(books.window(len(self.workers.workers)) - books.taken, limit)
             if work is None:
                 return
             chunk_id = next(self.ledger.ids)
@@ -184,7 +131,7 @@ class Run:
                 self.options.run_seed,
                 work.start,
                 work.items,
-                timed,
+                self.options.timeout is not None,
                 self.options.retries,
                 books.charges.spent(work.start, work.end),
                 books.numbering,
@@ -241,24 +188,24 @@ class Run:
         the output units they belong to (the policy may raise the first)."""
         books = self.books
         per = self.hops[w.hop].unit
-        work = Work(chunk.start, chunk.items)
         out: dict[int, Failed] = {}
         for k, report in errors:
             index = chunk.start // per + k  # a unit of w's hop
             unit = index * per // books.align
             if unit not in out:
                 out[unit] = books.settle_report(
-                    report, w.hop, index, work, device=w.device, worker=w.index, doing=doing
+                    report, w.hop, index, chunk, device=w.device, worker=w.index, doing=doing
                 )
         return out
 
     def _fail_held(self, chunk: Chunk, failed: dict[int, Failed]) -> None:
         """Units of a chunk failed before its last hop; the chunk's other output units did
         not move on: they run again from the start."""
+        self.ledger.untrack(chunk)
         books = self.books
         for unit, failure in failed.items():
             books.store(unit * books.align, [failure], books.align)
-        books.again(books.rerun(Work(chunk.start, chunk.items), failed))
+        books.again(books.rerun(chunk, failed))
 
     # -- messages ----------------------------------------------------------------------------
     def on_message(self, w: Worker, msg: Any) -> None:
@@ -276,7 +223,6 @@ class Run:
             chunk = self.ledger.live.get(msg.chunk_id)
             if chunk is not None:  # that unit fails; the chunk's others run again
                 failed = self._errors(w, chunk, [(msg.position, msg.error)], "while sending")
-                self.ledger.untrack(chunk)
                 self._fail_held(chunk, failed)
         elif isinstance(msg, Unreadable):
             self._on_unreadable(w, msg)
@@ -291,19 +237,15 @@ class Run:
                 with contextlib.suppress(OSError):
                     w.chan.send_control(Drop(msg.chunk_id))
             return
-        if self.idle_deaths:  # retries bound deaths in a row, not deaths over a long run
-            self.idle_deaths.pop(w.slot, None)
+        self.idle_deaths.pop(w.slot, None)  # retries bound deaths in a row, not over a run
         books = self.books
         h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
-        books.count(h, n, msg.busy)
-        books.measured(h, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
-        if self.recycling:
-            w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
+        books.count(h, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
+        w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
         failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
         if isinstance(msg, Held):
             if failed:
-                self.ledger.live.pop(chunk.id, None)
                 self._fail_held(chunk, failed)
             else:
                 self.ledger.hold(chunk, w)
@@ -413,6 +355,5 @@ class Run:
 
     def let_go(self) -> None:
         """Drop the input and results once the run is over (stats() keeps the counters)."""
-        self.books.source = source_of(())
         self.books.clear()
         self.ledger.clear()

@@ -384,27 +384,14 @@ class WorkerSet:
             broken = True
         if broken or w.exited():
             self._bury(w)
-            if w.stopping:
-                code = w.proc.exitcode
-                if code == 0:  # it ended before we read its goodbye
-                    self.respawn(w.slot)
-                    return
-                msg = (
-                    f"worker {w.slot} on {w.device} died while ending (it was being "
-                    f"replaced): {describe_exitcode(code)}"
-                )
-                raise WorkerDied(msg, w.device, w.slot, code)
-            if not w.ready:
-                code = w.proc.exitcode
-                msg = (
-                    f"worker {w.slot} on {w.device} died while starting (during init): "
-                    f"{describe_exitcode(code)}"
-                )
-                raise WorkerDied(msg, w.device, w.slot, code)
-            if handler is None:  # pragma: no cover - only during start-up
-                raise WorkerDied(
-                    f"worker {w.slot} on {w.device} died", w.device, w.slot, w.proc.exitcode
-                )
+            code = w.proc.exitcode
+            if w.stopping and code == 0:  # it ended before we read its goodbye
+                self.respawn(w.slot)
+                return
+            when = "ending (it was being replaced)" if w.stopping else "starting (during init)"
+            if w.stopping or not w.ready or handler is None:  # (None: only during start-up)
+                msg = f"worker {w.slot} on {w.device} died while {when}: "
+                raise WorkerDied(msg + describe_exitcode(code), w.device, w.slot, code)
             handler(w, None)
 
     @staticmethod
