@@ -200,6 +200,9 @@ class PreparedStages:
         self._loop_thread: threading.Thread | None = None
         self._gate: asyncio.Semaphore | None = None  # (made on the loop: the k slots)
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        # (an actor that waits runs chunks on several threads at once: one loop thread, one
+        # pool of k threads between them)
+        self._starting = threading.Lock()
 
     # -- the event loop and the threads -------------------------------------------------------
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -220,13 +223,14 @@ class PreparedStages:
     def _serving(self) -> asyncio.AbstractEventLoop:
         """The loop, running on its own thread from now until :meth:`finish` (in a worker or
         an actor; in the caller it runs only while an item does)."""
-        loop = self.loop()
-        if not self.in_caller and self._loop_thread is None:
-            self._loop_thread = threading.Thread(
-                target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
-            )
-            self._loop_thread.start()
-        return loop
+        with self._starting:
+            loop = self.loop()
+            if not self.in_caller and self._loop_thread is None:
+                self._loop_thread = threading.Thread(
+                    target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
+                )
+                self._loop_thread.start()
+            return loop
 
     def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         import asyncio
@@ -238,7 +242,8 @@ class PreparedStages:
     def _park_loop(self) -> None:
         """Stop the loop's own thread (``end`` runs on the main thread, as ``init`` did);
         a loop blocked by a sync call in an item is left to the process's exit."""
-        thread, self._loop_thread = self._loop_thread, None
+        with self._starting:
+            thread, self._loop_thread = self._loop_thread, None
         loop = self._loop
         if thread is None or loop is None:
             return
@@ -632,13 +637,14 @@ class PreparedStages:
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(loop.run_until_complete(coro))
             return done
-        if self._threads is None:
-            self._threads = concurrent.futures.ThreadPoolExecutor(
-                self.concurrency,
-                thread_name_prefix="easycore-item",
-                initializer=bind_thread,
-                initargs=(self.context["device"],),
-            )
+        with self._starting:
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    self.concurrency,
+                    thread_name_prefix="easycore-item",
+                    initializer=bind_thread,
+                    initargs=(self.context["device"],),
+                )
         return tally.gather(
             [
                 self._threads.submit(
