@@ -603,8 +603,10 @@ class RayEngine:
             if self.waits[a.hop]:
                 told.append(ref)
         # (an actor that runs chunks at once runs its tasks in no set order: it knows
-        # the timeout before any chunk is sent)
-        ray_module().get(told)
+        # the timeout before any chunk is sent; one that died is found by the run)
+        ray = ray_module()
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(told)
 
     def stats(self) -> list[StageStats]:
         if self.last_run is None:
