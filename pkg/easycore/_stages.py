@@ -201,8 +201,10 @@ class PreparedStages:
         self._gate: asyncio.Semaphore | None = None  # (made on the loop: the k slots)
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         # (an actor that waits runs chunks on several threads at once: one loop thread, one
-        # pool of k threads between them)
-        self._starting = threading.Lock()
+        # pool of k threads between them; finish holds it throughout, so a chunk that
+        # arrives meanwhile waits, then starts them afresh)
+        self._starting = threading.RLock()
+        self.open = False  # started and not finished: units may run (see start_many)
 
     # -- the event loop and the threads -------------------------------------------------------
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -222,8 +224,10 @@ class PreparedStages:
 
     def _serving(self) -> asyncio.AbstractEventLoop:
         """The loop, running on its own thread from now until :meth:`finish` (in a worker or
-        an actor; in the caller it runs only while an item does)."""
+        an actor; in the caller it runs only while an item does). Call it holding
+        ``_starting``, and hand the loop its work before letting go."""
         with self._starting:
+            self._check_open()
             loop = self.loop()
             if not self.in_caller and self._loop_thread is None:
                 self._loop_thread = threading.Thread(
@@ -231,6 +235,10 @@ class PreparedStages:
                 )
                 self._loop_thread.start()
             return loop
+
+    def _check_open(self) -> None:
+        if not self.open:  # (a chunk that reached an actor after its finish: never run)
+            raise RuntimeError(f"the stages of hop {self.hop} have finished (or not started)")
 
     def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         import asyncio
@@ -242,15 +250,15 @@ class PreparedStages:
     def _park_loop(self) -> None:
         """Stop the loop's own thread (``end`` runs on the main thread, as ``init`` did);
         a loop blocked by a sync call in an item is left to the process's exit."""
-        with self._starting:
+        with self._starting:  # (held until parked: a chunk arriving now waits for it)
             thread, self._loop_thread = self._loop_thread, None
-        loop = self._loop
-        if thread is None or loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5.0)
-        if thread.is_alive():
-            self._loop = None  # (still running there: not ours to close)
+            loop = self._loop
+            if thread is None or loop is None:
+                return
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5.0)
+            if thread.is_alive():
+                self._loop = None  # (still running there: not ours to close)
 
     def run_async(self, coro: Any) -> Any:
         """Run ``coro`` on the loop and wait for what it gives (or raises)."""
@@ -269,25 +277,26 @@ class PreparedStages:
         return value
 
     def _close_loop(self) -> None:
-        self._park_loop()
-        loop, self._loop = self._loop, None
-        if loop is not None and not loop.is_closed():
-            import asyncio
+        with self._starting:
+            self._park_loop()
+            loop, self._loop = self._loop, None
+            if loop is not None and not loop.is_closed():
+                import asyncio
 
-            try:
-                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                for t in pending:
-                    t.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
-                if not self.in_caller:
-                    asyncio.set_event_loop(None)
-        threads, self._threads = self._threads, None
-        if threads is not None:
-            threads.shutdown(wait=False, cancel_futures=True)
+                try:
+                    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                    for t in pending:
+                        t.cancel()
+                    if pending:
+                        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                finally:
+                    loop.close()
+                    if not self.in_caller:
+                        asyncio.set_event_loop(None)
+            threads, self._threads = self._threads, None
+            if threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)
 
     # -- init / end ----------------------------------------------------------------------
     def start(self) -> StageFailure | None:
@@ -312,23 +321,28 @@ class PreparedStages:
                 self.writer = ShardWriter(self.sink, self.context["worker"])
             except self.catch as exc:
                 return StageFailure(f"{self.sink.name} (init)", exc)
+        self.open = True
         return None
 
     def finish(self) -> StageFailure | None:
         """Run ``end`` of every started stage, all of them; return the first failure."""
-        self._park_loop()
-        first: StageFailure | None = None
-        for st in self.prepared:
-            if st.end is None:
-                continue
-            try:
-                self.wait_for(call_with(st.end, st.end_names, {**self.context, "state": st.state}))
-            except self.catch as exc:
-                if first is None:
-                    first = StageFailure(f"{st.name} (end)", exc)
-        self.prepared = []
-        self._close_loop()
-        return first
+        with self._starting:  # (a chunk arriving meanwhile, on an actor's other thread, waits)
+            self.open = False
+            self._park_loop()
+            first: StageFailure | None = None
+            for st in self.prepared:
+                if st.end is None:
+                    continue
+                try:
+                    self.wait_for(
+                        call_with(st.end, st.end_names, {**self.context, "state": st.state})
+                    )
+                except self.catch as exc:
+                    if first is None:
+                        first = StageFailure(f"{st.name} (end)", exc)
+            self.prepared = []
+            self._close_loop()
+            return first
 
     # -- items ---------------------------------------------------------------------------
     def write(
@@ -630,14 +644,16 @@ class PreparedStages:
 
         tally = _Tally()
         if self.is_async:
-            loop = self._serving()
-            coro = self._amany(jobs, seed, numbering, allowed, timeout, stop, since, tally)
-            if self._loop_thread is not None:
-                return asyncio.run_coroutine_threadsafe(coro, loop)
+            with self._starting:  # (finish waits until the loop has this chunk's work)
+                loop = self._serving()
+                coro = self._amany(jobs, seed, numbering, allowed, timeout, stop, since, tally)
+                if self._loop_thread is not None:
+                    return asyncio.run_coroutine_threadsafe(coro, loop)
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(loop.run_until_complete(coro))
             return done
         with self._starting:
+            self._check_open()
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(
                     self.concurrency,
@@ -645,22 +661,22 @@ class PreparedStages:
                     initializer=bind_thread,
                     initargs=(self.context["device"],),
                 )
-        return tally.gather(
-            [
-                self._threads.submit(
-                    self._one_unit,
-                    index,
-                    unit,
-                    seed,
-                    numbering,
-                    allowed(index),
-                    stop,
-                    since if k == 0 else None,
-                    tally,
-                )
-                for k, (index, unit) in enumerate(jobs)
-            ]
-        )
+            return tally.gather(
+                [
+                    self._threads.submit(
+                        self._one_unit,
+                        index,
+                        unit,
+                        seed,
+                        numbering,
+                        allowed(index),
+                        stop,
+                        since if k == 0 else None,
+                        tally,
+                    )
+                    for k, (index, unit) in enumerate(jobs)
+                ]
+            )
 
     def _one_unit(
         self,
