@@ -6,7 +6,7 @@ results being sent, or a chunk whose unit at fault is not known). :func:`settle_
 then charges the blamed units one run each (against ``retries``), fails those out of
 retries through the run's error policy, and returns what runs again. The process engine
 reads what its worker was doing from the worker's shared slot (:func:`assign_blame`); Ray
-from the order of an actor's queue (``ray_run``).
+from the order of an actor's queue (:func:`blame_in_order`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from easycore._exec.ledger import Chunk
 from easycore._exec.workers import Worker
 from easycore._protocol import UNPICKLING, Slots
 
-__all__ = ["Blame", "Dead", "Lost", "assign_blame", "settle_death"]
+__all__ = ["Blame", "Dead", "Lost", "assign_blame", "blame_in_order", "settle_death"]
 
 
 class Lost(Protocol):
@@ -117,6 +117,27 @@ def assign_blame(
             charged = _units(oldest, unit)
     doing = "running" if unpickling is None else "unpickling"
     return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing)
+
+
+def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int | None) -> Blame:
+    """A death of a worker of ``hop`` known from the order of what it had (a Ray actor runs
+    its chunks in order): blame the unit in hand, ``culprit`` (known from a timeout;
+    ``UNPICKLING``: its chunk's items were being unpickled), else the oldest chunk
+    ``lost[0]``: its one unit, or every unit of it; or, when the books pin units down and it
+    holds several output units, none: it runs again one output unit per chunk, where a
+    death of one alone names it."""
+    unit = books.hops[hop].unit
+    work = lost[0]
+    if culprit is not None and culprit >= 0:  # (in a later chunk of an actor that waits)
+        work = next((w for w in lost if w.start <= culprit * unit < w.end), work)
+    units = tuple(range(work.start // unit, -(-work.end // unit)))
+    doing = "unpickling" if culprit == int(UNPICKLING) else "running"
+    if doing == "unpickling" or culprit is None:
+        culprit = units[0] if len(units) == 1 else None
+    if culprit is not None:
+        return Blame(culprit, work, None, (culprit,), None, doing)
+    split = -(-work.end // books.align) - work.start // books.align > 1 and books.pins_down()
+    return Blame(None, None, None, () if split else units, work, doing)
 
 
 def _units(chunk: Lost, unit: int) -> set[int]:

@@ -25,55 +25,30 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import attrs
 import cloudpickle
 
 from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
+from easycore._exec.markers import Broken
+from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import ErrorReport, is_cached
+from easycore._stages import StageFailure
 
 __all__ = [
     "RAISE",
     "SKIP",
     "Charges",
     "ErrorPolicy",
-    "Failed",
     "RunBooks",
-    "Segment",
     "Transport",
     "Work",
-    "without",
 ]
-
-
-@attrs.define(eq=False)
-class Failed:
-    """An output unit that failed, delivered in place of its result when the policy keeps
-    the run going: the error ``raise`` would have raised, its first-hop item(s), its stage,
-    and the hop it failed at.
-
-    When several units of one output unit fail (a batching pool's batch), the output unit's
-    failure is the one at the earliest hop, the first in input order among those: every
-    engine reports that one (a chunk holds whole output units, so the process engine learns
-    of the earliest hop's failures first, together).
-    """
-
-    exc: BaseException
-    item: Any = None
-    stage: str = ""
-    hop: int = 0
-
-
-class Segment(NamedTuple):
-    """Results of consecutive output units; the first begins at first-hop unit ``start``."""
-
-    start: int
-    values: list[Any]
 
 
 @attrs.frozen
@@ -87,11 +62,11 @@ class ErrorPolicy:
     name: str
     isolates: bool
 
-    def settle(self, error: BaseException, item: Any, stage: str, hop: int = 0) -> Failed:
+    def settle(self, error: BaseException, item: Any, stage: str) -> Failed:
         """The failed unit's result; raises ``error`` under ``raise``."""
         if not self.isolates:
             raise error
-        return Failed(error, item, stage, hop)
+        return Failed(error, item, stage)
 
 
 RAISE = ErrorPolicy("raise", isolates=False)
@@ -169,6 +144,7 @@ class RunBooks:
     ) -> None:
         self.chain = chain
         self.hops = chain.hops
+        self.workers = len(chain.devices)
         self.align = chain.align  # chunks hold whole output units
         self.source = source
         self.options = options
@@ -256,7 +232,7 @@ class RunBooks:
         if limit is not None:
             room = min(room, max(limit, self.align))
         total = self.source.total
-        if total is not None:
+        if total is not None and room > self.least:  # (it never goes below the floor)
             # A known length: chunks shrink as the input runs out ("guided" scheduling), so
             # the workers finish together instead of one waiting on the other's last chunk.
             share = -(-(total - (self.pulled - self.first)) // (2 * len(self.hops[0].devices)))
@@ -324,7 +300,7 @@ class RunBooks:
 
     def settle_report(
         self,
-        report: ErrorReport,
+        report: ErrorReport | StageFailure,
         hop: int,
         index: int,
         work: Work,
@@ -334,19 +310,40 @@ class RunBooks:
         doing: str = "while running",
         where: str = "",
     ) -> Failed:
-        """Unit ``index`` of ``hop`` failed in a worker (``report``): the error naming it,
-        settled by the policy as the failure of its output unit among ``work``'s."""
+        """Unit ``index`` of ``hop`` failed in a worker (``report``; in the caller, the
+        ``StageFailure`` itself: the error's cause is then the live exception): the error
+        naming it, settled by the policy as the failure of its output unit among ``work``'s."""
         out = index * self.hops[hop].unit // self.align
-        tries = after_retries(self.options.retries)
-        error = report.to_error(
-            what=f"{doing} {self.label(hop, index)}{tries}{where}",
-            device=device,
-            worker=worker,
-            index=self.index(hop, index),
-        )
+        what = f"{doing} {self.label(hop, index)}{after_retries(self.options.retries)}{where}"
+        at = self.index(hop, index)
+        if isinstance(report, StageFailure):
+            error = report.to_error(what, at)
+            error.__cause__ = report.error
+        else:
+            error = report.to_error(what=what, device=device, worker=worker, index=at)
         item = self.unit_items(work.items, work.start, out)
         stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
         return self.policy.settle(error, item, stage)  # (a transport's "<...>": the hop's)
+
+    def outputs(self, work: Work, values: list[Any], place: Callable[[int], Any]) -> list[Any]:
+        """The last hop's values of ``work``, each :class:`~.markers.Broken` settled by the
+        policy; ``place(hop)``: the device and index of the worker of ``hop`` it had."""
+        out = []
+        for value in values:
+            if type(value) is Broken:
+                device, worker = place(value.hop)
+                where = f" ({value.where})" if value.where else ""
+                value = self.settle_report(
+                    value.failure,
+                    value.hop,
+                    value.unit,
+                    work,
+                    device=device,
+                    worker=worker,
+                    where=where,
+                )
+            out.append(value)
+        return out
 
     def unpicklable(self, work: Work, exc: BaseException) -> None:
         """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
@@ -416,7 +413,7 @@ class RunBooks:
         """
         try:
             while True:
-                transport.dispatch(len(self.chain.devices) if self.deliverable() else None)
+                transport.dispatch(self.workers if self.deliverable() else None)
                 yield from self.deliver()
                 if not is_current():
                     msg = "the runner was closed while this run had items pending"
@@ -475,32 +472,6 @@ class RunBooks:
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()
-
-
-def without(
-    start: int,
-    values: list[Any],
-    align: int,
-    out: Callable[[Any], bool],
-    left: Callable[[int, Any], None] | None = None,
-) -> Iterator[Segment]:
-    """Segment ``(start, values)`` as the runs of its values that are not ``out``;
-    ``left(unit, value)`` is told of each value taken out (``unit``: its output unit), after
-    the run before it is yielded."""
-    kept: list[Any] = []
-    at = start
-    for k, value in enumerate(values):
-        if not out(value):
-            kept.append(value)
-            continue
-        if kept:
-            yield Segment(at, kept)
-            kept = []
-        at = start + (k + 1) * align
-        if left is not None:
-            left(start // align + k, value)
-    if kept:
-        yield Segment(at, kept)
 
 
 def _pickling_error(item: Any) -> Exception | None:

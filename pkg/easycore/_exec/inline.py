@@ -9,21 +9,24 @@ the engine of a pipeline without producers.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from easycore._config import CfgNode
-from easycore._errors import after_retries
-from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks, Segment
+from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
 from easycore._exec.engine import PRIMED
-from easycore._exec.plan import Chain, StageStats, idle_stats
-from easycore._exec.sources import batched, source_of
+from easycore._exec.markers import run_units, write_units
+from easycore._exec.plan import Chain, Hop, StageStats, idle_stats
+from easycore._exec.sources import source_of
 from easycore._options import RunOptions
-from easycore._protocol import CACHED, is_cached
 from easycore._seeding import seed_loaded
-from easycore._stages import PreparedStages, StageFailure
+from easycore._stages import PreparedStages
+
+if TYPE_CHECKING:
+    from easycore._sinks import Sink
 
 __all__ = ["InlineEngine"]
 
@@ -39,6 +42,9 @@ class InlineEngine:
         self.prepared: list[PreparedStages] = []
         self.books: RunBooks | None = None  # the last run's, for stats()
         self.flying = [0] * len(chain.hops)  # per hop, the unit running now (0 or 1)
+        self.sink: Sink | None = None
+        # per hop: it, its stages, and what tells its `flying` of the unit in hand
+        self.steps: list[tuple[Hop, PreparedStages, Callable[[int | None], None]]] = []
 
     def start(self) -> None:
         """Run every ``init``.
@@ -87,120 +93,73 @@ class InlineEngine:
         policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Iterator[Any]:
-        """Yield PRIMED, then one segment per output unit, in input order.
-
-        ``bars``: the last one counts results.
-        """
+        """Yield PRIMED, then the results as segments, in input order, each computed when
+        the caller asks for it (the core's loop with this engine as its transport)."""
         if options.seed is None and self.chain.hops[0].stages:
             seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)
-        books = self.books = RunBooks(self.chain, source_of(()), options, policy)
-        # (index of the unit at this hop, value, its first-hop units)
-        units: Iterator[tuple[int, Any, list[Any]]] = (
-            (i, item, [item]) for i, item in enumerate(data, books.first)
-        )
-        for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
-            if hop.batch:
-                units = _batched(units, hop.batch)
-            units = self._run_hop(units, stages, hop.index, books)
-        yield PRIMED  # nothing runs ahead of the caller here
-        bar = bars[-1] if bars else None
-        # one segment per unit; with a sink, per file's group (the run ledger records a file
-        # with all its units)
+        books = self.books = RunBooks(self.chain, source_of(data), options, policy, bars)
+        # one chunk at a time: an output unit, or as many as a sink's file holds
         sink = self.prepared[-1].sink if self.prepared else None
-        groups = _written(units, self.prepared[-1], books) if sink else ([u] for u in units)
+        group = min(WRITE_GROUP, sink.rows_per_file or WRITE_GROUP) if sink else 1
+        books.chunk_size = books.least = group * books.align
+        self.sink = sink
+        self.steps = [
+            (hop, stages, functools.partial(self._in_hand, hop.index))
+            for hop, stages in zip(self.chain.hops, self.prepared, strict=False)
+        ]
+        yield PRIMED  # nothing runs ahead of the caller here
         try:
-            for group in groups:
-                if bar is not None:
-                    bar.update(len(group))
-                yield Segment(group[0][0] * books.align, [v for _, v, _ in group])
+            yield from books.loop(self, is_current)
         finally:
-            books.finished = time.monotonic()
+            books.clear()
 
-    def _run_hop(
-        self,
-        units: Iterator[tuple[int, Any, list[Any]]],
-        stages: PreparedStages,
-        hop: int,
-        books: RunBooks,
-    ) -> Iterator[tuple[int, Any, list[Any]]]:
+    # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
+    def busy(self) -> bool:
+        return False  # (a chunk runs within dispatch)
+
+    def wait(self) -> None:
+        if self.books is not None and not self.books.deliverable():
+            raise self.books.stalled()
+
+    def dispatch(self, most_chunks: int | None = None) -> None:
+        """Run the next chunk through every hop, once the caller has taken what came before."""
+        books = self.books
+        assert books is not None
+        if books.taken:
+            return
+        work = books.take(books.chunk_size)
+        if work is None:
+            return
         options = books.options
-        for index, unit, origin in units:
-            if is_cached(unit):  # resume=: the ledger has its result
-                yield index, CACHED, origin
-                continue
-            before = _failed_in(unit)
-            if before is not None:  # (a unit of) an earlier hop failed: this one does
-                item = origin[0] if books.align == 1 else origin
-                yield index, Failed(before.exc, item, before.stage, before.hop), origin
-                continue
+        units: list[Any] = list(work.items)
+        for hop, stages, in_hand in self.steps:
+            if hop.batch:
+                units = [list(units[i : i + hop.batch]) for i in range(0, len(units), hop.batch)]
             t0 = time.perf_counter()
-            self.flying[hop] = 1
-            try:
-                value, failed = stages.run_retrying(  # (timeout: cancels an async unit)
-                    unit,
-                    index,
-                    options.run_seed,
-                    options.retries,
-                    books.numbering,
-                    options.timeout,
-                )
-            finally:
-                self.flying[hop] = 0
-            books.count(hop, 1, time.perf_counter() - t0)
-            if failed is not None:
-                doing = f"while running {books.label(hop, index)}{after_retries(options.retries)}"
-                value = _settle(books, failed, doing, hop, index, origin)
-            yield index, value, origin
+            units, n = run_units(
+                stages,
+                units,
+                work.start // hop.unit,
+                seed=options.run_seed,
+                retries=options.retries,
+                spent={},
+                numbering=books.numbering,
+                timeout=options.timeout,  # (cancels an async unit)
+                in_hand=in_hand,
+            )
+            books.count(hop.index, n, time.perf_counter() - t0)
+        if self.sink is not None:
+            keys = books.keys_of(work.items)
+            write_units(self.prepared[-1], work.start // books.align, units, units, keys)
+        values = books.outputs(work, units, _here)
+        books.store(work.start, values, len(work.items))
+
+    def _in_hand(self, hop: int, index: int | None) -> None:
+        self.flying[hop] = 0 if index is None else 1
 
 
 WRITE_GROUP = 256  # units written to one file (at most) in the calling process
 
 
-def _written(
-    units: Iterator[tuple[int, Any, list[Any]]], stages: PreparedStages, books: RunBooks
-) -> Iterator[list[tuple[int, Any, list[Any]]]]:
-    """The last hop's units in groups, written by its sink (a file holds one group's)."""
-    hop = len(books.hops) - 1
-    size = min(WRITE_GROUP, stages.sink.rows_per_file or WRITE_GROUP) if stages.sink else 1
-    for group in batched(units, size):
-        base = group[0][0]
-        values = [v for _, v, _ in group]
-        inputs = [o[0] if books.align == 1 else o for _, _, o in group]
-        keys = books.keys_of([u for _, _, origin in group for u in origin])
-        for k, failed in stages.write(base, values, inputs, (), keys):
-            index, _, origin = group[k]
-            doing = f"while writing {books.label(hop, index)}"
-            values[k] = _settle(books, failed, doing, hop, index, origin)
-        yield [
-            (index, value, origin) for (index, _, origin), value in zip(group, values, strict=True)
-        ]
-
-
-def _settle(
-    books: RunBooks, failed: StageFailure, doing: str, hop: int, index: int, origin: list[Any]
-) -> Failed:
-    """Unit ``index`` of ``hop`` failed (``failed``: the stages' report), settled by the policy."""
-    error = failed.to_error(doing, books.index(hop, index))
-    error.__cause__ = failed.error
-    item = origin[0] if books.align == 1 else origin
-    return books.policy.settle(error, item, failed.stage, hop)
-
-
-def _batched(
-    units: Iterator[tuple[int, Any, list[Any]]], size: int
-) -> Iterator[tuple[int, Any, list[Any]]]:
-    """Batches of ``size`` consecutive units (the last may be shorter), as units."""
-    for batch in batched(units, size):
-        # (a resumed stream begins at a whole output unit: so at a whole batch of each hop)
-        j = batch[0][0] // size
-        yield j, [v for _, v, _ in batch], [o for _, _, origin in batch for o in origin]
-
-
-def _failed_in(unit: Any) -> Failed | None:
-    """The failure a unit carries: itself, or a batch's member that failed at the earliest
-    hop (the first in input order among those; see ``core.Failed``)."""
-    if type(unit) is Failed:
-        return unit
-    if type(unit) is list:
-        return min((v for v in unit if type(v) is Failed), key=lambda f: f.hop, default=None)
-    return None
+def _here(hop: int) -> tuple[str, int]:
+    return "cpu", 0  # (the device and worker index every inline stage is given)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._errors import Failure, SkippedItemsWarning
-from easycore._exec.core import Failed, without
+from easycore._exec.outcomes import Failed, without
 from easycore._options import RunOptions
 
 __all__ = ["SkippedItemsWarning", "set_aside"]

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 
 from easycore._errors import short_repr
-from easycore._exec.core import without
+from easycore._exec.outcomes import without
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
 

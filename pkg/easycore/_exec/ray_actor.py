@@ -20,24 +20,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from easycore._protocol import CACHED, UNPICKLING, ErrorReport, is_cached
+from easycore._exec.markers import Broken, run_units, settled, write_units
+from easycore._protocol import UNPICKLING, ErrorReport
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import PreparedStages, cancel_grace
 
-__all__ = ["Broken", "Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
+__all__ = ["Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
 
 #: Seconds between a watchdog's looks at the unit in hand, at most.
 WATCH_EVERY = 0.25
-
-
-class Broken(NamedTuple):
-    """A unit that failed in an actor, in place of its result (later hops pass it on)."""
-
-    hop: int
-    unit: int  # the unit's index at that hop
-    report: ErrorReport
-    where: str = ""  # the Placement it failed at, for messages
 
 
 class Packed(NamedTuple):
@@ -246,27 +238,25 @@ class StageActor:
             units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
         if self.stages.waits:
             return self._run_many(units, base, seed, retries, spent, numbering, t0, keys)
-        out: list[Any] = []
-        n = 0
-        for k, unit in enumerate(units):
-            index = base + k
-            settled = _settled(unit)
-            if settled is not None:
-                out.append(settled)
-                continue
-            with self.lock:
-                self.current = (index, time.monotonic())
-            allowed = retries - spent.get(index, 0)
-            value, failed = self.stages.run_retrying(unit, index, seed, max(allowed, 0), numbering)
-            with self.lock:
-                self.current = None
-            n += 1
-            out.append(
-                value if failed is None else Broken(self.hop, index, failed.report(), self.where)
-            )
-        self.write_out(base, out, units, keys)
+        out, n = run_units(
+            self.stages,
+            units,
+            base,
+            seed=seed,
+            retries=retries,
+            spent=spent,
+            numbering=numbering,
+            where=self.where,
+            in_hand=self._in_hand,
+        )
+        write_units(self.stages, base, out, units, keys, self.where)
         took = time.perf_counter() - t0
         return out, Meta(n, took, rss_bytes(), took)
+
+    def _in_hand(self, index: int | None) -> None:
+        """The unit in hand now (None: none), for the watchdog."""
+        with self.lock:
+            self.current = None if index is None else (index, time.monotonic())
 
     def _run_many(
         self,
@@ -284,9 +274,9 @@ class StageActor:
         out: list[Any] = [None] * len(units)
         jobs = []
         for k, unit in enumerate(units):
-            settled = _settled(unit)
-            if settled is not None:
-                out[k] = settled
+            done = settled(unit)
+            if done is not None:
+                out[k] = done
                 continue
             jobs.append((base + k, unit))
         timeout = self.timeout if self.stages.is_async else None
@@ -301,7 +291,7 @@ class StageActor:
             out[index - base] = (
                 value if failed is None else Broken(self.hop, index, failed.report(), self.where)
             )
-        self.write_out(base, out, units, keys)
+        write_units(self.stages, base, out, units, keys, self.where)
         took = time.perf_counter() - t0
         return out, Meta(len(jobs), took, rss_bytes(), busy)
 
@@ -311,15 +301,6 @@ class StageActor:
         shift = cancel_grace(timeout) if timeout else 0.0
         with self.lock:
             self.current = None if index is None else (index, start + shift)
-
-    def write_out(
-        self, base: int, out: list[Any], units: Sequence[Any], keys: Sequence[Any] | None
-    ) -> None:
-        """The last pool writes (a sink): files for ``out``'s values, only counts go back;
-        a unit that could not be written becomes Broken."""
-        if self.stages.sink is not None:
-            for k, failed in self.stages.write(base, out, units, (), keys):
-                out[k] = Broken(self.hop, base + k, failed.report(), self.where)
 
     def unpack(self, packed: Packed, base: int) -> Any:
         """The items of a timed run, unpickled here on the clock: the first unit's (or, for
@@ -387,17 +368,3 @@ def run_task(
             _BODIES.pop(next(iter(_BODIES)))
         _BODIES[(pool, worker)] = body
     return body.run(*run_args)
-
-
-def _settled(unit: Any) -> Any:
-    """What a unit is instead of being run, or None: ``CACHED`` when the driver has its
-    result (``resume=``), or the failure it carries: itself, or a batch's member that failed
-    at the earliest hop (the first in input order among those), as on every engine
-    (``core.Failed``)."""
-    if is_cached(unit):
-        return CACHED
-    if type(unit) is Broken:
-        return unit
-    if type(unit) is list:
-        return min((v for v in unit if type(v) is Broken), key=lambda b: b.hop, default=None)
-    return None

@@ -630,7 +630,7 @@ class RayEngine:
         try:
             run.dispatch()
             yield PRIMED
-            yield from run.loop(is_current)
+            yield from run.books.loop(run, is_current)
         except GeneratorExit:
             if is_current():
                 run.drain()

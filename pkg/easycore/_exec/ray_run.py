@@ -11,16 +11,16 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
 import cloudpickle
 
-from easycore._exec.blame import Blame, Dead, settle_death
-from easycore._exec.core import ErrorPolicy, RunBooks, Segment, Work
+from easycore._exec.blame import Dead, blame_in_order, settle_death
+from easycore._exec.core import ErrorPolicy, RunBooks, Work
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.ray_actor import Broken, Meta, Packed, Placement
+from easycore._exec.ray_actor import Meta, Packed, Placement
 from easycore._exec.sources import Source
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, is_cached
@@ -111,9 +111,6 @@ class RayRun:
         self.widest = max(len(h.devices) for h in self.hops)
 
     # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
-    def loop(self, is_current: Callable[[], bool]) -> Iterator[Segment]:
-        return self.books.loop(self, is_current)
-
     def busy(self) -> bool:
         return bool(self.pending)
 
@@ -248,25 +245,10 @@ class RayRun:
         if memory is not None and meta.rss > memory:
             actor.retiring = True
         if values is not None:
-            books.store(chunk.work.start, self.outputs(chunk, values), len(chunk.work.items))
-
-    def outputs(self, chunk: RayChunk, values: list[Any]) -> list[Any]:
-        """The last hop's values, failed units settled by the policy."""
-        out = []
-        for value in values:
-            if type(value) is Broken:
-                actor = chunk.actors[value.hop]
-                value = self.books.settle_report(
-                    value.report,
-                    value.hop,
-                    value.unit,
-                    chunk.work,
-                    device=actor.device,
-                    worker=actor.index,
-                    where=f" ({value.where})",
-                )
-            out.append(value)
-        return out
+            outs = books.outputs(
+                chunk.work, values, lambda h: (chunk.actors[h].device, chunk.actors[h].index)
+            )
+            books.store(chunk.work.start, outs, len(chunk.work.items))
 
     # -- failures ----------------------------------------------------------------------------
     def dead_actor(self, chunk: RayChunk) -> Actor:
@@ -320,21 +302,7 @@ class RayRun:
         """Blame the oldest chunk ``actor`` had (the one it was running) for its death;
         what runs again. ``culprit``: the unit in hand, known from a timeout (or
         ``UNPICKLING``: the chunk's items were being unpickled)."""
-        books = self.books
-        unit = self.hops[actor.hop].unit
-        work = lost[0]
-        if culprit is not None and culprit >= 0:  # (in a later chunk of an actor that waits)
-            work = next((w for w in lost if w.start <= culprit * unit < w.end), work)
-        units = tuple(range(work.start // unit, -(-work.end // unit)))
-        doing = "unpickling" if culprit == int(UNPICKLING) else "running"
-        if doing == "unpickling" or culprit is None:
-            culprit = units[0] if len(units) == 1 else None
-        outs = -(-work.end // books.align) - work.start // books.align
-        if culprit is not None:
-            blame = Blame(culprit, work, None, (culprit,), None, doing)
-        else:  # every unit of it charged; or, split, none: a death of one alone names it
-            charged = units if outs == 1 or not books.pins_down() else ()
-            blame = Blame(None, None, None, charged, work, doing)
+        blame = blame_in_order(self.books, actor.hop, lost, culprit)
         dead = Dead(
             actor.hop,
             actor.index,
@@ -345,7 +313,7 @@ class RayRun:
             where=f", {actor.where}" if actor.where else "",
             kind="actor",
         )
-        return settle_death(books, dead, blame, lost)
+        return settle_death(self.books, dead, blame, lost)
 
     def check_clock(self) -> None:
         """Units past ``timeout`` have had their actors killed: deaths charging them."""

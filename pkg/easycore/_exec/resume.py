@@ -41,8 +41,8 @@ import attrs
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr
-from easycore._exec.core import Failed
 from easycore._exec.digest import cfg_digests, function_digest, item_digest
+from easycore._exec.outcomes import Failed
 from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._options import RunOptions
 from easycore._protocol import CACHED

@@ -20,8 +20,9 @@ from typing import Any
 
 from easycore._errors import SerializationError, describe_exitcode, item_label
 from easycore._exec.blame import Dead, assign_blame, settle_death
-from easycore._exec.core import RAISE, ErrorPolicy, Failed, RunBooks
+from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
 from easycore._exec.ledger import Chunk, Ledger
+from easycore._exec.outcomes import Failed
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sources import Source
 from easycore._exec.workers import Worker, WorkerSet

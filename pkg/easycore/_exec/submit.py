@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from easycore._exec.core import Failed
+from easycore._exec.outcomes import Failed
 from easycore._exec.sources import LiveSource
 
 __all__ = ["Seat", "SubmitFeeder"]
