@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -482,6 +483,12 @@ class TestRunner:
         err = capsys.readouterr().err
         assert "inc (1)" in err and "double (1)" in err
         assert "50/50" in err
+
+    def test_progress_bars_count_every_pool_inline(self, capsys):
+        (inc.on(1) >> double.on(1)).map(range(50), devices="inline", progress=True)
+        shown = [line.strip() for line in re.split(r"[\r\n]", capsys.readouterr().err)]
+        for pool in ("inc (1)", "double (1)"):  # (each bar reaches its total, not the last alone)
+            assert any(line.startswith(pool) and "50/50" in line for line in shown), pool
 
 
 class TestSubmit:
