@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # (loaded when a stage waits, or a pool writes: others never 
 
 __all__ = [
     "ChunkRun",
+    "Finished",
     "Flight",
     "PreparedStages",
     "StageDef",
@@ -137,6 +138,10 @@ class StageFailure(NamedTuple):
             remote=False,
             cls=ItemTimeout if isinstance(exc, TimedOutItem) else WorkerError,
         )
+
+
+class Finished(RuntimeError):
+    """Units reached a place whose stages have finished (their ``end`` ran) or not started."""
 
 
 class _Prepared:
@@ -238,7 +243,7 @@ class PreparedStages:
 
     def _check_open(self) -> None:
         if not self.open:  # (a chunk that reached an actor after its finish: never run)
-            raise RuntimeError(f"the stages of hop {self.hop} have finished (or not started)")
+            raise Finished(f"the stages of hop {self.hop} have finished (or not started)")
 
     def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         import asyncio

@@ -110,3 +110,21 @@ def test_a_chunk_arriving_beside_finish_waits_for_it(
             assert chunk == [factor * (10 + k) for k in range(6)]
         place.finish()
     assert thread_deaths == []
+
+
+@pytest.mark.parametrize("stage", [doubled, tripled], ids=["async", "threads"])
+def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(stage: Any) -> None:
+    # (Ray logs a failed call nobody waits for as an unhandled error; such a chunk belongs
+    # to a run that is over)
+    from easycore._exec.markers import Broken
+    from easycore._exec.ray_actor import StageActor
+
+    actor = StageActor(b"", [], "cpu", worker=0, hop=1, entropy=1, batch=None, concurrency=4)
+    actor.stages = _place(stage)
+    factor = 2 if stage is doubled else 3
+    assert actor.run([1, 2], 10, None, 0, {}, (0, 1))[0] == [factor, 2 * factor]
+    # (the stages' finish alone: the actor's also ends every child of this process)
+    assert actor.stages.finish() is None
+    values, meta = actor.run([1, 2, 3], 10, None, 0, {}, (0, 1))
+    assert [(type(v), v.hop, v.unit) for v in values] == [(Broken, 1, 10 + k) for k in range(3)]
+    assert values[0].failure.stage == "<run over>" and meta.n == 0

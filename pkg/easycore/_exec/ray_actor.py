@@ -12,6 +12,7 @@ This module is imported in Ray's worker processes, and by the driver only once a
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pickle
 import sys
@@ -24,7 +25,7 @@ from easycore._exec.markers import Broken, run_units, settled, write_units
 from easycore._protocol import UNPICKLING, ErrorReport
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import PreparedStages, cancel_grace
+from easycore._stages import Finished, PreparedStages, cancel_grace
 
 __all__ = ["Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
 
@@ -230,14 +231,19 @@ class StageActor:
         if type(units) is Packed:
             units = self.unpack(units, base)
             if type(units) is Broken:  # they did not unpickle here: each unit fails
-                took = time.perf_counter() - t0
-                return [units._replace(unit=base + k) for k in range(units.unit)], Meta(
-                    0, took, rss_bytes(), took
-                )
+                return self._failed(units.unit, base, units.failure, t0)
         if self.batch is not None:
             units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
-        if self.stages.waits:
-            return self._run_many(units, base, seed, retries, spent, numbering, t0, keys)
+        try:
+            if not self.stages.open:
+                raise Finished("this actor has finished: the run it ran for is over")
+            if self.stages.waits:
+                return self._run_many(units, base, seed, retries, spent, numbering, t0, keys)
+        except (Finished, concurrent.futures.CancelledError) as exc:
+            # The run is over (its end cancelled this chunk, or the chunk came after it):
+            # nobody reads it. Its units fail, not the call: Ray would log a failed call
+            # that nobody waits for as an unhandled error.
+            return self._failed(len(units), base, ErrorReport.of("<run over>", exc), t0)
         out, n = run_units(
             self.stages,
             units,
@@ -252,6 +258,12 @@ class StageActor:
         write_units(self.stages, base, out, units, keys, self.where)
         took = time.perf_counter() - t0
         return out, Meta(n, took, rss_bytes(), took)
+
+    def _failed(self, n: int, base: int, failure: Any, t0: float) -> tuple[list[Any], Meta]:
+        """Each of ``n`` units from ``base`` failed with ``failure``, before any ran."""
+        took = time.perf_counter() - t0
+        out = [Broken(self.hop, base + k, failure, self.where) for k in range(n)]
+        return out, Meta(0, took, rss_bytes(), took)
 
     def _in_hand(self, index: int | None) -> None:
         """The unit in hand now (None: none), for the watchdog."""
