@@ -12,12 +12,13 @@ Units and segments, defined once:
 * a hop's unit is ``hop.unit`` consecutive first-hop units (a pool with ``batch_size``
   groups the previous hop's results); an *output unit* is the last hop's (``chain.align``
   first-hop units): what the caller receives as one result, or fails as a whole;
-* a :class:`Segment` is ``(start, values)``: the results of consecutive output units, the
-  first of which begins at first-hop unit ``start``. The runner's wrappers (``resume=``,
-  ``errors="skip"``, the consumer's fold) read segments and nothing else.
+* a segment (``outcomes.Segment``) is ``(start, values)``: the results of consecutive
+  output units, the first of which begins at first-hop unit ``start``. The runner's
+  wrappers (``resume=``, ``errors="skip"``, the consumer's fold) read segments and nothing
+  else.
 
 A failed output unit is settled by the run's :class:`ErrorPolicy`: ``raise`` raises its
-error, ``skip`` (and ``submit``) deliver a :class:`Failed` in its place.
+error, ``skip`` (and ``submit``) deliver an ``outcomes.Failed`` in its place.
 """
 
 from __future__ import annotations

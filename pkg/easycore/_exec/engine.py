@@ -4,7 +4,7 @@
 * ``InlineEngine`` (``inline.py``): everything in the calling process.
 
 An engine starts (``init`` everywhere), streams a run's results as segments
-(``core.Segment``), reports per-hop statistics, and stops (``end`` everywhere). Its run
+(``outcomes.Segment``), reports per-hop statistics, and stops (``end`` everywhere). Its run
 keeps its books in ``core.RunBooks``; what an engine adds is the transport (how chunks
 reach workers and what comes back). Another engine implements the same four calls; the
 runner, the consumer fold, ``submit`` and the options stay as they are.
@@ -26,7 +26,7 @@ from easycore._options import RunOptions
 
 __all__ = ["PRIMED", "Engine", "ProcessEngine"]
 
-Segments = Iterator[Any]  # PRIMED, then core.Segment values
+Segments = Iterator[Any]  # PRIMED, then outcomes.Segment values
 
 # The first thing an engine's stream yields, once its work has started: the runner takes it
 # at once, so work starts when imap() is called (and the stream's cleanup runs even if it is

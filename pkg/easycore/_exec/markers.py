@@ -33,7 +33,7 @@ def settled(unit: Any) -> Any:
     """What a unit is instead of being run, or None: ``CACHED`` when the driver has its
     result (``resume=``), or the failure it carries: itself, or a batch's member that failed
     at the earliest hop (the first in input order among those), as on every engine
-    (``core.Failed``)."""
+    (``outcomes.Failed``)."""
     if is_cached(unit):
         return CACHED
     if type(unit) is Broken:

@@ -623,7 +623,7 @@ class RayEngine:
         policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Iterator[Any]:
-        """PRIMED, then the run's segments (``core.Segment``)."""
+        """PRIMED, then the run's segments (``outcomes.Segment``)."""
         self._watch_for(options.timeout)
         run = RayRun(self, source_of(data), options, bars, policy)
         self.last_run = run
