@@ -207,7 +207,7 @@ class PreparedStages:
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         # (an actor that waits runs chunks on several threads at once: one loop thread, one
         # pool of k threads between them; finish holds it throughout, so a chunk that
-        # arrives meanwhile waits, then starts them afresh)
+        # arrives meanwhile waits, then is refused: Finished)
         self._starting = threading.RLock()
         self.open = False  # started and not finished: units may run (see start_many)
 
