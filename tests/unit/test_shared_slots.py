@@ -78,11 +78,12 @@ def _at_once(*calls: Any) -> list[Any]:
     return out
 
 
-@pytest.mark.parametrize("stage", [doubled, tripled], ids=["async", "threads"])
+@pytest.mark.parametrize(
+    ("stage", "factor"), [(doubled, 2), (tripled, 3)], ids=["async", "threads"]
+)
 def test_two_chunks_arriving_at_once_share_the_slots(
-    stage: Any, thread_deaths: list[BaseException]
+    stage: Any, factor: int, thread_deaths: list[BaseException]
 ) -> None:
-    factor = 2 if stage is doubled else 3
     for _ in range(40):
         place = _place(stage)
         first, second = _at_once(partial(_chunk, place, 0), partial(_chunk, place, 100))
@@ -92,11 +93,12 @@ def test_two_chunks_arriving_at_once_share_the_slots(
     assert thread_deaths == []
 
 
-@pytest.mark.parametrize("stage", [doubled, tripled], ids=["async", "threads"])
+@pytest.mark.parametrize(
+    ("stage", "factor"), [(doubled, 2), (tripled, 3)], ids=["async", "threads"]
+)
 def test_a_chunk_arriving_beside_finish_waits_for_it(
-    stage: Any, thread_deaths: list[BaseException]
+    stage: Any, factor: int, thread_deaths: list[BaseException]
 ) -> None:
-    factor = 2 if stage is doubled else 3
     for _ in range(40):
         place = _place(stage)
         _chunk(place, 0)  # (the loop thread, or the threads, are running)
@@ -112,8 +114,12 @@ def test_a_chunk_arriving_beside_finish_waits_for_it(
     assert thread_deaths == []
 
 
-@pytest.mark.parametrize("stage", [doubled, tripled], ids=["async", "threads"])
-def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(stage: Any) -> None:
+@pytest.mark.parametrize(
+    ("stage", "factor"), [(doubled, 2), (tripled, 3)], ids=["async", "threads"]
+)
+def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(
+    stage: Any, factor: int
+) -> None:
     # (Ray logs a failed call nobody waits for as an unhandled error; such a chunk belongs
     # to a run that is over)
     from easycore._exec.markers import Broken
@@ -121,7 +127,6 @@ def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(stage: Any
 
     actor = StageActor(b"", [], "cpu", worker=0, hop=1, entropy=1, batch=None, concurrency=4)
     actor.stages = _place(stage)
-    factor = 2 if stage is doubled else 3
     assert actor.run([1, 2], 10, None, 0, {}, (0, 1))[0] == [factor, 2 * factor]
     # (the stages' finish alone: the actor's also ends every child of this process)
     assert actor.stages.finish() is None

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from easycore._protocol import CACHED, ErrorReport, is_cached
 from easycore._stages import PreparedStages, StageFailure
 
-__all__ = ["Broken", "run_units", "settled", "write_units"]
+__all__ = ["Broken", "broken", "run_units", "settled", "write_units"]
 
 
 class Broken(NamedTuple):
@@ -41,6 +41,12 @@ def settled(unit: Any) -> Any:
     if type(unit) is list:
         return min((v for v in unit if type(v) is Broken), key=lambda b: b.hop, default=None)
     return None
+
+
+def broken(stages: PreparedStages, index: int, failed: StageFailure, where: str = "") -> Broken:
+    """Unit ``index`` of ``stages``' hop failed: its marker (the failure as a report, except
+    in the caller)."""
+    return Broken(stages.hop, index, failed if stages.in_caller else failed.report(), where)
 
 
 def _nothing(index: int | None) -> None:
@@ -84,10 +90,7 @@ def run_units(
         finally:
             in_hand(None)
         n += 1
-        if failed is not None:
-            failure = failed if stages.in_caller else failed.report()
-            value = Broken(stages.hop, index, failure, where)
-        out.append(value)
+        out.append(value if failed is None else broken(stages, index, failed, where))
     return out, n
 
 
@@ -103,5 +106,4 @@ def write_units(
     a unit that could not be written becomes a :class:`Broken`."""
     if stages.sink is not None:
         for k, failed in stages.write(base, out, units, (), keys):
-            failure = failed if stages.in_caller else failed.report()
-            out[k] = Broken(stages.hop, base + k, failure, where)
+            out[k] = broken(stages, base + k, failed, where)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from easycore._exec.markers import Broken, run_units, settled, write_units
+from easycore._exec.markers import Broken, broken, run_units, settled, write_units
 from easycore._protocol import UNPICKLING, ErrorReport
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
@@ -301,7 +301,7 @@ class StageActor:
         )
         for (index, _), (value, failed) in zip(jobs, done, strict=True):
             out[index - base] = (
-                value if failed is None else Broken(self.hop, index, failed.report(), self.where)
+                value if failed is None else broken(self.stages, index, failed, self.where)
             )
         write_units(self.stages, base, out, units, keys, self.where)
         took = time.perf_counter() - t0
