@@ -48,6 +48,7 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     sources.py   where items come from (iterable, range, submitted one at a time)
     sizing.py    adaptive chunk sizes, per hop
     ledger.py    where every chunk is (queued / held / moving), for exactly-once delivery
+                 (ray_ledger.py: the same for a Ray run, and the driver's Actor records)
     run.py       Run: the process transport, the loop of named steps over the chain
     blame.py     after a death: the unit to charge, the error naming it, what re-runs
     fold.py      the consumer, in the calling process

@@ -287,6 +287,13 @@ class RunBooks:
             self.sizers[hop].update(items, elapsed, nbytes)
             self.resize()
 
+    def retires(self, units: int, rss: Callable[[], int] = lambda: 0) -> bool:
+        """Whether a worker that has taken ``units`` units, its resident memory ``rss()``
+        bytes, is due for a fresh one (``max_items_per_worker``, ``max_worker_memory``): it
+        takes nothing more and is replaced once it has finished what it has."""
+        most, memory = self.options.max_items_per_worker, self.options.max_worker_memory
+        return (most is not None and units >= most) or (memory is not None and rss() > memory)
+
     # -- what comes back ---------------------------------------------------------------------
     def store(self, start: int, values: list[Any], n: int) -> None:
         """Results of output units from first-hop unit ``start``, standing for ``n`` units."""

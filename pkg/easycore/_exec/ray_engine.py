@@ -62,7 +62,8 @@ from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, PipelineDef, StageStats, idle_stats, plan_chain
 from easycore._exec.ray_actor import StageActor, UnitClock, run_task
-from easycore._exec.ray_run import Actor, RayRun, first_line, ray_module
+from easycore._exec.ray_ledger import Actor, first_line, ray_module
+from easycore._exec.ray_run import RayRun
 from easycore._exec.sources import Source, source_of
 from easycore._exec.workers import UNIT_GRACE
 from easycore._options import RunOptions

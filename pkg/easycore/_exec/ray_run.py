@@ -10,84 +10,22 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 import cloudpickle
 
 from easycore._exec.blame import Dead, blame_in_order, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Work
-from easycore._exec.plan import Chain, StageStats
-from easycore._exec.ray_actor import Meta, Packed, Placement
+from easycore._exec.plan import StageStats
+from easycore._exec.ray_actor import Meta, Packed
+from easycore._exec.ray_ledger import Actor, ActorPools, RayChunk, RayLedger, first_line, ray_module
 from easycore._exec.sources import Source
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, is_cached
 
-__all__ = ["POLL", "Actor", "ActorPools", "RayChunk", "RayRun", "first_line", "ray_module"]
+__all__ = ["POLL", "RayRun"]
 
 POLL = 0.05  # seconds between looks at a live source or the clock, while waiting
-
-
-def ray_module() -> Any:
-    """The ray module (imported on first use: ``import easycore`` never imports it)."""
-    import ray
-
-    return ray
-
-
-@attrs.define(eq=False)
-class Actor:
-    """One actor of a hop, as the driver tracks it."""
-
-    hop: int
-    index: int  # its place in the hop's pool (what ``worker`` injects)
-    device: str
-    handle: Any
-    where: Placement | None = None
-    queue: deque[RayChunk] = attrs.Factory(deque)  # sent, not finished; the oldest runs
-    assigned: int = 0  # units sent to it since it started (max_items_per_worker)
-    retiring: bool = False  # finishes what it has, then a fresh actor takes its place
-    cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
-    # Not an actor but a slot of Ray tasks (an init-less pool; see ray_actor.run_task): sends
-    # ``run``'s arguments as a task; its chunks run independently of each other.
-    task: Callable[..., Any] | None = None
-
-    def run(self, *args: Any) -> Any:
-        """Send a chunk: ``(values ref, meta ref)``."""
-        if self.task is not None:
-            return self.task(*args)
-        return self.handle.run.options(num_returns=2).remote(*args)
-
-    def who(self, chain: Chain) -> str:
-        kind = "Ray task" if self.task is not None else "Ray actor"
-        return chain.who(self.hop, self.index).replace("worker", kind, 1)
-
-    def describe(self, chain: Chain) -> str:
-        return f"{self.who(chain)} on {self.device}" + (f", {self.where}" if self.where else "")
-
-
-@attrs.define(eq=False)
-class RayChunk:
-    """A chunk on its way through the chain's actors."""
-
-    work: Work  # its first-hop units
-    actors: list[Actor] = attrs.Factory(list)  # per hop, once sent
-    values: Any = None  # the last hop's result reference
-    metas: list[Any] = attrs.Factory(list)  # per hop
-
-
-class ActorPools(Protocol):
-    """What a run needs of its engine: the actors of every hop, and fresh ones."""
-
-    chain: Chain
-    pools: list[list[Actor]]
-    waits: list[bool]  # per hop: its actors run several chunks at once (a pool that waits)
-
-    def replace(self, actor: Actor) -> Actor: ...
-    def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
-    def recycle_idle(self) -> None: ...
 
 
 class RayRun:
@@ -106,27 +44,27 @@ class RayRun:
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars)
         self.options = options
-        self.pending: dict[Any, tuple[RayChunk, int]] = {}  # meta ref -> (chunk, hop)
+        self.ledger = RayLedger(engine)
         self.last_probe = time.monotonic()
         self.widest = max(len(h.devices) for h in self.hops)
 
     # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
     def busy(self) -> bool:
-        return bool(self.pending)
+        return bool(self.ledger)
 
     def wait(self) -> None:
         """Wait for a chunk's hop to finish (a live source or the clock: a while at most)."""
         ray = ray_module()
 
         live = self.books.source.wakeup() is not None
-        refs = list(self.pending)
+        refs = list(self.ledger.pending)
         if refs:
             wait = POLL if live or self.options.timeout else 1.0
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
-                if ref in self.pending:
+                if ref in self.ledger.pending:
                     self.on_ready(ref)
         elif live:
             time.sleep(POLL)
@@ -150,7 +88,7 @@ class RayRun:
             sent += 1
             window = chunks * max(books.chunk_size, books.slots)  # (slots that wait: k each)
             if books.redo:
-                if len({id(c) for c, _ in self.pending.values()}) >= chunks:
+                if self.ledger.chunks() >= chunks:
                     return
             elif books.taken >= window:
                 return
@@ -200,13 +138,10 @@ class RayRun:
             except Exception as exc:  # an item that cannot be pickled
                 books.unpicklable(work, exc)
                 return True
-            actor.queue.append(chunk)
+            self.ledger.send(chunk, hop.index, meta)
             actor.assigned += math.ceil(len(work.items) / hop.unit)
-            most = self.options.max_items_per_worker
-            if most is not None and actor.assigned >= most:
-                actor.retiring = True  # replaced once it has finished what it has
-            chunk.metas.append(meta)
-            self.pending[meta] = (chunk, hop.index)
+            # (replaced once it has finished what it has)
+            actor.retiring = books.retires(actor.assigned)
         chunk.values = arg
         return True
 
@@ -215,7 +150,7 @@ class RayRun:
         ray = ray_module()
 
         books = self.books
-        chunk, h = self.pending[ref]
+        chunk, h = self.ledger.pending[ref]
         actor = chunk.actors[h]
         try:
             meta: Meta = ray.get(ref)
@@ -226,24 +161,20 @@ class RayRun:
                 if dead.task is None:
                     self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
                 else:  # a task's process died: that chunk alone was running there
-                    self.forget(chunk)
+                    self.ledger.forget(chunk)
                     books.again(self.blame(dead, [chunk.work], exc, None))
             elif isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
                 # a result that would not pickle there, or not unpickle here (a class this
                 # process lacks, a __setstate__ that raises): its unit fails, named
-                self.forget(chunk)
+                self.ledger.forget(chunk)
                 books.unpicklable(chunk.work, exc)
-            if ref in self.pending:  # lost with its node, or not the dead actor's: run it again
-                self.forget(chunk)
+            if ref in self.ledger.pending:  # lost with its node, or not the dead actor's:
+                self.ledger.forget(chunk)  # run it again
                 books.again([Work(chunk.work.start, chunk.work.items)])
             return
-        del self.pending[ref]
-        with contextlib.suppress(ValueError):  # (the oldest, mostly: found at once)
-            actor.queue.remove(chunk)
+        self.ledger.done(ref)
         books.count(h, meta.n, meta.busy, len(chunk.work.items), meta.elapsed)
-        memory = self.options.max_worker_memory  # (bytes: RunOptions parsed it)
-        if memory is not None and meta.rss > memory:
-            actor.retiring = True
+        actor.retiring = actor.retiring or books.retires(0, lambda: meta.rss)
         if values is not None:
             outs = books.outputs(
                 chunk.work, values, lambda h: (chunk.actors[h].device, chunk.actors[h].index)
@@ -264,22 +195,12 @@ class RayRun:
                 return chunk.actors[h]
         return chunk.actors[-1]
 
-    def forget(self, chunk: RayChunk) -> None:
-        """Take ``chunk`` out of every actor queue and the pending set."""
-        for actor in chunk.actors:
-            with contextlib.suppress(ValueError):
-                actor.queue.remove(chunk)
-        for meta in chunk.metas:
-            self.pending.pop(meta, None)
-
     def on_death(self, actor: Actor, exc: BaseException, culprit: int | None) -> None:
         """``actor`` is gone: blame the chunk it was running, re-run the rest, replace it.
 
         ``culprit``: the unit (of ``actor``'s hop) known to be in hand (a timeout).
         """
-        lost = [chunk.work for chunk in actor.queue]
-        for chunk in list(actor.queue):
-            self.forget(chunk)
+        lost = self.ledger.lose(actor)
         # A sync actor runs its chunks in order, so the oldest it had was running, unless
         # replies of chunks it finished died with it (a reply goes out on Ray's own thread,
         # after the next task has started: an os._exit there loses it). With several chunks
@@ -332,7 +253,7 @@ class RayRun:
         """An early stop: wait for what is in flight and drop it (the actors stay up)."""
         ray = ray_module()
 
-        refs = list(self.pending)
+        refs = list(self.ledger.pending)
         if refs:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait(refs, num_returns=len(refs), timeout=None)
@@ -342,7 +263,7 @@ class RayRun:
         """The run is over: cancel what is still queued (an error or an interrupt)."""
         ray = ray_module()
 
-        for ref, (chunk, h) in list(self.pending.items()):
+        for ref, (chunk, h) in list(self.ledger.pending.items()):
             # Not a plain task's: ray.cancel of a normal task that is finishing races Ray's
             # reply callback and can abort this process (a RAY_CHECK in its task manager,
             # ray-project/ray#54846); such a chunk, already sent, runs to its end unseen.
@@ -353,31 +274,9 @@ class RayRun:
 
     def clear(self, cut_short: bool = False) -> None:
         """Forget every chunk (``cut_short``: an actor that had one may be mid-unit)."""
-        for actor in [a for pool in self.engine.pools for a in pool]:
-            actor.cut_short = actor.cut_short or (cut_short and bool(actor.queue))
-            actor.queue.clear()
-        self.pending.clear()
+        self.ledger.clear(cut_short)
         self.books.clear()
 
     def stats(self) -> list[StageStats]:
-        queued = [0] * len(self.hops)
-        for chunk, h in self.pending.values():
-            queued[h] += math.ceil(len(chunk.work.items) / self.hops[h].unit)
-        # An actor is not asked mid-chunk: in flight are the units of the chunks it is on
-        # (its oldest, once the hops before have finished it; an actor that waits runs all
-        # it has), up to its concurrency.
-        flying = [0] * len(self.hops)
-        for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:  # (snapshots)
-            h = actor.hop
-            queue = list(actor.queue)
-            if not self.engine.waits[h]:
-                queue = queue[:1]  # (one at a time, in order)
-            ready = [c for c in queue if not any(m in self.pending for m in c.metas[:h])]
-            units = sum(math.ceil(len(c.work.items) / self.hops[h].unit) for c in ready)
-            flying[h] += min(self.hops[h].concurrency, units)
+        queued, flying = self.ledger.units(self.hops)
         return self.books.stats(queued, [0] * len(self.hops), flying)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.split("\n", 1)[0][:300]

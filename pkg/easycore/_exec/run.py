@@ -243,7 +243,7 @@ class Run:
         h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
         books.count(h, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
-        w.count_done(n, self.options.max_items_per_worker, self.options.max_worker_memory)
+        w.count_done(n, books.retires)
         failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
         if isinstance(msg, Held):
             if failed:

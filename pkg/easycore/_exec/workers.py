@@ -110,12 +110,11 @@ class Worker:
         held = sum(len(c.items) for c in self.outstanding.values())
         return held < depth * self.concurrency * self.unit
 
-    def count_done(self, n: int, most: int | None, memory: int | None) -> None:
-        """It finished ``n`` units: due for replacement after ``most`` units, or once its
-        resident memory passed ``memory`` bytes (it finishes the chunks it has)."""
+    def count_done(self, n: int, retires: Callable[[int, Callable[[], int]], bool]) -> None:
+        """It finished ``n`` units; ``retires(units done, its memory)``: whether it is due
+        for replacement (the run's books decide)."""
         self.units_done += n
-        due = most is not None and self.units_done >= most
-        self.retiring = due or (memory is not None and self.resident_bytes() > memory)
+        self.retiring = retires(self.units_done, self.resident_bytes)
 
     def resident_bytes(self) -> int:
         """Its resident memory now (0 when it cannot be read)."""
