@@ -86,6 +86,25 @@ class HomeSick:
         return (rebuild_away_from, (self.caller, self.x))
 
 
+def _refuse_to_load():
+    raise RuntimeError("this object cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles fine, fails when unpickled (anywhere)."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
+def one_unloadable(n: int, at: int) -> list:
+    """``range(n)`` with item ``at`` an :class:`Unloadable`: far enough in that its chunk
+    holds other items (chunks grow as a run goes on)."""
+    data: list = list(range(n))
+    data[at] = Unloadable()
+    return data
+
+
 def load_slowly(value, seconds, marker):
     if marker is None or first_time(Path(marker)):
         time.sleep(seconds)

@@ -30,7 +30,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import HomeSick, SlowToLoad, first_time, our_actors, wait_for
+from helpers import HomeSick, SlowToLoad, first_time, one_unloadable, our_actors, wait_for
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
 
@@ -383,6 +383,21 @@ class TestErrors:
             [1, threading.Lock(), 3], devices=1, engine="ray", errors="skip", on_error=seen.append
         )
         assert got == [1, 9] and [f.index for f in seen] == [1]
+
+    @pytest.mark.parametrize("timeout", [None, 30.0])
+    def test_an_item_that_does_not_unpickle_fails_alone(self, timeout):
+        """As on processes: only that item is set aside (with a timeout, the actor unpickles
+        the chunk itself, and each of its units failed), and the raised error names it."""
+        data = one_unloadable(20_000, 15_000)
+        seen: list[Failure] = []
+        got = square.map(
+            data, devices=2, engine="ray", timeout=timeout, errors="skip", on_error=seen.append
+        )
+        assert got == [x * x for x in range(20_000) if x != 15_000]
+        assert [f.index for f in seen] == [15_000]
+        with pytest.raises(SerializationError, match="item 15000") as info:
+            square.map(data, devices=2, engine="ray", timeout=timeout)
+        assert info.value.index == 15_000
 
     def test_a_result_that_does_not_unpickle_in_the_caller_is_named(self):
         """A result that unpickles in an actor but not in the driver is a SerializationError

@@ -22,7 +22,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import HomeSick, SlowToLoad, first_time
+from helpers import HomeSick, SlowToLoad, Unloadable, first_time, one_unloadable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,17 +44,6 @@ def fail(how: str):
     if how == "unpicklable":
         return threading.Lock()
     raise AssertionError(how)
-
-
-def _refuse_to_load():
-    raise RuntimeError("this object cannot be rebuilt here")
-
-
-class Unloadable:
-    """Pickles fine, fails when unpickled."""
-
-    def __reduce__(self):
-        return (_refuse_to_load, ())
 
 
 def pipeline_failing_in(stage: str, how: str, marker: Path | None):
@@ -315,6 +304,22 @@ class TestPickling:
         data = [1, 2, Unloadable(), 4]
         with pytest.raises(SerializationError, match="unpickling item"):
             producer(lambda x: x).map(data, devices=1)
+
+    @pytest.mark.parametrize("timeout", [None, 30.0])
+    def test_an_item_that_does_not_unpickle_fails_alone(self, timeout):
+        """Its chunk fails in the worker with no item named: the chunk's units run again
+        one per chunk, so errors="skip" sets aside that item alone (it set aside the whole
+        chunk, hundreds of good items) and the raised error names it, as on Ray."""
+        data = one_unloadable(20_000, 15_000)
+        seen: list = []
+        got = producer(lambda x: x).map(
+            data, devices=2, timeout=timeout, errors="skip", on_error=seen.append
+        )
+        assert got == [x for x in range(20_000) if x != 15_000]
+        assert [f.index for f in seen] == [15_000]
+        with pytest.raises(SerializationError, match="unpickling item 15000 in") as info:
+            producer(lambda x: x).map(data, devices=2, timeout=timeout)
+        assert info.value.index == 15_000
 
     @pytest.mark.parametrize("pools", [1, 2])
     def test_a_result_that_does_not_unpickle_in_the_caller_is_named(self, pools):

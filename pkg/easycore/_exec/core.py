@@ -133,6 +133,7 @@ class RunBooks:
         options: the run's options.
         policy: what a failed output unit becomes.
         bars: one progress bar per hop, or None.
+        fixed: every chunk this many output units (inline's), not sized by the clock.
     """
 
     def __init__(
@@ -142,6 +143,7 @@ class RunBooks:
         options: RunOptions,
         policy: ErrorPolicy,
         bars: list[Any] | None = None,
+        fixed: int | None = None,
     ) -> None:
         self.chain = chain
         self.hops = chain.hops
@@ -182,6 +184,8 @@ class RunBooks:
         most = max(h.concurrency for h in self.hops)
         self.slots = most  # units a worker of the widest hop runs at once
         self.least = -(-most // 16 // self.align) * self.align if most > 1 else 1
+        if fixed is not None:
+            self.least = fixed * self.align
         self.chunk_size = max(self.align, self.least)
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
@@ -355,8 +359,24 @@ class RunBooks:
 
     def unpicklable(self, work: Work, exc: BaseException) -> None:
         """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
-        not): each output unit with an item that does not pickle fails, naming the item; the
-        others run again, one per chunk. A lone unit with no such item fails as a whole."""
+        not): see :meth:`isolate`; a lone unit fails as a whole, naming ``exc``."""
+
+        def lone(out: int) -> BaseException:
+            last = len(self.hops) - 1
+            msg = f"{self.label(last, out)} or its result cannot be pickled (or unpickled here)"
+            error = SerializationError(
+                f"{msg}: {exc}", "<result pickling>", None, None, self.index(last, out)
+            )
+            error.__cause__ = exc
+            return error
+
+        self.isolate(work, lone)
+
+    def isolate(self, work: Work, lone: Callable[[int], BaseException], hop: int = 0) -> None:
+        """``work`` failed as a whole with no unit named (it did not pickle or unpickle on
+        its way; at ``hop``): each output unit with an item that does not pickle here fails,
+        naming the item; the others run again, one per chunk, so that only the one at fault
+        fails (``lone(output unit)``: the error of a lone unit that fails as a whole)."""
         parts = self.rerun(work)
         again = []
         for part in parts:
@@ -369,15 +389,7 @@ class RunBooks:
                 again.append(part)
                 continue
             if bad is None:
-                label = self.label(len(self.hops) - 1, out)
-                error = SerializationError(
-                    f"{label} or its result cannot be pickled (or unpickled here): {exc}",
-                    "<result pickling>",
-                    None,
-                    None,
-                    self.index(len(self.hops) - 1, out),
-                )
-                error.__cause__ = exc
+                error = lone(out)
             else:
                 at = part.start + bad[0]
                 msg = (
@@ -386,7 +398,8 @@ class RunBooks:
                 )
                 error = SerializationError(msg, "<item pickling>", None, None, self.index(0, at))
                 error.__cause__ = bad[1]
-            self.fail(out, error, self.unit_items(part.items, part.start, out), self.hops[0].name)
+            stage = self.hops[hop if bad is None else 0].name
+            self.fail(out, error, self.unit_items(part.items, part.start, out), stage)
         self.again(again)
 
     def deliverable(self) -> bool:

@@ -97,12 +97,11 @@ class InlineEngine:
         the caller asks for it (the core's loop with this engine as its transport)."""
         if options.seed is None and self.chain.hops[0].stages:
             seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)
-        books = self.books = RunBooks(self.chain, source_of(data), options, policy, bars)
         # one chunk at a time: an output unit, or as many as a sink's file holds
-        sink = self.prepared[-1].sink if self.prepared else None
+        sink = self.sink = self.prepared[-1].sink if self.prepared else None
         group = min(WRITE_GROUP, sink.rows_per_file or WRITE_GROUP) if sink else 1
-        books.chunk_size = books.least = group * books.align
-        self.sink = sink
+        books = RunBooks(self.chain, source_of(data), options, policy, bars, fixed=group)
+        self.books = books
         self.steps = [
             (hop, stages, functools.partial(self._in_hand, hop.index))
             for hop, stages in zip(self.chain.hops, self.prepared, strict=False)

@@ -16,6 +16,7 @@ import cloudpickle
 
 from easycore._exec.blame import Dead, blame_in_order, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Work
+from easycore._exec.markers import Broken
 from easycore._exec.plan import StageStats
 from easycore._exec.ray_actor import Meta, Packed
 from easycore._exec.ray_ledger import Actor, ActorPools, RayChunk, RayLedger, first_line, ray_module
@@ -176,6 +177,9 @@ class RayRun:
         books.count(h, meta.n, meta.busy, len(chunk.work.items), meta.elapsed)
         actor.retiring = actor.retiring or books.retires(0, lambda: meta.rss)
         if values is not None:
+            if len(values) > 1 and any(_unreadable(v) for v in values):
+                books.again(books.rerun(chunk.work))  # one unit a chunk (RunBooks.isolate)
+                return
             outs = books.outputs(
                 chunk.work, values, lambda h: (chunk.actors[h].device, chunk.actors[h].index)
             )
@@ -280,3 +284,8 @@ class RayRun:
     def stats(self) -> list[StageStats]:
         queued, flying = self.ledger.units(self.hops)
         return self.books.stats(queued, [0] * len(self.hops), flying)
+
+
+def _unreadable(value: Any) -> bool:
+    """A unit of a chunk whose items did not unpickle in the actor (which one is not known)."""
+    return type(value) is Broken and value.failure.stage == "<item unpickling>"

@@ -279,30 +279,26 @@ class Run:
         self._on_finished(w, done._replace(values=values, errors=sorted(failed.items())))
 
     def _on_unreadable(self, w: Worker, msg: Unreadable) -> None:
+        """A chunk did not unpickle in ``w`` (which unit's item is not known): see
+        ``RunBooks.isolate``."""
         chunk = self.ledger.oldest_at(w)
         if chunk is None:
             text = f"a chunk could not be unpickled in worker {w.index} on {w.device}"
             raise SerializationError(text)
-        books = self.books
-        unit = self.hops[w.hop].unit
-        first, last = chunk.start // unit, (chunk.end - 1) // unit
-        what = (
-            f"while unpickling {books.label(w.hop, first)} .. "
-            f"{item_label(last, None)} in the worker"
-        )
-        error = msg.error.to_error(
-            what=what,
-            device=w.device,
-            worker=w.index,
-            index=books.index(w.hop, first),
-            cls=SerializationError,
-        )
-        # the chunk's units fail (which one is unknown)
         self.ledger.untrack(chunk)
-        for a in range(0, len(chunk.items), books.align):
-            out = (chunk.start + a) // books.align
-            items = books.unit_items(chunk.items, chunk.start, out)
-            books.fail(out, error, items, self.hops[w.hop].name)
+        books, per = self.books, self.hops[w.hop].unit
+
+        def lone(out: int) -> BaseException:
+            first, last = out * books.align // per, ((out + 1) * books.align - 1) // per
+            upto = f" .. {item_label(last, None)}" if last > first else ""
+            return msg.error.to_error(
+                what=f"while unpickling {books.label(w.hop, first)}{upto} in the worker",
+                device=w.device,
+                worker=w.index,
+                index=books.index(w.hop, first),
+            )
+
+        books.isolate(chunk, lone, w.hop)
 
     # -- deaths ----------------------------------------------------------------------------
     def on_death(self, w: Worker) -> None:
