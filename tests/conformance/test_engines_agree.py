@@ -3,11 +3,12 @@ inline, worker processes and Ray (a real local Ray with 2 CPUs)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
-from easycore import WorkerError, consumer, producer
+from easycore import SerializationError, WorkerError, consumer, producer
 from helpers import no_actors_left, running_ray
 
 pytestmark = pytest.mark.timeout(300)
@@ -101,6 +102,33 @@ class TestOneBookkeeping:
         with pytest.raises(WorkerError, match="no model") as info:
             (first.on(1) >> late.on(1)).map(range(4), **where(engine))
         assert info.value.worker == 0
+
+    @pytest.mark.parametrize("last", [False, True], ids=["first-pool", "last-pool"])
+    def test_a_result_that_cannot_be_pickled_is_named_alike(self, engine, last):
+        """A result that cannot cross to the next pool (or back to the caller): the same
+        SerializationError index, stage and worker on every engine, and errors="skip"
+        sets that item aside alone (on Ray the error named no worker and the wrong stage,
+        and Ray logged the later pool's failure as an "Unhandled error"). Inline, nothing
+        crosses processes: the lock is a result like any other."""
+        locked = producer(lambda x: threading.Lock() if x == 30 else x)
+        pipeline = (first.on(1) >> locked.on(1)) if last else (locked.on(1) >> first.on(1))
+        if engine == "inline":
+            got = pipeline.map(range(100), **where(engine))
+            assert type(got[30]) is type(threading.Lock()) and got[31] == 31
+            return
+        with pytest.raises(SerializationError, match="item 30") as info:
+            pipeline.map(range(100), **where(engine))
+        error = info.value
+        assert (error.index, error.stage, error.worker, error.device) == (
+            30,
+            "<result pickling>",
+            0,
+            "cpu",
+        )
+        failures = []
+        got = pipeline.map(range(100), errors="skip", on_error=failures.append, **where(engine))
+        assert got == [x for x in range(100) if x != 30]
+        assert [(f.index, f.item) for f in failures] == [(30, 30)]
 
     def test_stats_after_a_run_describe_that_run(self, engine):
         """stats() after a run is that run's: its busy share does not fade while the runner

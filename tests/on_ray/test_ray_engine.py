@@ -3,7 +3,9 @@ holding as on the local engine."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import logging
 import os
 import random
 import signal
@@ -272,6 +274,37 @@ class TestErrors:
         assert err.stage == "boom" and err.index == 3
         assert isinstance(err.__cause__, KeyError)
         assert "item 3" in str(err) and "Ray node" in str(err)
+
+    @pytest.mark.parametrize("fault", ["death", "unpicklable"])
+    def test_a_failed_pool_leaves_no_unhandled_error_in_the_log(self, tmp_path, fault):
+        """A death, or a result that cannot be pickled, in the first of two pools fails the
+        second pool's call on that chunk too: the run reads every reference it drops, so
+        Ray logs no "Unhandled error" (two per failed chunk, on the driver's console)."""
+
+        @producer(init=lambda: None)
+        def fragile(x, *, state):
+            if x == 30 and first_time(tmp_path / "once"):
+                if fault == "death":
+                    os._exit(3)
+                return threading.Lock()
+            return x
+
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        ray_log = logging.getLogger("ray._private.worker")
+        ray_log.addHandler(handler)
+        try:
+            got = (fragile.on(1) >> square.on(1)).map(
+                range(300), engine="ray", retries=1, errors="skip"
+            )
+            gc.collect()
+            time.sleep(2.0)  # (Ray reports an unread error once its reference is gone)
+        finally:
+            ray_log.removeHandler(handler)
+        assert len(got) == 300 if fault == "death" else 299
+        unhandled = [r.getMessage()[:200] for r in records if "Unhandled" in r.getMessage()]
+        assert unhandled == []
 
     def test_retries_rerun_an_item_that_raised(self, tmp_path):
         @producer

@@ -357,15 +357,20 @@ class RunBooks:
             out.append(value)
         return out
 
-    def unpicklable(self, work: Work, exc: BaseException) -> None:
+    def unpicklable(
+        self, work: Work, exc: BaseException, at: tuple[int, str, int] | None = None
+    ) -> None:
         """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
-        not): see :meth:`isolate`; a lone unit fails as a whole, naming ``exc``."""
+        not): see :meth:`isolate`; a lone unit fails as a whole, naming ``exc`` and, when
+        known, ``at``: the hop, device and worker index of the failed result."""
 
         def lone(out: int) -> BaseException:
-            last = len(self.hops) - 1
-            msg = f"{self.label(last, out)} or its result cannot be pickled (or unpickled here)"
+            hop, device, worker = at if at is not None else (len(self.hops) - 1, None, None)
+            unit = out * self.align // self.hops[hop].unit
+            where = f" on {device} (worker {worker})" if at is not None else ""
+            msg = f"{self.label(hop, unit)} or its result cannot be pickled (or unpickled here)"
             error = SerializationError(
-                f"{msg}: {exc}", "<result pickling>", None, None, self.index(last, out)
+                f"{msg}{where}: {exc}", "<result pickling>", device, worker, self.index(hop, unit)
             )
             error.__cause__ = exc
             return error

@@ -95,6 +95,9 @@ class RayLedger:
     def __init__(self, engine: ActorPools) -> None:
         self.engine = engine
         self.pending: dict[Any, tuple[RayChunk, int]] = {}  # meta ref -> (chunk, hop)
+        # references of forgotten chunks, read once ready: Ray logs an error that nobody
+        # read as an "Unhandled error" (a death or a failed hop fails every later hop's)
+        self.dropped: list[Any] = []
 
     def __bool__(self) -> bool:
         return bool(self.pending)
@@ -123,6 +126,18 @@ class RayLedger:
                 actor.queue.remove(chunk)
         for meta in chunk.metas:
             self.pending.pop(meta, None)
+        self.dropped += [r for r in (*chunk.metas, chunk.values) if r is not None]
+
+    def sweep(self, wait: float = 0.0) -> None:
+        """Read the forgotten references that are ready (``wait``: seconds to wait for the
+        rest), so that Ray does not log their errors as unhandled."""
+        if not self.dropped:
+            return
+        ray = ray_module()
+        ready, self.dropped = ray.wait(self.dropped, num_returns=len(self.dropped), timeout=wait)
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                ray.get(ref, timeout=0)
 
     def lose(self, actor: Actor) -> list[Work]:
         """``actor`` is gone: forget every chunk it had; their units, oldest first."""
@@ -137,6 +152,8 @@ class RayLedger:
             actor.cut_short = actor.cut_short or (cut_short and bool(actor.queue))
             actor.queue.clear()
         self.pending.clear()
+        self.sweep(wait=1.0)  # (a failed hop's later hops fail at once)
+        self.dropped.clear()
 
     def units(self, hops: Sequence[Hop]) -> tuple[list[int], list[int]]:
         """Per hop, units sent and not done, and the estimate of those in flight.

@@ -75,6 +75,7 @@ class RayRun:
         if self.options.timeout is not None:
             self.check_clock()
         self.engine.recycle_idle()
+        self.ledger.sweep()
 
     def dispatch(self, most_chunks: int | None = None) -> None:
         """Send chunks while the window has room: re-runs first, then new input.
@@ -167,8 +168,10 @@ class RayRun:
             elif isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
                 # a result that would not pickle there, or not unpickle here (a class this
                 # process lacks, a __setstate__ that raises): its unit fails, named
+                at = self.dead_actor(chunk)  # (the first hop that failed; else the last)
                 self.ledger.forget(chunk)
-                books.unpicklable(chunk.work, exc)
+                cause = getattr(exc, "cause", None) or exc
+                books.unpicklable(chunk.work, cause, (at.hop, at.device, at.index))
             if ref in self.ledger.pending:  # lost with its node, or not the dead actor's:
                 self.ledger.forget(chunk)  # run it again
                 books.again([Work(chunk.work.start, chunk.work.items)])
