@@ -110,7 +110,11 @@ class TestOneBookkeeping:
         sets that item aside alone (on Ray the error named no worker and the wrong stage,
         and Ray logged the later pool's failure as an "Unhandled error"). Inline, nothing
         crosses processes: the lock is a result like any other."""
-        locked = producer(lambda x: threading.Lock() if x == 30 else x)
+
+        @producer
+        def locked(x):
+            return threading.Lock() if x == 30 else x
+
         pipeline = (first.on(1) >> locked.on(1)) if last else (locked.on(1) >> first.on(1))
         if engine == "inline":
             got = pipeline.map(range(100), **where(engine))
@@ -128,7 +132,7 @@ class TestOneBookkeeping:
         failures = []
         got = pipeline.map(range(100), errors="skip", on_error=failures.append, **where(engine))
         assert got == [x for x in range(100) if x != 30]
-        assert [(f.index, f.item) for f in failures] == [(30, 30)]
+        assert [(f.index, f.item, f.stage) for f in failures] == [(30, 30, "locked")]
 
     def test_stats_after_a_run_describe_that_run(self, engine):
         """stats() after a run is that run's: its busy share does not fade while the runner

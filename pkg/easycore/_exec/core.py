@@ -375,7 +375,7 @@ class RunBooks:
             error.__cause__ = exc
             return error
 
-        self.isolate(work, lone)
+        self.isolate(work, lone, 0 if at is None else at[0])
 
     def isolate(self, work: Work, lone: Callable[[int], BaseException], hop: int = 0) -> None:
         """``work`` failed as a whole with no unit named (it did not pickle or unpickle on
