@@ -13,11 +13,12 @@ Every message is a small named tuple (cheap to pickle, read by name, never by po
         Done                        a chunk's results (last hop of the chain)
         Held                        a chunk is done and its results wait in the worker (other hops)
         Sent                        a held chunk went to the next hop's worker
-        BadOutput                   a held result would not pickle on its way to the next hop
         Unreadable                  a task did not unpickle in the worker
         Ended / EndFailed           after ``end``
 
 A worker to the next hop's worker: the same ``Task``, carrying the held results as units.
+A unit that failed travels on as a :class:`Broken` marker in its result's place (later hops
+pass it on; the caller settles it), on every engine.
 
 Besides messages, each worker has one *slot* of ``SLOT_WIDTH`` doubles in a shared array
 (:class:`Slots`): the index of the unit in hand (or that a chunk is being unpickled), when it
@@ -50,7 +51,7 @@ __all__ = [
     "SLOT_WIDTH",
     "STOP",
     "AddPeer",
-    "BadOutput",
+    "Broken",
     "Cached",
     "Done",
     "Drop",
@@ -66,6 +67,7 @@ __all__ = [
     "Task",
     "Unreadable",
     "is_cached",
+    "settled",
 ]
 
 TIMED_OUT = f"{TimedOutItem.__module__}.{TimedOutItem.__qualname__}"  # a cancelled async item
@@ -170,7 +172,8 @@ class Task(NamedTuple):
     retries: int
     spent: dict[tuple[int, int], int]  # runs already charged by deaths, {(hop, index): n}
     numbering: tuple[int, int] = (0, 1)  # unit i is unit first + i * step of the input
-    resumed: bool = False  # units may be CACHED: pass them on without running the stages
+    # units may be markers (CACHED, Broken): passed on without running the stages
+    marked: bool = False
     timeout: float | None = None  # the run's timeout (a concurrent hop enforces it itself)
     keys: Any = None  # a sink's rows' keys: key= of each first-hop unit (None: by index)
 
@@ -194,6 +197,32 @@ CACHED = Cached()
 def is_cached(unit: Any) -> bool:
     """A CACHED marker, or a batch of them (a later hop groups what came in as markers)."""
     return unit is CACHED or (type(unit) is list and len(unit) > 0 and unit[0] is CACHED)
+
+
+class Broken(NamedTuple):
+    """A unit that failed, in place of its result (later hops pass it on; the caller
+    settles it: ``core.RunBooks.outputs``)."""
+
+    hop: int
+    unit: int  # the unit's index at that hop
+    # an ErrorReport when it crossed processes; in the caller (inline) the
+    # _stages.StageFailure itself, so that the raised error's cause is the live exception
+    failure: Any
+    where: str = ""  # the place it failed at (a Ray node and process), for messages
+
+
+def settled(unit: Any) -> Any:
+    """What a unit is instead of being run, or None: ``CACHED`` when the caller has its
+    result (``resume=``), or the failure it carries: itself, or a batch's member that failed
+    at the earliest hop (the first in input order among those), as on every engine
+    (``outcomes.Failed``)."""
+    if is_cached(unit):
+        return CACHED
+    if type(unit) is Broken:
+        return unit
+    if type(unit) is list:
+        return min((v for v in unit if type(v) is Broken), key=lambda b: b.hop, default=None)
+    return None
 
 
 class AddPeer(NamedTuple):
@@ -225,16 +254,15 @@ class InitFailed(NamedTuple):
 
 class Done(NamedTuple):
     chunk_id: int
-    values: list[Any]
-    errors: list[tuple[int, ErrorReport]]  # (position in the chunk, what it raised)
+    values: list[Any]  # a failed unit's is a Broken
+    marked: bool  # some values are Broken
     elapsed: float  # the worker's seconds on the chunk (wall time)
     busy: float  # its slot-seconds: ``elapsed``, with units in flight together counted each
 
 
 class Held(NamedTuple):
     chunk_id: int
-    n_done: int  # units done
-    errors: list[tuple[int, ErrorReport]]
+    n_done: int  # units done (failed ones too: they travel on as Broken markers)
     elapsed: float
     busy: float  # as Done's
 
@@ -242,12 +270,6 @@ class Held(NamedTuple):
 class Sent(NamedTuple):
     chunk_id: int
     nbytes: int
-
-
-class BadOutput(NamedTuple):
-    chunk_id: int
-    position: int
-    error: ErrorReport
 
 
 class Unreadable(NamedTuple):

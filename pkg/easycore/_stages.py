@@ -34,9 +34,10 @@ from easycore._protocol import (
     AT_STARTED,
     CACHED,
     RUNNING,
+    Broken,
     ErrorReport,
     Task,
-    is_cached,
+    settled,
 )
 from easycore._seeding import (
     ITEM_SEED,
@@ -475,20 +476,24 @@ class PreparedStages:
         at: int,
         stop: Any,
         since: float | None = None,
-    ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
+    ) -> tuple[list[Any], bool]:
         """Run the stages over a chunk's units (unit ``k`` is unit ``base + k`` of the hop),
         one at a time (a hop that waits starts them instead: :meth:`start_chunk`).
 
-        Failed units are retried here while ``task`` allows; what still fails is reported as
-        ``(position, ErrorReport)`` with ``None`` in its place. The index of the unit in
-        hand, and with a timeout its start time, go into the shared slot ``cur[at:]``;
-        ``since`` (when the chunk's unpickling began) is the first unit's start time.
+        Failed units are retried here while ``task`` allows; one that still fails becomes a
+        :class:`~easycore._protocol.Broken` in its place (a marker that came in passes on).
+        The index of the unit in hand, and with a timeout its start time, go into the shared
+        slot ``cur[at:]``; ``since`` (when the chunk's unpickling began) is the first unit's
+        start time.
+
+        Returns:
+            The values (written by the sink when there is one), and whether any is Broken.
         """
         values: list[Any] = []
-        errors: list[tuple[int, ErrorReport]] = []
+        marked = False
         only = self.prepared[0] if len(self.prepared) == 1 else None
         if only is not None and not (
-            only.kwargs or task.seed is not None or task.timed or task.retries or task.resumed
+            only.kwargs or task.seed is not None or task.timed or task.retries or task.marked
         ):
             # the hot path: one stage, nothing injected, no per-item seed, clock or retry
             fast = only.fn
@@ -501,13 +506,15 @@ class PreparedStages:
                 try:
                     append(fast(item))
                 except BaseException as exc:
-                    errors.append((len(values), ErrorReport.of(only.name, exc)))
-                    append(None)
-            return self._written(base, values, errors, units, cur, at, task)
+                    append(Broken(self.hop, base + len(values), ErrorReport.of(only.name, exc)))
+                    marked = True
+            return values, self._written(base, values, marked, units, cur, at, task)
         index = base
         for item in units:
-            if task.resumed and is_cached(item):
-                values.append(CACHED)
+            done = settled(item) if task.marked else None
+            if done is not None:
+                values.append(done)
+                marked = marked or done is not CACHED
                 index += 1
                 continue
             allowed = self.retries_left(task, index)
@@ -519,28 +526,22 @@ class PreparedStages:
                     break
                 attempt += 1
             if failed is not None:
-                errors.append((len(values), failed.report()))
+                value, marked = Broken(self.hop, index, failed.report()), True
             values.append(value)
             index += 1
             if stop.is_set():
                 break
-        return self._written(base, values, errors, units, cur, at, task)
+        return values, self._written(base, values, marked, units, cur, at, task)
 
     def _written(
-        self,
-        base: int,
-        values: list[Any],
-        errors: list[tuple[int, ErrorReport]],
-        units: Any,
-        cur: Any,
-        at: int,
-        task: Task,
-    ) -> tuple[list[Any], list[tuple[int, ErrorReport]]]:
-        """A chunk's values, written by the sink when there is one (:meth:`write_chunk`)."""
+        self, base: int, values: list[Any], marked: bool, units: Any, cur: Any, at: int, task: Task
+    ) -> bool:
+        """A chunk's values, written by the sink when there is one (:meth:`write_chunk`);
+        whether any is Broken."""
         if self.writer is None:
-            return values, errors
+            return marked
         cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
-        return values, self.write_chunk(base, values, errors, units, task.keys)
+        return self.write_chunk(base, values, units, task.keys) or marked
 
     def run_marked(
         self, item: Any, index: int, task: Task, cur: Any, at: int, since: float | None = None
@@ -563,10 +564,11 @@ class PreparedStages:
             The :class:`ChunkRun`; its ``future`` is done when every unit is.
         """
         jobs = []
-        cached = []
+        passed: dict[int, Any] = {}  # position -> a marker that came in (passed on)
         for k, unit in enumerate(units):
-            if task.resumed and is_cached(unit):
-                cached.append(k)
+            done = settled(unit) if task.marked else None
+            if done is not None:
+                passed[k] = done
             else:
                 jobs.append((base + k, unit))
         future = self.start_many(
@@ -578,22 +580,15 @@ class PreparedStages:
             stop=stop,
             since=since,
         )
-        return ChunkRun(self, task, units, base, cached, future)
+        return ChunkRun(self, task, units, base, passed, future)
 
-    def write_chunk(
-        self,
-        base: int,
-        values: list[Any],
-        errors: list[tuple[int, ErrorReport]],
-        units: Any,
-        keys: Any,
-    ) -> list[tuple[int, ErrorReport]]:
-        """A chunk's values written by the sink, when there is one (:meth:`write`): the
-        failures, with those of writing added."""
-        bad = self.write(base, values, units, [k for k, _ in errors], keys)
-        if bad:
-            errors = sorted([*errors, *((k, f.report()) for k, f in bad)], key=lambda e: e[0])
-        return errors
+    def write_chunk(self, base: int, values: list[Any], units: Any, keys: Any) -> bool:
+        """A chunk's values written by the sink, when there is one (:meth:`write`); a unit
+        that could not be written becomes a Broken. Whether any did."""
+        bad = self.write(base, values, units, (), keys)
+        for k, failed in bad:
+            values[k] = Broken(self.hop, base + k, failed.report())
+        return bool(bad)
 
     def run_many(
         self,
@@ -769,7 +764,7 @@ async def _awaited(value: Any) -> Any:
 class ChunkRun:
     """A chunk of a hop that waits, started (:meth:`PreparedStages.start_chunk`)."""
 
-    __slots__ = ("base", "cached", "future", "stages", "task", "units")
+    __slots__ = ("base", "future", "passed", "stages", "task", "units")
 
     def __init__(
         self,
@@ -777,31 +772,33 @@ class ChunkRun:
         task: Task,
         units: Any,
         base: int,
-        cached: list[int],
+        passed: dict[int, Any],
         future: concurrent.futures.Future[tuple[list[tuple[Any, StageFailure | None]], float]],
     ) -> None:
         self.stages, self.task, self.units, self.base = stages, task, units, base
-        self.cached, self.future = cached, future
+        self.passed, self.future = passed, future
 
-    def result(self) -> tuple[list[Any], list[tuple[int, ErrorReport]], float]:
-        """(values, failures as ``(position, report)``, slot-seconds), once ``future`` is
-        done; a sink has written the values."""
+    def result(self) -> tuple[list[Any], bool, float]:
+        """(values, whether any is Broken, slot-seconds), once ``future`` is done; a sink
+        has written the values."""
         done, busy = self.future.result()
         values: list[Any] = []
-        errors: list[tuple[int, ErrorReport]] = []
+        marked = False
         results = iter(done)
-        skip = set(self.cached)
+        hop = self.stages.hop
         for k in range(len(self.units)):
-            if k in skip:
-                values.append(CACHED)
-                continue
-            value, failed = next(results)
-            if failed is not None:
-                errors.append((k, failed.report()))
+            value = self.passed.get(k, self)  # (self: not passed on, run)
+            if value is self:
+                value, failed = next(results)
+                if failed is not None:
+                    value = Broken(hop, self.base + k, failed.report())
+            marked = marked or type(value) is Broken
             values.append(value)
         if self.stages.writer is not None:
-            errors = self.stages.write_chunk(self.base, values, errors, self.units, self.task.keys)
-        return values, errors, busy
+            marked = (
+                self.stages.write_chunk(self.base, values, self.units, self.task.keys) or marked
+            )
+        return values, marked, busy
 
 
 class _Tally:

@@ -61,7 +61,7 @@ from easycore._protocol import (
     STOP,
     UNPICKLING,
     AddPeer,
-    BadOutput,
+    Broken,
     Done,
     Drop,
     Ended,
@@ -278,33 +278,24 @@ class _ToCaller:
         self.stages: PreparedStages | None = None  # set once init has run
 
     def deliver(
-        self,
-        task: Task,
-        units: Any,
-        values: list[Any],
-        errors: list[Any],
-        elapsed: float,
-        busy: float,
+        self, task: Task, units: Any, values: list[Any], marked: bool, elapsed: float, busy: float
     ) -> None:
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if pickling kills us: this chunk
         try:
-            frame = self.caller.encode(Done(task.chunk_id, values, errors, elapsed, busy))
+            frame = self.caller.encode(Done(task.chunk_id, values, marked, elapsed, busy))
         except Exception:
-            failed = {k for k, _ in errors}
             for k in range(len(values)):
-                if k not in failed:
-                    self._make_picklable(task, units, values, errors, k)
-            frame = self.caller.encode(Done(task.chunk_id, values, errors, elapsed, busy))
+                if type(values[k]) is not Broken:
+                    self._make_picklable(task, units, values, k)
+            frame = self.caller.encode(Done(task.chunk_id, values, True, elapsed, busy))
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             _die_with_caller()
         self.cur[self.at + AT_SENDING] = NOT_SENDING
 
-    def _make_picklable(
-        self, task: Task, units: Any, values: list[Any], errors: list[Any], k: int
-    ) -> None:
-        """Probe result ``k``; re-run its unit while retries allow, else record the error."""
+    def _make_picklable(self, task: Task, units: Any, values: list[Any], k: int) -> None:
+        """Probe result ``k``; re-run its unit while retries allow, else it is Broken."""
         stages = self.stages
         assert stages is not None
         index = task.start // self.unit + k
@@ -316,15 +307,12 @@ class _ToCaller:
                 return
             except Exception as exc:
                 if tries >= allowed:
-                    err = TypeError(f"the result cannot be pickled: {exc}")
-                    errors.append((k, ErrorReport.of("<result pickling>", err)))
-                    values[k] = None
+                    values[k] = _unpicklable(stages.hop, index, exc)
                     return
             tries += 1
             values[k], failed = stages.run_marked(units[k], index, task, self.cur, self.at)
             if failed is not None:
-                errors.append((k, failed.report()))
-                values[k] = None
+                values[k] = Broken(stages.hop, index, failed.report())
                 return
 
     # (control traffic only concerns held chunks: a last hop never has any)
@@ -354,29 +342,24 @@ class _ToNextHop:
     the sender thread encodes on downstream pipes, so their shared-memory segments need no lock.
     """
 
-    def __init__(self, caller: Channel, cur: Any, at: int) -> None:
+    def __init__(self, caller: Channel, cur: Any, at: int, hop: int, unit: int) -> None:
         self.caller = caller
         self.cur = cur
         self.at = at
+        self.hop = hop
+        self.unit = unit  # first-hop items per unit of this hop
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread = threading.Thread(target=_or_die, args=(self._send_loop,), daemon=True)
         self.thread.start()
 
     # main thread
     def deliver(
-        self,
-        task: Task,
-        units: Any,
-        values: list[Any],
-        errors: list[Any],
-        elapsed: float,
-        busy: float,
+        self, task: Task, units: Any, values: list[Any], marked: bool, elapsed: float, busy: float
     ) -> None:
-        if errors:  # the caller decides: fail the run, or re-run the chunk's others
-            _send(self.caller, Held(task.chunk_id, len(values), errors, elapsed, busy))
-            return
-        self.inbox.put(("held", task.chunk_id, task._replace(units=values)))
-        _send(self.caller, Held(task.chunk_id, len(values), [], elapsed, busy))
+        self.inbox.put(
+            ("held", task.chunk_id, task._replace(units=values, marked=task.marked or marked))
+        )
+        _send(self.caller, Held(task.chunk_id, len(values), elapsed, busy))
 
     # reader thread
     def forward(self, chunk_id: int, key: int, peer: Channel | None) -> None:
@@ -432,13 +415,11 @@ class _ToNextHop:
     def _send_on(self, ch: Channel, task: Task) -> None:
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if we die now: this chunk
         try:
-            frame = ch.encode(task)
-        except Exception:
-            self.cur[self.at + AT_SENDING] = NOT_SENDING
-            self._bad_output(task)
-            return
-        nbytes = len(frame) + ch.shm_bytes
-        try:
+            try:
+                frame = ch.encode(task)
+            except Exception as exc:  # a result that does not pickle is Broken in its place
+                frame = ch.encode(self._picklable(task, exc))
+            nbytes = len(frame) + ch.shm_bytes
             ch.send_frame(frame)
         except OSError:
             return  # the peer died; its reader-side EOF cleans up
@@ -446,18 +427,28 @@ class _ToNextHop:
             self.cur[self.at + AT_SENDING] = NOT_SENDING
         _send(self.caller, Sent(task.chunk_id, nbytes), bare=True)
 
-    def _bad_output(self, task: Task) -> None:
-        for k, value in enumerate(task.units):
-            try:
-                cloudpickle.dumps(value)
-            except Exception as exc:
-                err = TypeError(f"the result cannot be pickled: {exc}")
-                report = ErrorReport.of("<result pickling>", err)
-                _send(self.caller, BadOutput(task.chunk_id, k, report), bare=True)
-                return
-        err = TypeError("the chunk's results cannot be pickled")
-        report = ErrorReport.of("<result pickling>", err)
-        _send(self.caller, BadOutput(task.chunk_id, 0, report), bare=True)
+    def _picklable(self, task: Task, exc: Exception) -> Task:
+        """``task`` with each result that does not pickle Broken (all, if none alone)."""
+        values = list(task.units)
+        base = task.start // self.unit
+        bad = [k for k, value in enumerate(values) if _pickling_error(value) is not None]
+        for k in bad or range(len(values)):
+            values[k] = _unpicklable(self.hop, base + k, _pickling_error(values[k]) or exc)
+        return task._replace(units=values, marked=True)
+
+
+def _pickling_error(value: Any) -> Exception | None:
+    try:
+        cloudpickle.dumps(value)  # a probe: must not consume releases
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _unpicklable(hop: int, index: int, exc: BaseException) -> Broken:
+    """Unit ``index`` of ``hop``, whose result does not pickle on its way on."""
+    err = TypeError(f"the result cannot be pickled: {exc}")
+    return Broken(hop, index, ErrorReport.of("<result pickling>", err))
 
 
 def _flush_releases(upstream: set[Channel]) -> None:
@@ -485,7 +476,11 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     stop = threading.Event()
     cur = worker_view(slots)
     at = spec.slot * SLOT_WIDTH
-    outlet = _ToCaller(chan, cur, at, spec.unit) if spec.last else _ToNextHop(chan, cur, at)
+    outlet = (
+        _ToCaller(chan, cur, at, spec.unit)
+        if spec.last
+        else _ToNextHop(chan, cur, at, spec.hop, spec.unit)
+    )
     reader = _Reader(chan, tasks, stop, outlet)
     threading.Thread(target=_or_die, args=(reader.loop,), daemon=True).start()
 
@@ -559,7 +554,7 @@ def _serve(
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
         cur[at + AT_FLIGHT] = 1.0
-        values, errors = stages.run_chunk(
+        values, marked = stages.run_chunk(
             units, task.start // spec.unit, task, cur, at, stop, since=t0
         )
         cur[at + AT_STARTED] = IDLE
@@ -567,7 +562,7 @@ def _serve(
         if stop.is_set():
             return
         elapsed = clock() - t0
-        outlet.deliver(task, units, values, errors, elapsed, elapsed)
+        outlet.deliver(task, units, values, marked, elapsed, elapsed)
         del units, values, task
         if upstream:
             _flush_releases(upstream)
@@ -617,10 +612,10 @@ def _serve_waiting(
                     k += 1
                     continue
                 del pending[k]
-                values, errors, busy = run.result()
+                values, marked, busy = run.result()
                 if stop.is_set():
                     return
-                outlet.deliver(run.task, run.units, values, errors, clock() - t0, busy)
+                outlet.deliver(run.task, run.units, values, marked, clock() - t0, busy)
                 del run, values
             elif k == 0:  # (answered for the oldest chunk not answered: in its turn)
                 pending.popleft()

@@ -134,6 +134,39 @@ class TestOneBookkeeping:
         assert got == [x for x in range(100) if x != 30]
         assert [(f.index, f.item, f.stage) for f in failures] == [(30, 30, "locked")]
 
+    @pytest.mark.parametrize("batch", [None, 3], ids=["items", "batches"])
+    def test_a_failed_unit_runs_no_neighbour_twice(self, engine, batch, tmp_path):
+        """A unit that fails in the first pool travels on as a marker: the units of its
+        chunk run once each, in both pools (on worker processes its chunk's other units ran
+        the first pool again, an init-heavy stage's side effects twice), and errors="skip"
+        sets aside what failed, with the index and stage of the pool it failed in."""
+        calls = tmp_path / "calls"
+
+        @producer
+        def logged(x):
+            with open(calls, "a") as f:
+                f.write(f"{x}\n")
+            if x % 97 == 5:
+                raise ValueError(x)
+            return x
+
+        pipeline = logged.on(1) >> (plain_sum.on(1, batch_size=batch) if batch else first.on(1))
+        failures = []
+        got = pipeline.map(range(1000), errors="skip", on_error=failures.append, **where(engine))
+        bad = {x for x in range(1000) if x % 97 == 5}
+        if batch:
+            groups = [range(k, min(k + 3, 1000)) for k in range(0, 1000, 3)]
+            assert got == [sum(g) for g in groups if not bad & set(g)]
+            assert [(f.index, f.stage) for f in failures] == [
+                (k // 3, "logged") for k in sorted(bad)
+            ]
+        else:
+            assert got == [x for x in range(1000) if x not in bad]
+            assert [(f.index, f.item, f.stage) for f in failures] == [
+                (x, x, "logged") for x in sorted(bad)
+            ]
+        assert sorted(int(x) for x in calls.read_text().split()) == list(range(1000))
+
     def test_stats_after_a_run_describe_that_run(self, engine):
         """stats() after a run is that run's: its busy share does not fade while the runner
         waits (it faded inline and on Ray, whose runs never marked their end)."""

@@ -25,7 +25,7 @@ background thread). A pipeline is a chain of hops (pools); one pool is a chain o
       (release notes for i's shared-memory segments go back over the pair)
 
     WorkerSet.wait_and_handle: one poll over [pipe 1..n, process sentinel 1..n, (submit)]:
-       pipe ready      -> read every message (Done, Held, Sent, BadOutput, Unreadable, ...)
+       pipe ready      -> read every message (Done, Held, Sent, Unreadable, ...)
        sentinel ready  -> gone: its pipe is drained first (results sent before the death count
                           and are never re-run), then Run.on_death re-queues what it ran, held
                           or was sending (retries) or raises WorkerDied naming the unit in its

@@ -32,13 +32,12 @@ import attrs
 import cloudpickle
 
 from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
-from easycore._exec.markers import Broken
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import ErrorReport, is_cached
+from easycore._protocol import Broken, is_cached
 from easycore._stages import StageFailure
 
 __all__ = [
@@ -310,50 +309,31 @@ class RunBooks:
         """Output unit ``out`` failed: settled by the policy, in its place in the stream."""
         self.store(out * self.align, [self.policy.settle(error, item, stage)], self.align)
 
-    def settle_report(
-        self,
-        report: ErrorReport | StageFailure,
-        hop: int,
-        index: int,
-        work: Work,
-        *,
-        device: str,
-        worker: int,
-        doing: str = "while running",
-        where: str = "",
-    ) -> Failed:
-        """Unit ``index`` of ``hop`` failed in a worker (``report``; in the caller, the
-        ``StageFailure`` itself: the error's cause is then the live exception): the error
-        naming it, settled by the policy as the failure of its output unit among ``work``'s."""
-        out = index * self.hops[hop].unit // self.align
-        what = f"{doing} {self.label(hop, index)}{after_retries(self.options.retries)}{where}"
-        at = self.index(hop, index)
-        if isinstance(report, StageFailure):
-            error = report.to_error(what, at)
-            error.__cause__ = report.error
-        else:
-            error = report.to_error(what=what, device=device, worker=worker, index=at)
-        item = self.unit_items(work.items, work.start, out)
-        stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
-        return self.policy.settle(error, item, stage)  # (a transport's "<...>": the hop's)
-
     def outputs(self, work: Work, values: list[Any], place: Callable[[int], Any]) -> list[Any]:
-        """The last hop's values of ``work``, each :class:`~.markers.Broken` settled by the
-        policy; ``place(hop)``: the device and index of the worker of ``hop`` it had."""
+        """The last hop's values of ``work``, each :class:`~easycore._protocol.Broken` (a
+        unit of hop h that failed there) settled by the policy as the failure of its output
+        unit: the error names it, and ``place(h)``: the device and index of the worker of
+        hop h that it had. A Broken made in the caller (inline) holds the ``StageFailure``
+        itself: the error's cause is then the live exception."""
         out = []
         for value in values:
             if type(value) is Broken:
-                device, worker = place(value.hop)
+                hop, index, report = value.hop, value.unit, value.failure
                 where = f" ({value.where})" if value.where else ""
-                value = self.settle_report(
-                    value.failure,
-                    value.hop,
-                    value.unit,
-                    work,
-                    device=device,
-                    worker=worker,
-                    where=where,
+                what = f"while running {self.label(hop, index)}"
+                what += f"{after_retries(self.options.retries)}{where}"
+                at = self.index(hop, index)
+                if isinstance(report, StageFailure):
+                    error = report.to_error(what, at)
+                    error.__cause__ = report.error
+                else:
+                    device, worker = place(hop)
+                    error = report.to_error(what=what, device=device, worker=worker, index=at)
+                item = self.unit_items(
+                    work.items, work.start, index * self.hops[hop].unit // self.align
                 )
+                stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
+                value = self.policy.settle(error, item, stage)  # (a transport's "<...>": the hop's)
             out.append(value)
         return out
 

@@ -44,6 +44,7 @@ class Chunk(Work):
     slot: int = -1  # the worker of that hop that runs it, holds its results, or receives it
     state: ChunkState = ChunkState.QUEUED
     src: int = -1  # >= 0 while moving: the worker sending it to `slot` (not yet confirmed)
+    path: list[int] = attrs.Factory(list)  # the worker of each hop it went to, so far
     ledger: Any = None  # the ledger (the run) it belongs to
 
 
@@ -62,7 +63,7 @@ class Ledger:
 
     def send(self, chunk_id: int, start: int, items: Sequence[Any], w: Worker) -> Chunk:
         """A new chunk of first-hop items, queued at ``w`` (a worker of the first hop)."""
-        chunk = Chunk(start, items, id=chunk_id, slot=w.slot, ledger=self)
+        chunk = Chunk(start, items, id=chunk_id, slot=w.slot, ledger=self, path=[w.slot])
         w.outstanding[chunk.id] = chunk
         self.live[chunk.id] = chunk
         return chunk
@@ -96,6 +97,7 @@ class Ledger:
         """``src`` was told to send held ``chunk`` to ``dst`` (a worker of the next hop)."""
         self.waiting[chunk.hop].remove(chunk)
         chunk.hop, chunk.src, chunk.slot = chunk.hop + 1, src.slot, dst.slot
+        chunk.path.append(dst.slot)
         chunk.state = ChunkState.QUEUED
         dst.outstanding[chunk.id] = chunk
 
@@ -151,8 +153,7 @@ class Ledger:
         return held
 
     def withdraw(self, w: Worker, chunk_id: int) -> None:
-        """An early stop: ``w`` answered for ``chunk_id``; forget the chunk wherever it is
-        (for a BadOutput, ``w`` is its sender, not where it is queued)."""
+        """An early stop: ``w`` answered for ``chunk_id``; forget the chunk wherever it is."""
         chunk = self.live.get(chunk_id) or w.outstanding.get(chunk_id)
         if chunk is not None:
             self.untrack(chunk)

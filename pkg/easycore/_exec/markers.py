@@ -1,46 +1,19 @@
-"""A chunk's units through one hop where the chunk does not stop between hops (a Ray actor
-hands its results to the next hop's actor; ``"inline"`` runs every hop in turn): a unit that
-fails travels on as a :class:`Broken` marker in its result's place, which later hops pass
-on, and the driver settles at the end (``core.RunBooks.outputs``).
-
-Worker processes need none of this: a chunk stops at the caller between hops, which takes
-failed units out there (``run.Run``).
+"""A chunk's units through one hop on a Ray actor or inline (a worker process runs them with
+``PreparedStages.run_chunk``, which keeps its hot path and the slot the caller reads): a
+unit that fails travels on as a :class:`~easycore._protocol.Broken` marker in its result's
+place, which later hops pass on, and the caller settles at the end
+(``core.RunBooks.outputs``), as on worker processes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-from easycore._protocol import CACHED, ErrorReport, is_cached
+from easycore._protocol import Broken, settled
 from easycore._stages import PreparedStages, StageFailure
 
 __all__ = ["Broken", "broken", "run_units", "settled", "write_units"]
-
-
-class Broken(NamedTuple):
-    """A unit that failed, in place of its result (later hops pass it on)."""
-
-    hop: int
-    unit: int  # the unit's index at that hop
-    # an ErrorReport when it crossed processes (a Ray actor's); in the caller (inline) the
-    # StageFailure itself, so that the raised error's cause is the live exception
-    failure: ErrorReport | StageFailure
-    where: str = ""  # the place it failed at (a Ray node and process), for messages
-
-
-def settled(unit: Any) -> Any:
-    """What a unit is instead of being run, or None: ``CACHED`` when the driver has its
-    result (``resume=``), or the failure it carries: itself, or a batch's member that failed
-    at the earliest hop (the first in input order among those), as on every engine
-    (``outcomes.Failed``)."""
-    if is_cached(unit):
-        return CACHED
-    if type(unit) is Broken:
-        return unit
-    if type(unit) is list:
-        return min((v for v in unit if type(v) is Broken), key=lambda b: b.hop, default=None)
-    return None
 
 
 def broken(stages: PreparedStages, index: int, failed: StageFailure, where: str = "") -> Broken:

@@ -16,13 +16,12 @@ import cloudpickle
 
 from easycore._exec.blame import Dead, blame_in_order, settle_death
 from easycore._exec.core import ErrorPolicy, RunBooks, Work
-from easycore._exec.markers import Broken
 from easycore._exec.plan import StageStats
 from easycore._exec.ray_actor import Meta, Packed
 from easycore._exec.ray_ledger import Actor, ActorPools, RayChunk, RayLedger, first_line, ray_module
 from easycore._exec.sources import Source
 from easycore._options import RunOptions
-from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, is_cached
+from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, Broken, is_cached
 
 __all__ = ["POLL", "RayRun"]
 

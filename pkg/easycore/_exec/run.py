@@ -2,7 +2,7 @@
 
 The books (``core.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy,
 the loop) are the engine-neutral part; this module moves chunks through the workers' pipes
-and turns what comes back (Done, Held, Sent, BadOutput, Unreadable, deaths, timeouts) into
+and turns what comes back (Done, Held, Sent, Unreadable, deaths, timeouts) into
 entries in those books. Results come back per chunk, so the per-item cost in the caller is a
 list append, not a message.
 
@@ -21,14 +21,13 @@ from typing import Any
 from easycore._errors import SerializationError, describe_exitcode, item_label
 from easycore._exec.blame import Dead, assign_blame, settle_death
 from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
-from easycore._exec.ledger import Chunk, Ledger
-from easycore._exec.outcomes import Failed
+from easycore._exec.ledger import Ledger
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sources import Source
 from easycore._exec.workers import Worker, WorkerSet
 from easycore._options import RunOptions
 from easycore._protocol import (
-    BadOutput,
+    Broken,
     Done,
     Drop,
     ErrorReport,
@@ -178,36 +177,6 @@ class Run:
                         os.close(fd)
                 self.ledger.move(chunk, src, dst)
 
-    # -- failures ----------------------------------------------------------------------------
-    # A failed unit fails its output unit (what the last hop makes of `align` first-hop
-    # units): the policy raises, or delivers a Failed in its place; the chunk's other output
-    # units run again.
-    def _errors(
-        self, w: Worker, chunk: Chunk, errors: list[tuple[int, ErrorReport]], doing: str
-    ) -> dict[int, Failed]:
-        """What ``w`` reported for units of ``chunk`` (at its hop), settled as failures of
-        the output units they belong to (the policy may raise the first)."""
-        books = self.books
-        per = self.hops[w.hop].unit
-        out: dict[int, Failed] = {}
-        for k, report in errors:
-            index = chunk.start // per + k  # a unit of w's hop
-            unit = index * per // books.align
-            if unit not in out:
-                out[unit] = books.settle_report(
-                    report, w.hop, index, chunk, device=w.device, worker=w.index, doing=doing
-                )
-        return out
-
-    def _fail_held(self, chunk: Chunk, failed: dict[int, Failed]) -> None:
-        """Units of a chunk failed before its last hop; the chunk's other output units did
-        not move on: they run again from the start."""
-        self.ledger.untrack(chunk)
-        books = self.books
-        for unit, failure in failed.items():
-            books.store(unit * books.align, [failure], books.align)
-        books.again(books.rerun(chunk, failed))
-
     # -- messages ----------------------------------------------------------------------------
     def on_message(self, w: Worker, msg: Any) -> None:
         """Handle what worker ``w`` sent; ``None``: it is gone."""
@@ -220,11 +189,6 @@ class Run:
             if chunk is not None:
                 self.books.sizers[w.hop].limit_bytes(len(chunk.items), msg.nbytes)
                 self.books.resize()
-        elif isinstance(msg, BadOutput):
-            chunk = self.ledger.live.get(msg.chunk_id)
-            if chunk is not None:  # that unit fails; the chunk's others run again
-                failed = self._errors(w, chunk, [(msg.position, msg.error)], "while sending")
-                self._fail_held(chunk, failed)
         elif isinstance(msg, Unreadable):
             self._on_unreadable(w, msg)
         elif isinstance(msg, Damaged):
@@ -240,22 +204,16 @@ class Run:
             return
         self.idle_deaths.pop(w.slot, None)  # retries bound deaths in a row, not over a run
         books = self.books
-        h = w.hop
         n = msg.n_done if isinstance(msg, Held) else len(msg.values)
-        books.count(h, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
+        books.count(w.hop, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
         w.count_done(n, books.retires)
-        failed = self._errors(w, chunk, msg.errors, "while running") if msg.errors else {}
-        if isinstance(msg, Held):
-            if failed:
-                self._fail_held(chunk, failed)
-            else:
-                self.ledger.hold(chunk, w)
+        if isinstance(msg, Held):  # (a failed unit travels on as a Broken marker)
+            self.ledger.hold(chunk, w)
             return
         values = msg.values
-        if failed:  # (the last hop's units are output units)
-            values = list(values)
-            for unit, failure in failed.items():
-                values[unit - chunk.start // books.align] = failure
+        if msg.marked:
+            path = [self.workers.workers[slot] for slot in chunk.path]
+            values = books.outputs(chunk, values, lambda h: (path[h].device, path[h].index))
         self.ledger.finish(chunk)
         books.store(chunk.start, values, len(chunk.items))
 
@@ -266,17 +224,19 @@ class Run:
         if not isinstance(done, Done):
             text = f"a message from worker {w.index} on {w.device} could not be unpickled here"
             raise SerializationError(f"{text}: {msg.error}") from msg.error
-        bad = [k for k, v in enumerate(done.values) if contains_undecoded(v)]
+        chunk = self.ledger.live.get(done.chunk_id)
+        if chunk is None:
+            return  # (a stale id: dropped, as _on_finished drops it)
         error = SerializationError(
             f"its result cannot be unpickled in the calling process: {msg.error}"
         )
         report = ErrorReport.of("<result unpickling>", error)
-        failed = dict(done.errors)
         values = list(done.values)
+        bad = [k for k, v in enumerate(values) if contains_undecoded(v)]
         for k in bad or range(len(values)):
-            failed.setdefault(k, report)
-            values[k] = None
-        self._on_finished(w, done._replace(values=values, errors=sorted(failed.items())))
+            if type(values[k]) is not Broken:
+                values[k] = Broken(w.hop, chunk.start // self.hops[w.hop].unit + k, report)
+        self._on_finished(w, done._replace(values=values, marked=True))
 
     def _on_unreadable(self, w: Worker, msg: Unreadable) -> None:
         """A chunk did not unpickle in ``w`` (which unit's item is not known): see
