@@ -255,6 +255,7 @@ class InitFailed(NamedTuple):
 class Done(NamedTuple):
     chunk_id: int
     values: list[Any]  # a failed unit's is a Broken
+    n_done: int  # units run (a marker that came in is passed on, not run)
     marked: bool  # some values are Broken
     elapsed: float  # the worker's seconds on the chunk (wall time)
     busy: float  # its slot-seconds: ``elapsed``, with units in flight together counted each
@@ -262,7 +263,7 @@ class Done(NamedTuple):
 
 class Held(NamedTuple):
     chunk_id: int
-    n_done: int  # units done (failed ones too: they travel on as Broken markers)
+    n_done: int  # as Done's (a unit that failed counts: it travels on as a Broken marker)
     elapsed: float
     busy: float  # as Done's
 

@@ -59,11 +59,16 @@ __all__ = [
     "Finished",
     "Flight",
     "PreparedStages",
+    "Ran",
     "StageDef",
     "StageFailure",
     "cancel_grace",
     "is_async_fn",
 ]
+
+# a chunk's values (a failed unit's a Broken), how many units ran (not passed on), and
+# whether any value is Broken
+Ran = tuple[list[Any], int, bool]
 
 # (index, start) of the oldest unit in flight, or (None, 0.0) when none: for a watchdog
 Publish = Callable[[int | None, float], None]
@@ -476,7 +481,7 @@ class PreparedStages:
         at: int,
         stop: Any,
         since: float | None = None,
-    ) -> tuple[list[Any], bool]:
+    ) -> Ran:
         """Run the stages over a chunk's units (unit ``k`` is unit ``base + k`` of the hop),
         one at a time (a hop that waits starts them instead: :meth:`start_chunk`).
 
@@ -487,9 +492,11 @@ class PreparedStages:
         start time.
 
         Returns:
-            The values (written by the sink when there is one), and whether any is Broken.
+            The values (written by the sink when there is one), how many units ran (not
+            passed on), and whether any value is Broken.
         """
         values: list[Any] = []
+        passed = 0
         marked = False
         only = self.prepared[0] if len(self.prepared) == 1 else None
         if only is not None and not (
@@ -508,12 +515,13 @@ class PreparedStages:
                 except BaseException as exc:
                     append(Broken(self.hop, base + len(values), ErrorReport.of(only.name, exc)))
                     marked = True
-            return values, self._written(base, values, marked, units, cur, at, task)
+            return values, len(values), self._written(base, values, marked, units, cur, at, task)
         index = base
         for item in units:
             done = settled(item) if task.marked else None
             if done is not None:
                 values.append(done)
+                passed += 1
                 marked = marked or done is not CACHED
                 index += 1
                 continue
@@ -531,7 +539,8 @@ class PreparedStages:
             index += 1
             if stop.is_set():
                 break
-        return values, self._written(base, values, marked, units, cur, at, task)
+        marked = self._written(base, values, marked, units, cur, at, task)
+        return values, len(values) - passed, marked
 
     def _written(
         self, base: int, values: list[Any], marked: bool, units: Any, cur: Any, at: int, task: Task
@@ -778,9 +787,9 @@ class ChunkRun:
         self.stages, self.task, self.units, self.base = stages, task, units, base
         self.passed, self.future = passed, future
 
-    def result(self) -> tuple[list[Any], bool, float]:
-        """(values, whether any is Broken, slot-seconds), once ``future`` is done; a sink
-        has written the values."""
+    def result(self) -> tuple[Ran, float]:
+        """What ran (as :meth:`PreparedStages.run_chunk` returns it), and the slot-seconds,
+        once ``future`` is done; a sink has written the values."""
         done, busy = self.future.result()
         values: list[Any] = []
         marked = False
@@ -798,7 +807,7 @@ class ChunkRun:
             marked = (
                 self.stages.write_chunk(self.base, values, self.units, self.task.keys) or marked
             )
-        return values, marked, busy
+        return (values, len(values) - len(self.passed), marked), busy
 
 
 class _Tally:

@@ -83,7 +83,7 @@ from easycore._reaping import (
     remove_own_mp_tempdir,
 )
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import ChunkRun, PreparedStages, cancel_grace
+from easycore._stages import ChunkRun, PreparedStages, Ran, cancel_grace
 from easycore._transport import CONTROL, Channel, Damaged
 
 __all__ = ["WorkerSpec", "worker_main"]
@@ -277,17 +277,16 @@ class _ToCaller:
         self.unit = unit  # first-hop items per unit of this hop
         self.stages: PreparedStages | None = None  # set once init has run
 
-    def deliver(
-        self, task: Task, units: Any, values: list[Any], marked: bool, elapsed: float, busy: float
-    ) -> None:
+    def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
+        values, n, marked = ran
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if pickling kills us: this chunk
         try:
-            frame = self.caller.encode(Done(task.chunk_id, values, marked, elapsed, busy))
+            frame = self.caller.encode(Done(task.chunk_id, values, n, marked, elapsed, busy))
         except Exception:
             for k in range(len(values)):
                 if type(values[k]) is not Broken:
                     self._make_picklable(task, units, values, k)
-            frame = self.caller.encode(Done(task.chunk_id, values, True, elapsed, busy))
+            frame = self.caller.encode(Done(task.chunk_id, values, n, True, elapsed, busy))
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -353,13 +352,12 @@ class _ToNextHop:
         self.thread.start()
 
     # main thread
-    def deliver(
-        self, task: Task, units: Any, values: list[Any], marked: bool, elapsed: float, busy: float
-    ) -> None:
+    def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
+        values, n, marked = ran
         self.inbox.put(
             ("held", task.chunk_id, task._replace(units=values, marked=task.marked or marked))
         )
-        _send(self.caller, Held(task.chunk_id, len(values), elapsed, busy))
+        _send(self.caller, Held(task.chunk_id, n, elapsed, busy))
 
     # reader thread
     def forward(self, chunk_id: int, key: int, peer: Channel | None) -> None:
@@ -554,16 +552,14 @@ def _serve(
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
         cur[at + AT_FLIGHT] = 1.0
-        values, marked = stages.run_chunk(
-            units, task.start // spec.unit, task, cur, at, stop, since=t0
-        )
+        ran = stages.run_chunk(units, task.start // spec.unit, task, cur, at, stop, since=t0)
         cur[at + AT_STARTED] = IDLE
         cur[at + AT_FLIGHT] = 0.0
         if stop.is_set():
             return
         elapsed = clock() - t0
-        outlet.deliver(task, units, values, marked, elapsed, elapsed)
-        del units, values, task
+        outlet.deliver(task, units, ran, elapsed, elapsed)
+        del units, ran, task
         if upstream:
             _flush_releases(upstream)
 
@@ -612,11 +608,11 @@ def _serve_waiting(
                     k += 1
                     continue
                 del pending[k]
-                values, marked, busy = run.result()
+                ran, busy = run.result()
                 if stop.is_set():
                     return
-                outlet.deliver(run.task, run.units, values, marked, clock() - t0, busy)
-                del run, values
+                outlet.deliver(run.task, run.units, ran, clock() - t0, busy)
+                del run, ran
             elif k == 0:  # (answered for the oldest chunk not answered: in its turn)
                 pending.popleft()
                 _send(chan, run)

@@ -283,7 +283,8 @@ def check(case: Case, engine: str) -> None:
     want = reference(case)
     got, error, stats = run_case(case, engine)
     check_outcome(case, engine, want, got, error)
-    if error is None and not want.failures and not any(s.transient for s in _stages(case)):
+    if error is None and not any(s.transient for s in _stages(case)):
+        # (a unit that failed in an earlier pool is passed on, not run: not done there)
         assert tuple(s.done for s in stats) == want.done, (stats, want.done)
 
 

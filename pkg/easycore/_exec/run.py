@@ -204,7 +204,7 @@ class Run:
             return
         self.idle_deaths.pop(w.slot, None)  # retries bound deaths in a row, not over a run
         books = self.books
-        n = msg.n_done if isinstance(msg, Held) else len(msg.values)
+        n = msg.n_done
         books.count(w.hop, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
         w.count_done(n, books.retires)
         if isinstance(msg, Held):  # (a failed unit travels on as a Broken marker)
