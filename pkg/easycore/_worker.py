@@ -74,6 +74,7 @@ from easycore._protocol import (
     Sent,
     Task,
     Unreadable,
+    settled,
     worker_view,
 )
 from easycore._reaping import (
@@ -300,14 +301,10 @@ class _ToCaller:
         index = task.start // self.unit + k
         allowed = stages.retries_left(task, index)
         tries = 0
-        while True:
-            try:
-                cloudpickle.dumps(values[k])  # a probe: must not consume releases
+        while (exc := _pickling_error(values[k])) is not None:
+            if tries >= allowed:
+                values[k] = _unpicklable(stages.hop, index, exc)
                 return
-            except Exception as exc:
-                if tries >= allowed:
-                    values[k] = _unpicklable(stages.hop, index, exc)
-                    return
             tries += 1
             values[k], failed = stages.run_marked(units[k], index, task, self.cur, self.at)
             if failed is not None:
@@ -413,26 +410,29 @@ class _ToNextHop:
     def _send_on(self, ch: Channel, task: Task) -> None:
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if we die now: this chunk
         try:
-            try:
-                frame = ch.encode(task)
-            except Exception as exc:  # a result that does not pickle is Broken in its place
-                frame = ch.encode(self._picklable(task, exc))
+            frame = self._encode(ch, task)
             nbytes = len(frame) + ch.shm_bytes
-            ch.send_frame(frame)
-        except OSError:
-            return  # the peer died; its reader-side EOF cleans up
+            try:
+                ch.send_frame(frame)
+            except OSError:
+                return  # the peer died; its reader-side EOF cleans up
         finally:
             self.cur[self.at + AT_SENDING] = NOT_SENDING
         _send(self.caller, Sent(task.chunk_id, nbytes), bare=True)
 
-    def _picklable(self, task: Task, exc: Exception) -> Task:
-        """``task`` with each result that does not pickle Broken (all, if none alone)."""
-        values = list(task.units)
-        base = task.start // self.unit
-        bad = [k for k, value in enumerate(values) if _pickling_error(value) is not None]
-        for k in bad or range(len(values)):
-            values[k] = _unpicklable(self.hop, base + k, _pickling_error(values[k]) or exc)
-        return task._replace(units=values, marked=True)
+    def _encode(self, ch: Channel, task: Task) -> bytes:
+        """``task``'s frame; a result that does not pickle is a Broken in its place (every
+        result of this hop, when none alone is the one)."""
+        try:
+            return ch.encode(task)
+        except Exception as exc:
+            values = list(task.units)
+            base = task.start // self.unit
+            mine = [k for k, v in enumerate(values) if settled(v) is None]  # (not passed on)
+            bad = [k for k in mine if _pickling_error(values[k]) is not None]
+            for k in bad or mine:
+                values[k] = _unpicklable(self.hop, base + k, _pickling_error(values[k]) or exc)
+            return ch.encode(task._replace(units=values, marked=True))
 
 
 def _pickling_error(value: Any) -> Exception | None:
