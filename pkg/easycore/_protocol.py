@@ -66,6 +66,7 @@ __all__ = [
     "Slots",
     "Task",
     "Unreadable",
+    "batches",
     "is_cached",
     "settled",
 ]
@@ -213,16 +214,25 @@ class Broken(NamedTuple):
 
 def settled(unit: Any) -> Any:
     """What a unit is instead of being run, or None: ``CACHED`` when the caller has its
-    result (``resume=``), or the failure it carries: itself, or a batch's member that failed
-    at the earliest hop (the first in input order among those), as on every engine
-    (``outcomes.Failed``)."""
+    result (``resume=``), or the failure it carries (a batch holding one is one:
+    :func:`batches`)."""
     if is_cached(unit):
         return CACHED
-    if type(unit) is Broken:
-        return unit
-    if type(unit) is list:
-        return min((v for v in unit if type(v) is Broken), key=lambda b: b.hop, default=None)
-    return None
+    return unit if type(unit) is Broken else None
+
+
+def batches(values: Any, k: int) -> list[Any]:
+    """The previous hop's results ``values``, ``k`` at a time (the last batch may be
+    shorter), for a hop that takes batches: a batch holding a :class:`Broken` is that
+    failure (the earliest hop's, the first in input order among those), as on every engine
+    (``outcomes.Failed``)."""
+    values = values if type(values) is list else list(values)
+    out = []
+    for i in range(0, len(values), k):
+        batch = values[i : i + k]
+        failed = [v for v in batch if type(v) is Broken]
+        out.append(min(failed, key=lambda b: b.hop) if failed else batch)
+    return out
 
 
 class AddPeer(NamedTuple):

@@ -74,6 +74,7 @@ from easycore._protocol import (
     Sent,
     Task,
     Unreadable,
+    batches,
     settled,
     worker_view,
 )
@@ -710,7 +711,4 @@ def _take(
 
 def _units_of(task: Task, spec: WorkerSpec) -> Any:
     """A task's units for this hop: grouped into batches when it takes them."""
-    units = task.units
-    if spec.group is not None:
-        units = [units[i : i + spec.group] for i in range(0, len(units), spec.group)]
-    return units
+    return task.units if spec.group is None else batches(task.units, spec.group)

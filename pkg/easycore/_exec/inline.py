@@ -22,6 +22,7 @@ from easycore._exec.markers import run_units, write_units
 from easycore._exec.plan import Chain, Hop, StageStats, idle_stats
 from easycore._exec.sources import source_of
 from easycore._options import RunOptions
+from easycore._protocol import batches
 from easycore._seeding import seed_loaded
 from easycore._stages import PreparedStages
 
@@ -133,7 +134,7 @@ class InlineEngine:
         units: list[Any] = list(work.items)
         for hop, stages, in_hand in self.steps:
             if hop.batch:
-                units = [list(units[i : i + hop.batch]) for i in range(0, len(units), hop.batch)]
+                units = batches(units, hop.batch)
             t0 = time.perf_counter()
             units, n = run_units(
                 stages,

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from easycore._exec.markers import Broken, broken, run_units, settled, write_units
-from easycore._protocol import UNPICKLING, ErrorReport
+from easycore._protocol import UNPICKLING, ErrorReport, batches
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import Finished, PreparedStages, cancel_grace
@@ -233,7 +233,7 @@ class StageActor:
             if type(units) is Broken:  # they did not unpickle here: each unit fails
                 return self._failed(units.unit, base, units.failure, t0)
         if self.batch is not None:
-            units = [list(units[i : i + self.batch]) for i in range(0, len(units), self.batch)]
+            units = batches(units, self.batch)
         try:
             if not self.stages.open:
                 raise Finished("this actor has finished: the run it ran for is over")
