@@ -36,6 +36,7 @@ from easycore._protocol import (
     Sent,
     Task,
     Unreadable,
+    settled,
 )
 from easycore._transport import Damaged, contains_undecoded
 
@@ -234,7 +235,7 @@ class Run:
         values = list(done.values)
         bad = [k for k, v in enumerate(values) if contains_undecoded(v)]
         for k in bad or range(len(values)):
-            if type(values[k]) is not Broken:
+            if settled(values[k]) is None:  # (a marker passed on stays)
                 values[k] = Broken(w.hop, chunk.start // self.hops[w.hop].unit + k, report)
         self._on_finished(w, done._replace(values=values, marked=True))
 
