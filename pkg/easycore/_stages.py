@@ -5,7 +5,9 @@ A hop's fused producers, prepared where they run (a worker process, the calling 
 with its injected names, :meth:`~PreparedStages.run` runs the stages over one unit (seeded
 from its index when the run has a seed), :meth:`~PreparedStages.run_chunk` over a chunk
 with retries, and :meth:`~PreparedStages.finish` runs every ``end``. Failures come back as
-:class:`StageFailure` values naming the stage; the caller turns them into errors.
+:class:`StageFailure` values naming the stage (over a chunk, as a
+:class:`~easycore._protocol.Broken` in the failed unit's place); the caller turns them into
+errors.
 
 Stages that wait (API.md section 11): a producer, ``init`` or ``end`` may be ``async def``;
 they run on one event loop per place (a worker, an actor, the caller for ``"inline"``). A
