@@ -68,6 +68,7 @@ __all__ = [
     "Unreadable",
     "batches",
     "is_cached",
+    "pickling_error",
     "settled",
 ]
 
@@ -219,6 +220,16 @@ def settled(unit: Any) -> Any:
     if is_cached(unit):
         return CACHED
     return unit if type(unit) is Broken else None
+
+
+def pickling_error(value: Any) -> Exception | None:
+    """Why ``value`` does not pickle, or None (a probe: a copy, nothing is sent, no
+    shared-memory segment is made or released)."""
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def batches(values: Any, k: int) -> list[Any]:

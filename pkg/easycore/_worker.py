@@ -45,8 +45,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import cloudpickle
-
 from easycore._devices import bind_gpus
 from easycore._protocol import (
     AT_AHEAD,
@@ -75,6 +73,7 @@ from easycore._protocol import (
     Task,
     Unreadable,
     batches,
+    pickling_error,
     settled,
     worker_view,
 )
@@ -286,7 +285,7 @@ class _ToCaller:
             frame = self.caller.encode(Done(task.chunk_id, values, n, marked, elapsed, busy))
         except Exception:
             for k in range(len(values)):
-                if type(values[k]) is not Broken:
+                if settled(values[k]) is None:  # (a marker passed on stays)
                     self._make_picklable(task, units, values, k)
             frame = self.caller.encode(Done(task.chunk_id, values, n, True, elapsed, busy))
         try:
@@ -302,7 +301,7 @@ class _ToCaller:
         index = task.start // self.unit + k
         allowed = stages.retries_left(task, index)
         tries = 0
-        while (exc := _pickling_error(values[k])) is not None:
+        while (exc := pickling_error(values[k])) is not None:
             if tries >= allowed:
                 values[k] = _unpicklable(stages.hop, index, exc)
                 return
@@ -430,18 +429,10 @@ class _ToNextHop:
             values = list(task.units)
             base = task.start // self.unit
             mine = [k for k, v in enumerate(values) if settled(v) is None]  # (not passed on)
-            bad = [k for k in mine if _pickling_error(values[k]) is not None]
+            bad = {k: e for k in mine if (e := pickling_error(values[k])) is not None}
             for k in bad or mine:
-                values[k] = _unpicklable(self.hop, base + k, _pickling_error(values[k]) or exc)
+                values[k] = _unpicklable(self.hop, base + k, bad.get(k, exc))
             return ch.encode(task._replace(units=values, marked=True))
-
-
-def _pickling_error(value: Any) -> Exception | None:
-    try:
-        cloudpickle.dumps(value)  # a probe: must not consume releases
-    except Exception as exc:
-        return exc
-    return None
 
 
 def _unpicklable(hop: int, index: int, exc: BaseException) -> Broken:

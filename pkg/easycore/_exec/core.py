@@ -29,7 +29,6 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
-import cloudpickle
 
 from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
 from easycore._exec.outcomes import Failed, Segment
@@ -37,7 +36,7 @@ from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import Broken, is_cached
+from easycore._protocol import Broken, is_cached, pickling_error
 from easycore._stages import StageFailure
 
 __all__ = [
@@ -367,7 +366,7 @@ class RunBooks:
         for part in parts:
             out = part.start // self.align
             bad = next(
-                ((k, e) for k, item in enumerate(part.items) if (e := _pickling_error(item))),
+                ((k, e) for k, item in enumerate(part.items) if (e := pickling_error(item))),
                 None,
             )
             if bad is None and len(parts) > 1:
@@ -478,12 +477,3 @@ class RunBooks:
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()
-
-
-def _pickling_error(item: Any) -> Exception | None:
-    """Why ``item`` does not pickle, or None (a probe: a copy, nothing is sent)."""
-    try:
-        cloudpickle.dumps(item)
-    except Exception as exc:
-        return exc
-    return None
