@@ -226,6 +226,36 @@ class TestPools:
         assert pids, "the second pool never received the first pool's results"
         assert os.getpid() not in pids  # the driver never unpickled an intermediate result
 
+    def test_pools_of_tasks_read_classes_only_the_drivers_sys_path_finds(
+        self, tmp_path, monkeypatch
+    ):
+        # A module no Ray worker has on its path (a fresh directory per test): the items of
+        # the first pool and the results passed to the second are instances of its class.
+        # A Ray task unpickles its arguments before it runs; easycore must add the driver's
+        # sys.path first, as an actor does in start.
+        name = f"boxes_{os.getpid()}_{time.monotonic_ns()}"
+        (tmp_path / f"{name}.py").write_text(
+            "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        box = __import__(name).Box
+
+        @producer
+        def unbox(b):
+            return b.v
+
+        @producer
+        def rebox(x):
+            return box(x + 1)
+
+        @producer
+        def total_of(batch):
+            return sum(b.v for b in batch)
+
+        assert unbox.map([box(i) for i in range(7)], devices=2, engine="ray") == list(range(7))
+        pipeline = rebox.on(1) >> total_of.on(1, batch_size=3)
+        assert pipeline.map(range(7), engine="ray") == [6, 15, 7]
+
     def test_deaths_in_either_pool_rerun_within_retries(self, tmp_path):
         @producer
         def first(x):

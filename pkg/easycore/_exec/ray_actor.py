@@ -41,6 +41,14 @@ class Packed(NamedTuple):
     blob: bytes
 
 
+class Later(NamedTuple):
+    """The previous hop's results for a pool of tasks: a reference Ray passes as it is (it
+    resolves only a reference that is an argument itself), read by ``run_task`` once the
+    driver's ``sys.path`` is in place (see :func:`run_task`)."""
+
+    ref: Any
+
+
 class Placement(NamedTuple):
     """Where an actor runs, for messages: its node and process."""
 
@@ -363,6 +371,12 @@ def run_task(
     prepared on first use. Ray starts a task on a warm worker in milliseconds, where an
     actor needs a new process; with no ``init`` there is nothing else an actor would keep.
 
+    Ray unpickles a task's arguments before the task runs, where a class that only the
+    driver's ``sys.path`` finds (a test module, a project not installed) does not import
+    yet: so the driver sends the chunk's units pickled (:class:`Packed`, the first hop) or
+    as a reference to read here (:class:`Later`), and they are read after the body has
+    extended ``sys.path``.
+
     Raises:
         RuntimeError: the stages did not unpickle here (the driver reports the chunk).
     """
@@ -379,4 +393,9 @@ def run_task(
         if len(_BODIES) >= _KEEP_BODIES:
             _BODIES.pop(next(iter(_BODIES)))
         _BODIES[(pool, worker)] = body
-    return body.run(*run_args)
+    units, *rest = run_args
+    if type(units) is Later:
+        import ray
+
+        units = ray.get(units.ref)
+    return body.run(units, *rest)

@@ -61,7 +61,7 @@ from easycore._errors import (
 from easycore._exec.core import RAISE, ErrorPolicy
 from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, PipelineDef, StageStats, idle_stats, plan_chain
-from easycore._exec.ray_actor import StageActor, UnitClock, run_task
+from easycore._exec.ray_actor import Later, Packed, StageActor, UnitClock, run_task
 from easycore._exec.ray_ledger import Actor, first_line, ray_module
 from easycore._exec.ray_run import RayRun
 from easycore._exec.sources import Source, source_of
@@ -454,8 +454,14 @@ class RayEngine:
             payload = ray.put(payload)
         pool = f"{self.tag}-{hop}"
 
-        def send(*run_args: Any) -> Any:
-            return fn.remote(pool, payload, sys.path, index, hop, h.batch, h.concurrency, *run_args)
+        def send(units: Any, *run_args: Any) -> Any:
+            # (read in the task once the driver's sys.path is there: see run_task)
+            if isinstance(units, ray.ObjectRef):
+                units = Later(units)
+            elif type(units) is not Packed:
+                units = Packed(len(units), cloudpickle.dumps(list(units), PROTOCOL))
+            args = (pool, payload, sys.path, index, hop, h.batch, h.concurrency)
+            return fn.remote(*args, units, *run_args)
 
         return send
 
