@@ -33,7 +33,9 @@ Ray object references instead of pipes::
   starts a task on a warm worker in milliseconds, where an actor needs a new process (about
   0.4 s), and such a pool keeps nothing an actor would hold. Each of its workers is then a
   slot of tasks (what ``worker`` injects); a task's death names its chunk, charged as an
-  actor's would be, and Ray's own retries are off.
+  actor's would be, and Ray's own retries are off. A task gets its units pickled or as a
+  reference it reads itself (``ray_actor.Packed``, ``Later``): Ray unpickles a task's
+  arguments before it runs, before the driver's ``sys.path`` is added there.
 * Ctrl-C or an error: actors' queued tasks are cancelled, ``end`` gets a short grace,
   every actor is killed (a plain task already sent finishes its chunk unseen: Ray's cancel
   of a normal task can abort the driver when it races the task's reply); a Ray this
