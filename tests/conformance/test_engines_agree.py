@@ -186,6 +186,54 @@ class TestOneBookkeeping:
         assert after[0].busy == before[0].busy > 0
 
 
+@producer(init=lambda: None)
+def ran_in(x, *, state):
+    import os
+
+    return (os.getpid(),)
+
+
+@producer(init=lambda: None)
+def then_in(t, *, state):
+    import os
+
+    return (*t, os.getpid())
+
+
+@pytest.mark.parametrize("engine", ["processes", "ray"])
+def test_a_worker_runs_max_items_per_worker_items_and_no_more(engine, tmp_path):
+    """Each worker of each pool runs exactly n items, then a fresh one takes its place; a
+    resumed run's known results are not items a worker ran (on Ray an actor took chunks of
+    up to n past the bound, 70 of 50, and counted resumed items as run)."""
+    import collections
+
+    pipeline = ran_in.on(1) >> then_in.on(1)
+    got = pipeline.map(range(120), max_items_per_worker=20, **where(engine))
+    for hop in range(2):
+        assert sorted(collections.Counter(t[hop] for t in got).values()) == [20] * 6
+    # a first run where every third item fails: the resumed run's chunks mix known
+    # results and items to run
+    refuse = tmp_path / "refuse"
+    refuse.touch()
+
+    @producer(init=lambda: None)
+    def picky(x, *, state):
+        if x % 3 == 0 and refuse.exists():
+            raise ValueError(x)
+        return ran_in.fn(x, state=state)
+
+    pipeline = picky.on(1) >> then_in.on(1)
+    db = tmp_path / "run.db"
+    pipeline.map(range(180), resume=db, errors="skip", on_error=lambda f: None, **where(engine))
+    refuse.unlink()
+    got = pipeline.map(
+        range(180), resume=db, retry_failed=True, max_items_per_worker=20, **where(engine)
+    )
+    for hop in range(2):
+        counts = collections.Counter(t[hop] for t in got[::3])
+        assert sorted(counts.values()) == [20] * 3
+
+
 @pytest.mark.timeout(120, method="thread")  # the old wait took no signal
 class TestRayCapacity:
     def test_pools_that_together_do_not_fit_are_a_value_error(self):

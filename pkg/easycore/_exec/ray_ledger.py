@@ -46,7 +46,7 @@ class Actor:
     handle: Any
     where: Placement | None = None
     queue: deque[RayChunk] = attrs.Factory(deque)  # sent, not finished; the oldest runs
-    assigned: int = 0  # units sent to it since it started (max_items_per_worker)
+    ran: int = 0  # units it ran since it started (max_items_per_worker)
     retiring: bool = False  # finishes what it has, then a fresh actor takes its place
     cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
     # Not an actor but a slot of Ray tasks (an init-less pool; see ray_actor.run_task): sends

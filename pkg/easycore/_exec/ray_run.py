@@ -93,7 +93,7 @@ class RayRun:
                     return
             elif books.taken >= window:
                 return
-            work = books.take(window - books.taken, self.options.max_items_per_worker)
+            work = books.take(window - books.taken)
             if work is None or not self.send(work):
                 return
 
@@ -105,7 +105,9 @@ class RayRun:
             books.store(work.start, [CACHED] * math.ceil(n / books.align), n)
             return True
         picks = []
-        for pool in self.engine.pools:
+        most = self.options.max_items_per_worker
+        fits = len(work.items)  # first-hop units that every actor picked may still take
+        for pool, hop in zip(self.engine.pools, self.hops, strict=True):
             # An actor running a solo chunk takes nothing else; a solo chunk needs an idle
             # one. A slot of tasks holds one chunk at a time: Ray would run more of them at
             # once, so a pool would use more CPUs (and hold more items) than its devices say.
@@ -114,11 +116,18 @@ class RayRun:
                 for a in pool
                 if not (a.retiring or any(c.work.solo for c in a.queue))
                 and not (a.queue and (work.solo or a.task is not None))
+                and (most is None or self.taken(a) < most)
             ]
             if not free:
                 books.redo.appendleft(work)
                 return False
             picks.append(min(free, key=lambda a: len(a.queue)))
+            if most is not None:
+                fits = min(fits, (most - self.taken(picks[-1])) * hop.unit)
+        if fits < len(work.items):  # no actor takes more than it may still run (as a worker)
+            fits = max(books.align, fits - fits % books.align)
+            books.again([Work(work.start + fits, work.items[fits:], work.solo)])
+            work = Work(work.start, work.items[:fits], work.solo)
         chunk = RayChunk(work, picks)
         spent = books.charges.spent(work.start, work.end)
         arg: Any = work.items
@@ -140,11 +149,13 @@ class RayRun:
                 books.unpicklable(work, exc)
                 return True
             self.ledger.send(chunk, hop.index, meta)
-            actor.assigned += math.ceil(len(work.items) / hop.unit)
-            # (replaced once it has finished what it has)
-            actor.retiring = books.retires(actor.assigned)
         chunk.values = arg
         return True
+
+    def taken(self, actor: Actor) -> int:
+        """Units ``actor`` ran, and those sent to it and not yet done (max_items_per_worker)."""
+        unit = self.hops[actor.hop].unit
+        return actor.ran + sum(math.ceil(len(c.work.items) / unit) for c in actor.queue)
 
     # -- results -----------------------------------------------------------------------------
     def on_ready(self, ref: Any) -> None:
@@ -177,7 +188,8 @@ class RayRun:
             return
         self.ledger.done(ref)
         books.count(h, meta.n, meta.busy, len(chunk.work.items), meta.elapsed)
-        actor.retiring = actor.retiring or books.retires(0, lambda: meta.rss)
+        actor.ran += meta.n  # (replaced once it has finished what it has)
+        actor.retiring = actor.retiring or books.retires(actor.ran, lambda: meta.rss)
         if values is not None:
             if len(values) > 1 and any(_unreadable(v) for v in values):
                 books.again(books.rerun(chunk.work))  # one unit a chunk (RunBooks.isolate)
