@@ -204,13 +204,27 @@ def then_in(t, *, state):
 def test_a_worker_runs_max_items_per_worker_items_and_no_more(engine, tmp_path):
     """Each worker of each pool runs exactly n items, then a fresh one takes its place; a
     resumed run's known results are not items a worker ran (on Ray an actor took chunks of
-    up to n past the bound, 70 of 50, and counted resumed items as run)."""
+    up to n past the bound, 70 of 50, and counted resumed items as run; for processes see
+    also test_long_jobs' slower second pool)."""
     import collections
 
     pipeline = ran_in.on(1) >> then_in.on(1)
     got = pipeline.map(range(120), max_items_per_worker=20, **where(engine))
     for hop in range(2):
         assert sorted(collections.Counter(t[hop] for t in got).values()) == [20] * 6
+
+    # a pool that batches: a chunk is whole output units (4 items), never cut below one
+    @producer(init=lambda: None)
+    def batch_in(batch, *, state):
+        return [then_in.fn(t, state=state) for t in batch]
+
+    got = (ran_in.on(1) >> batch_in.on(1, batch_size=4)).map(
+        range(40), max_items_per_worker=3, ordered=False, **where(engine)
+    )
+    flat = [t for b in got for t in b]
+    assert len(flat) == 40
+    assert sorted(collections.Counter(t[0] for t in flat).values()) == [4] * 10
+    assert sorted(collections.Counter(t[1] for t in flat).values()) == [4, 12, 12, 12]
     # a first run where every third item fails: the resumed run's chunks mix known
     # results and items to run
     refuse = tmp_path / "refuse"

@@ -370,6 +370,27 @@ class TestWorkersReplaced:
         assert {f"init {p}" for p in per_pid} <= set(lines)
         assert {f"end {p}" for p in per_pid} <= set(lines)
 
+    def test_a_slower_second_pool_runs_no_more_than_max_items_per_worker(self):
+        """Each worker of the second pool runs n items too: chunks that wait for it go to
+        a worker that may still run them (it took chunks routed while it was busy with its
+        last ones: 24 of 20)."""
+
+        @producer(init=lambda: None)
+        def first(x, *, state):
+            return (os.getpid(),)
+
+        @producer(init=lambda: None)
+        def second(t, *, state):
+            time.sleep(0.01)
+            return (*t, os.getpid())
+
+        got = (first.on(1) >> second.on(1)).map(range(120), max_items_per_worker=20)
+        for hop in range(2):
+            per_pid: dict[int, int] = {}
+            for t in got:
+                per_pid[t[hop]] = per_pid.get(t[hop], 0) + 1
+            assert sorted(per_pid.values()) == [20] * 6
+
     def test_after_max_worker_memory(self):
         """A worker whose resident memory passed the bound is replaced between chunks."""
         import numpy as np

@@ -125,9 +125,10 @@ class RayRun:
             if most is not None:
                 fits = min(fits, (most - self.taken(picks[-1])) * hop.unit)
         if fits < len(work.items):  # no actor takes more than it may still run (as a worker)
-            fits = max(books.align, fits - fits % books.align)
-            books.again([Work(work.start + fits, work.items[fits:], work.solo)])
-            work = Work(work.start, work.items[:fits], work.solo)
+            fits = max(books.align, fits - fits % books.align)  # (whole output units)
+            if fits < len(work.items):
+                books.again([Work(work.start + fits, work.items[fits:], work.solo)])
+                work = Work(work.start, work.items[:fits], work.solo)
         chunk = RayChunk(work, picks)
         spent = books.charges.spent(work.start, work.end)
         arg: Any = work.items

@@ -119,7 +119,7 @@ class Run:
             w = min(open_, key=lambda w: len(w.outstanding))
             limit = None
             if most is not None:  # a worker takes no more than it may still run
-                limit = most - w.units_done - sum(len(c.items) for c in w.outstanding.values())
+                limit = self.room(w, most)
                 if limit <= 0:
                     open_.remove(w)
                     continue
@@ -155,16 +155,38 @@ class Run:
             if not w.has_room(books.depth):
                 open_.remove(w)
 
+    def room(self, w: Worker, most: int) -> int:
+        """Units of its hop that ``w`` may still take under ``max_items_per_worker=most``:
+        those it ran and those it has (queued, or on their way) count."""
+        unit = self.hops[w.hop].unit
+        return most - w.units_done - sum(-(-len(c.items) // unit) for c in w.outstanding.values())
+
     def _route(self) -> None:
-        """Send chunks finished by hop h to workers of hop h + 1 that have room."""
+        """Send chunks finished by hop h to workers of hop h + 1 that have room.
+
+        With ``max_items_per_worker``, a chunk goes to a worker that may still run all of
+        its units, or else to one that has nothing and may run some (a chunk is never cut:
+        such a worker runs less than a chunk past the bound, then is replaced)."""
+        most = self.options.max_items_per_worker
         for h in range(len(self.hops) - 2, -1, -1):
             targets = self.workers.of_hop(self.hops[h + 1])
+            unit = self.hops[h + 1].unit
             while (held := self.ledger.next_held(h)) is not None:
-                room = [t for t in targets if t.has_room(self.books.depth)]
+                chunk, src = held
+                units = -(-len(chunk.items) // unit)
+                room = [
+                    t
+                    for t in targets
+                    if t.has_room(self.books.depth)
+                    and (
+                        most is None
+                        or (r := self.room(t, most)) >= units
+                        or (r > 0 and not t.outstanding)
+                    )
+                ]
                 if not room:
                     break
                 dst = min(room, key=lambda t: len(t.outstanding))
-                chunk, src = held
                 try:
                     key, fd = self.workers.pair(src, dst)
                 except OSError:
