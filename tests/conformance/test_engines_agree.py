@@ -209,9 +209,9 @@ def test_a_worker_runs_max_items_per_worker_items_and_no_more(engine, tmp_path):
     import collections
 
     pipeline = ran_in.on(1) >> then_in.on(1)
-    got = pipeline.map(range(120), max_items_per_worker=20, **where(engine))
+    got = pipeline.map(range(60), max_items_per_worker=20, **where(engine))
     for hop in range(2):
-        assert sorted(collections.Counter(t[hop] for t in got).values()) == [20] * 6
+        assert sorted(collections.Counter(t[hop] for t in got).values()) == [20] * 3
 
     # a pool that batches: a chunk is whole output units (4 items), never cut below one
     @producer(init=lambda: None)
@@ -219,12 +219,12 @@ def test_a_worker_runs_max_items_per_worker_items_and_no_more(engine, tmp_path):
         return [then_in.fn(t, state=state) for t in batch]
 
     got = (ran_in.on(1) >> batch_in.on(1, batch_size=4)).map(
-        range(40), max_items_per_worker=3, ordered=False, **where(engine)
+        range(16), max_items_per_worker=3, ordered=False, **where(engine)
     )
     flat = [t for b in got for t in b]
-    assert len(flat) == 40
-    assert sorted(collections.Counter(t[0] for t in flat).values()) == [4] * 10
-    assert sorted(collections.Counter(t[1] for t in flat).values()) == [4, 12, 12, 12]
+    assert len(flat) == 16
+    assert sorted(collections.Counter(t[0] for t in flat).values()) == [4] * 4
+    assert sorted(collections.Counter(t[1] for t in flat).values()) == [4, 12]
     # a first run where every third item fails: the resumed run's chunks mix known
     # results and items to run
     refuse = tmp_path / "refuse"
@@ -238,14 +238,14 @@ def test_a_worker_runs_max_items_per_worker_items_and_no_more(engine, tmp_path):
 
     pipeline = picky.on(1) >> then_in.on(1)
     db = tmp_path / "run.db"
-    pipeline.map(range(180), resume=db, errors="skip", on_error=lambda f: None, **where(engine))
+    pipeline.map(range(120), resume=db, errors="skip", on_error=lambda f: None, **where(engine))
     refuse.unlink()
     got = pipeline.map(
-        range(180), resume=db, retry_failed=True, max_items_per_worker=20, **where(engine)
+        range(120), resume=db, retry_failed=True, max_items_per_worker=20, **where(engine)
     )
     for hop in range(2):
         counts = collections.Counter(t[hop] for t in got[::3])
-        assert sorted(counts.values()) == [20] * 3
+        assert sorted(counts.values()) == [20] * 2
 
 
 @pytest.mark.timeout(120, method="thread")  # the old wait took no signal
