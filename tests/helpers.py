@@ -59,6 +59,16 @@ def our_actors() -> list:
     return out
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is alive and not a zombie (one that exits while asked: not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_for(condition, timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

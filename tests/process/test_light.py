@@ -19,8 +19,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+
+from helpers import running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -178,7 +179,7 @@ def test_killed_caller_leaves_no_light_forkserver():
     deadline = time.monotonic() + 10
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if _running(p)]
+        alive = [p for p in pids if running(p)]
         time.sleep(0.05)
     for p in alive:
         with contextlib.suppress(ProcessLookupError):
@@ -186,14 +187,6 @@ def test_killed_caller_leaves_no_light_forkserver():
     assert alive == [], "outlived the caller"
     assert not os.path.exists(listener)
     assert not os.path.exists(os.path.dirname(listener))
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, or one gone meanwhile, is not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 CONCURRENT = textwrap.dedent(

@@ -26,7 +26,7 @@ from easycore import (
     consumer,
     producer,
 )
-from helpers import first_time
+from helpers import first_time, running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -483,13 +483,7 @@ def spawner_mod(tmp_path, monkeypatch):
 
 
 def gone(pids) -> bool:
-    def alive(p):
-        try:
-            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    return not any(alive(p) for p in pids)
+    return not any(running(p) for p in pids)
 
 
 class TestWorkersChildren:

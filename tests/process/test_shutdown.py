@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import running
+
 pytestmark = pytest.mark.timeout(90)
 
 PKG = str(Path(__file__).resolve().parents[2] / "pkg")
@@ -93,9 +95,7 @@ def worker_pids(pids: Path) -> list[int]:
 
 
 def all_gone(pids: list[int]) -> bool:
-    return not any(
-        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
-    )
+    return not any(running(p) for p in pids)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -20,7 +20,7 @@ import pytest
 
 import easycore
 from easycore import Failure, ItemTimeout, WorkerError, consumer, producer
-from helpers import first_held
+from helpers import first_held, running
 from local_http import HTTPFailed, aget, get
 
 pytestmark = pytest.mark.timeout(90)
@@ -566,7 +566,6 @@ SCRIPT = textwrap.dedent(
 def test_ctrl_c_with_items_in_flight_leaves_nothing(tmp_path, kind):
     """Ctrl-C once 2 workers hold 8 waiting items each (16 items have started: each touched
     its marker): KeyboardInterrupt, workers gone."""
-    import psutil
 
     pids = tmp_path / "pids"
     started = tmp_path / "started"
@@ -595,6 +594,6 @@ def test_ctrl_c_with_items_in_flight_leaves_nothing(tmp_path, kind):
         proc.kill()
     assert "KeyboardInterrupt" in err
     deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers):
+    while any(running(p) for p in workers):
         assert time.monotonic() < deadline, "workers outlived Ctrl-C"
         time.sleep(0.05)
