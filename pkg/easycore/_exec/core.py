@@ -23,9 +23,10 @@ error, ``skip`` (and ``submit``) deliver an ``outcomes.Failed`` in its place.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -288,6 +289,15 @@ class RunBooks:
         if items:
             self.sizers[hop].update(items, elapsed, nbytes)
             self.resize()
+
+    def room(self, hop: int, ran: int, has: Iterable[Work]) -> int:
+        """Units of ``hop`` that a worker may still take under ``max_items_per_worker`` (no
+        bound: ``sys.maxsize``): those it ran (``ran``) and those it has (``has``: queued, or
+        on their way) count."""
+        most = self.options.max_items_per_worker
+        if most is None:
+            return sys.maxsize
+        return most - ran - sum(self.hops[hop].units(len(w.items)) for w in has)
 
     def retires(self, units: int, rss: Callable[[], int] = lambda: 0) -> bool:
         """Whether a worker that has taken ``units`` units, its resident memory ``rss()``

@@ -141,8 +141,8 @@ class Ledger:
             workers = [w for w in list(self.workers.workers) if w.hop == hop.index]
             q = sum(len(c.items) for w in workers for c in list(w.outstanding.values()))
             held = sum(len(c.items) for c in list(self.waiting[hop.index]))
-            queued.append(-(-q // hop.unit))
-            waiting.append(-(-held // hop.unit))
+            queued.append(hop.units(q))
+            waiting.append(hop.units(held))
         return queued, waiting
 
     def drop_held(self) -> list[Chunk]:

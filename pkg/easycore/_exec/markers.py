@@ -13,7 +13,7 @@ from typing import Any
 from easycore._protocol import Broken, settled
 from easycore._stages import PreparedStages, StageFailure
 
-__all__ = ["Broken", "broken", "run_units", "settled", "write_units"]
+__all__ = ["broken", "run_units", "write_units"]
 
 
 def broken(stages: PreparedStages, index: int, failed: StageFailure, where: str = "") -> Broken:

@@ -93,6 +93,10 @@ class Hop:
     def name(self) -> str:
         return " >> ".join(s.name for s in self.stages)
 
+    def units(self, items: int) -> int:
+        """This hop's units in ``items`` consecutive first-hop units (a chunk's)."""
+        return -(-items // self.unit)
+
 
 @attrs.define(eq=False)
 class Chain:

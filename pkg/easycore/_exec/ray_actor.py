@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from easycore._exec.markers import Broken, broken, run_units, settled, write_units
-from easycore._protocol import UNPICKLING, ErrorReport, batches
+from easycore._exec.markers import broken, run_units, write_units
+from easycore._protocol import UNPICKLING, Broken, ErrorReport, batches, settled
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import Finished, PreparedStages, cancel_grace

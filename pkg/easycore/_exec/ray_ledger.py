@@ -10,7 +10,6 @@ when an actor dies, :meth:`RayLedger.lose` takes every chunk it had, oldest firs
 from __future__ import annotations
 
 import contextlib
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -164,7 +163,7 @@ class RayLedger:
         """
         queued = [0] * len(hops)
         for chunk, h in list(self.pending.values()):
-            queued[h] += math.ceil(len(chunk.work.items) / hops[h].unit)
+            queued[h] += hops[h].units(len(chunk.work.items))
         flying = [0] * len(hops)
         for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:
             h = actor.hop
@@ -172,6 +171,6 @@ class RayLedger:
             if not self.engine.waits[h]:
                 queue = queue[:1]  # (one at a time, in order)
             ready = [c for c in queue if not any(m in self.pending for m in c.metas[:h])]
-            units = sum(math.ceil(len(c.work.items) / hops[h].unit) for c in ready)
+            units = sum(hops[h].units(len(c.work.items)) for c in ready)
             flying[h] += min(hops[h].concurrency, units)
         return queued, flying

@@ -8,7 +8,6 @@ docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from typing import Any
 
@@ -102,10 +101,9 @@ class RayRun:
         books = self.books
         if all(is_cached(u) for u in work.items):  # resume=: every result is known
             n = len(work.items)
-            books.store(work.start, [CACHED] * math.ceil(n / books.align), n)
+            books.store(work.start, [CACHED] * self.hops[-1].units(n), n)
             return True
         picks = []
-        most = self.options.max_items_per_worker
         fits = len(work.items)  # first-hop units that every actor picked may still take
         for pool, hop in zip(self.engine.pools, self.hops, strict=True):
             # An actor running a solo chunk takes nothing else; a solo chunk needs an idle
@@ -116,14 +114,13 @@ class RayRun:
                 for a in pool
                 if not (a.retiring or any(c.work.solo for c in a.queue))
                 and not (a.queue and (work.solo or a.task is not None))
-                and (most is None or self.taken(a) < most)
+                and self.room(a) > 0
             ]
             if not free:
                 books.redo.appendleft(work)
                 return False
             picks.append(min(free, key=lambda a: len(a.queue)))
-            if most is not None:
-                fits = min(fits, (most - self.taken(picks[-1])) * hop.unit)
+            fits = min(fits, self.room(picks[-1]) * hop.unit)
         if fits < len(work.items):  # no actor takes more than it may still run (as a worker)
             fits = max(books.align, fits - fits % books.align)  # (whole output units)
             if fits < len(work.items):
@@ -153,10 +150,9 @@ class RayRun:
         chunk.values = arg
         return True
 
-    def taken(self, actor: Actor) -> int:
-        """Units ``actor`` ran, and those sent to it and not yet done (max_items_per_worker)."""
-        unit = self.hops[actor.hop].unit
-        return actor.ran + sum(math.ceil(len(c.work.items) / unit) for c in actor.queue)
+    def room(self, actor: Actor) -> int:
+        """Units ``actor`` may still take (``max_items_per_worker``; see RunBooks.room)."""
+        return self.books.room(actor.hop, actor.ran, (c.work for c in actor.queue))
 
     # -- results -----------------------------------------------------------------------------
     def on_ready(self, ref: Any) -> None:

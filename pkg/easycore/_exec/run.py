@@ -108,7 +108,6 @@ class Run:
         self.workers.give_back(self.chain.last)
         self.workers.retire_idle()
         books = self.books
-        most = self.options.max_items_per_worker
         # One chunk at a time to the worker holding the fewest, so consecutive chunks go to
         # different workers: an ordered stream is then fed by all of them at once, not by one
         # worker working through a deep queue of consecutive chunks while the others' results
@@ -117,12 +116,10 @@ class Run:
         sent = 0
         while open_ and (most_chunks is None or sent < most_chunks):
             w = min(open_, key=lambda w: len(w.outstanding))
-            limit = None
-            if most is not None:  # a worker takes no more than it may still run
-                limit = self.room(w, most)
-                if limit <= 0:
-                    open_.remove(w)
-                    continue
+            limit = books.room(w.hop, w.units_done, w.outstanding.values())
+            if limit <= 0:  # (max_items_per_worker: it takes no more than it may still run)
+                open_.remove(w)
+                continue
             work = books.take(books.window(len(self.workers.workers)) - books.taken, limit)
             if work is None:
                 return
@@ -155,32 +152,24 @@ class Run:
             if not w.has_room(books.depth):
                 open_.remove(w)
 
-    def room(self, w: Worker, most: int) -> int:
-        """Units of its hop that ``w`` may still take under ``max_items_per_worker=most``:
-        those it ran and those it has (queued, or on their way) count."""
-        unit = self.hops[w.hop].unit
-        return most - w.units_done - sum(-(-len(c.items) // unit) for c in w.outstanding.values())
-
     def _route(self) -> None:
         """Send chunks finished by hop h to workers of hop h + 1 that have room.
 
         With ``max_items_per_worker``, a chunk goes to a worker that may still run all of
         its units, or else to one that has nothing and may run some (a chunk is never cut:
         such a worker runs less than a chunk past the bound, then is replaced)."""
-        most = self.options.max_items_per_worker
+        books = self.books
         for h in range(len(self.hops) - 2, -1, -1):
             targets = self.workers.of_hop(self.hops[h + 1])
-            unit = self.hops[h + 1].unit
             while (held := self.ledger.next_held(h)) is not None:
                 chunk, src = held
-                units = -(-len(chunk.items) // unit)
+                units = self.hops[h + 1].units(len(chunk.items))
                 room = [
                     t
                     for t in targets
-                    if t.has_room(self.books.depth)
+                    if t.has_room(books.depth)
                     and (
-                        most is None
-                        or (r := self.room(t, most)) >= units
+                        (r := books.room(t.hop, t.units_done, t.outstanding.values())) >= units
                         or (r > 0 and not t.outstanding)
                     )
                 ]
