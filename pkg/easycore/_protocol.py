@@ -50,6 +50,7 @@ __all__ = [
     "PROTOCOL",
     "SLOT_WIDTH",
     "STOP",
+    "UNREADABLE",
     "AddPeer",
     "Broken",
     "Cached",
@@ -75,6 +76,7 @@ __all__ = [
 TIMED_OUT = f"{TimedOutItem.__module__}.{TimedOutItem.__qualname__}"  # a cancelled async item
 STOP = b"\x00easycore-stop"  # a bare frame: run `end` and exit
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+UNREADABLE = "<item unpickling>"  # the stage of a chunk whose items did not unpickle in a worker
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +142,7 @@ class ErrorReport(NamedTuple):
             unpicklable = self.stage in (
                 "<result pickling>",
                 "<result unpickling>",
-                "<item unpickling>",
+                UNREADABLE,
             )
             cls = SerializationError if unpicklable else WorkerError
             if self.type_name == TIMED_OUT:

@@ -58,6 +58,7 @@ from easycore._protocol import (
     SLOT_WIDTH,
     STOP,
     UNPICKLING,
+    UNREADABLE,
     AddPeer,
     Broken,
     Done,
@@ -689,7 +690,7 @@ def _take(
         # A task that pickled in the caller but does not unpickle here: the caller takes it
         # to be about the oldest chunk not answered (chunks arrive in order; a hop that
         # waits, which answers chunks as they end, says so once those before are answered).
-        unreadable = Unreadable(ErrorReport.of("<item unpickling>", exc))
+        unreadable = Unreadable(ErrorReport.of(UNREADABLE, exc))
         if pending is None:
             _send(chan, unreadable)
         else:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from easycore import SerializationError, WorkerError, consumer, producer
-from helpers import no_actors_left, running_ray
+from helpers import no_actors_left, one_unloadable, running_ray
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -246,6 +246,21 @@ def test_a_worker_runs_max_items_per_worker_items_and_no_more(engine, tmp_path):
     for hop in range(2):
         counts = collections.Counter(t[hop] for t in got[::3])
         assert sorted(counts.values()) == [20] * 2
+
+
+@pytest.mark.parametrize("engine", ["processes", "ray"])
+def test_an_item_that_does_not_unpickle_in_a_worker_is_named_alike(engine):
+    """An item that pickles here but not in the worker: the same error on processes and Ray,
+    saying what the worker was doing (Ray said "while running item 25"), and errors="skip"
+    sets that item aside alone."""
+    data = one_unloadable(40, 25)
+    with pytest.raises(SerializationError, match="while unpickling item 25 ") as info:
+        first.map(data, devices=1, **where(engine))
+    assert (info.value.index, info.value.stage, info.value.worker) == (25, "<item unpickling>", 0)
+    failures = []
+    got = first.map(data, devices=1, errors="skip", on_error=failures.append, **where(engine))
+    assert got == [x for x in range(40) if x != 25]
+    assert [(f.index, f.stage) for f in failures] == [(25, "first")]
 
 
 @pytest.mark.timeout(120, method="thread")  # the old wait took no signal

@@ -37,7 +37,7 @@ from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import Broken, is_cached, pickling_error
+from easycore._protocol import UNREADABLE, Broken, is_cached, pickling_error
 from easycore._stages import StageFailure
 
 __all__ = [
@@ -329,7 +329,8 @@ class RunBooks:
             if type(value) is Broken:
                 hop, index, report = value.hop, value.unit, value.failure
                 where = f" ({value.where})" if value.where else ""
-                what = f"while running {self.label(hop, index)}"
+                doing = "unpickling" if report.stage == UNREADABLE else "running"
+                what = f"while {doing} {self.label(hop, index)}"
                 what += f"{after_retries(self.options.retries)}{where}"
                 at = self.index(hop, index)
                 if isinstance(report, StageFailure):

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from easycore._exec.markers import broken, run_units, write_units
-from easycore._protocol import UNPICKLING, Broken, ErrorReport, batches, settled
+from easycore._protocol import UNPICKLING, UNREADABLE, Broken, ErrorReport, batches, settled
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import Finished, PreparedStages, cancel_grace
@@ -334,7 +334,7 @@ class StageActor:
         try:
             return pickle.loads(packed.blob)
         except Exception as exc:
-            report = ErrorReport.of("<item unpickling>", exc)
+            report = ErrorReport.of(UNREADABLE, exc)
             return Broken(self.hop, packed.n, report, self.where)
         finally:
             flight.release(self._idle)

@@ -20,7 +20,7 @@ from easycore._exec.ray_actor import Meta, Packed
 from easycore._exec.ray_ledger import Actor, ActorPools, RayChunk, RayLedger, first_line, ray_module
 from easycore._exec.sources import Source
 from easycore._options import RunOptions
-from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, Broken, is_cached
+from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, UNREADABLE, Broken, is_cached
 
 __all__ = ["POLL", "RayRun"]
 
@@ -299,4 +299,4 @@ class RayRun:
 
 def _unreadable(value: Any) -> bool:
     """A unit of a chunk whose items did not unpickle in the actor (which one is not known)."""
-    return type(value) is Broken and value.failure.stage == "<item unpickling>"
+    return type(value) is Broken and value.failure.stage == UNREADABLE
