@@ -100,6 +100,23 @@ def _refuse_to_load():
     raise RuntimeError("this object cannot be rebuilt here")
 
 
+def die_away_from(pid: int, x: object) -> object:
+    """Unpickles in process ``pid``; anywhere else it ends the process (exit code 5)."""
+    if os.getpid() != pid:
+        os._exit(5)
+    return x
+
+
+class KillsWhenUnpickled:
+    """An item whose unpickling ends any process but the calling one (``caller``)."""
+
+    def __init__(self, caller: int, x: object) -> None:
+        self.caller, self.x = caller, x
+
+    def __reduce__(self) -> tuple:
+        return (die_away_from, (self.caller, self.x))
+
+
 class Unloadable:
     """Pickles fine, fails when unpickled (anywhere)."""
 

@@ -3,13 +3,14 @@ inline, worker processes and Ray (a real local Ray with 2 CPUs)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
-from easycore import SerializationError, WorkerError, consumer, producer
-from helpers import no_actors_left, one_unloadable, running_ray
+from easycore import SerializationError, WorkerDied, WorkerError, consumer, producer
+from helpers import KillsWhenUnpickled, no_actors_left, one_unloadable, running_ray
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -261,6 +262,19 @@ def test_an_item_that_does_not_unpickle_in_a_worker_is_named_alike(engine):
     got = first.map(data, devices=1, errors="skip", on_error=failures.append, **where(engine))
     assert got == [x for x in range(40) if x != 25]
     assert [(f.index, f.stage) for f in failures] == [(25, "first")]
+
+
+@pytest.mark.parametrize("engine", ["processes", "ray"])
+def test_an_item_whose_unpickling_kills_its_worker_fails_alone(engine):
+    """With errors="skip" and no retries, that item alone is set aside: its chunk runs again
+    one item per chunk, which names it (on processes the chunk's other items were failed
+    with it, as the Ray engine did not), and the error is the same on both engines."""
+    data: list = list(range(200))
+    data[100] = KillsWhenUnpickled(os.getpid(), 100)
+    failures = []
+    got = first.map(data, devices=1, errors="skip", on_error=failures.append, **where(engine))
+    assert got == [x for x in range(200) if x != 100]
+    assert [(f.index, type(f.error), f.error.worker) for f in failures] == [(100, WorkerDied, 0)]
 
 
 @pytest.mark.timeout(120, method="thread")  # the old wait took no signal

@@ -72,16 +72,17 @@ class Blame:
 
 
 def assign_blame(
-    w: Worker, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk], unit: int
+    books: RunBooks, w: Worker, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk]
 ) -> Blame:
     """A worker process's death: blame the unit in hand (its shared slot says which), and
     results being sent; else the oldest chunk it had.
 
     A worker that died (or ran past the timeout) unpickling a chunk was at the one after
     those its slot says it had taken ahead (it takes them in the order sent): a chunk of
-    one unit names that unit; a bigger one has all its units charged, and they run again
-    one per chunk, which pins the unit down.
+    one unit names that unit; a bigger one is split or charged whole, as
+    :func:`blame_in_order` does (:func:`_splits`).
     """
+    unit = books.hops[w.hop].unit
     busy = slots.started(w.slot) > 0
     culprit: int | None = w.timed_out
     if culprit is None and busy:
@@ -104,7 +105,7 @@ def assign_blame(
     sending = slots.sending(w.slot)
     suspect = next((c for c in lost if c.id == sending), None)
     charged = {culprit} if culprit is not None else set()
-    if unpickling is not None:
+    if unpickling is not None and (culprit is not None or not _splits(books, unpickling)):
         charged |= _units(unpickling, unit)
     if suspect is not None:
         charged |= _units(suspect, unit)
@@ -136,13 +137,19 @@ def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int
         culprit = units[0] if len(units) == 1 else None
     if culprit is not None:
         return Blame(culprit, work, None, (culprit,), None, doing)
-    split = -(-work.end // books.align) - work.start // books.align > 1 and books.pins_down()
-    return Blame(None, None, None, () if split else units, work, doing)
+    return Blame(None, None, None, () if _splits(books, work) else units, work, doing)
 
 
 def _units(chunk: Lost, unit: int) -> set[int]:
     """The units (of a hop of ``unit`` first-hop units each) that ``chunk`` holds."""
     return {(chunk.start + k) // unit for k in range(len(chunk.items))}
+
+
+def _splits(books: RunBooks, work: Lost) -> bool:
+    """Whether ``work``, in hand at a death whose unit at fault is not known, runs again one
+    output unit per chunk, charged nothing (the books pin units down and it holds several);
+    else all its units are charged."""
+    return books.pins_down() and -(-work.end // books.align) - work.start // books.align > 1
 
 
 def settle_death(

@@ -277,7 +277,7 @@ class Run:
         """A worker is gone: blame what it held, charge retries, re-queue, respawn it."""
         running, lost = self.ledger.forget(w)
         assert self.workers.slots is not None
-        blame = assign_blame(w, self.workers.slots, running, lost, self.hops[w.hop].unit)
+        blame = assign_blame(self.books, w, self.workers.slots, running, lost)
         if not blame.charged:
             self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
         code = w.proc.exitcode
