@@ -117,6 +117,14 @@ class KillsWhenUnpickled:
         return (die_away_from, (self.caller, self.x))
 
 
+class KillsWhenPickled:
+    """A result whose pickling ends the process (exit code 6): made in a worker, it kills it
+    as the worker sends it on."""
+
+    def __reduce__(self):
+        os._exit(6)
+
+
 class Unloadable:
     """Pickles fine, fails when unpickled (anywhere)."""
 

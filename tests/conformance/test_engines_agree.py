@@ -10,7 +10,13 @@ import time
 import pytest
 
 from easycore import SerializationError, WorkerDied, WorkerError, consumer, producer
-from helpers import KillsWhenUnpickled, no_actors_left, one_unloadable, running_ray
+from helpers import (
+    KillsWhenPickled,
+    KillsWhenUnpickled,
+    no_actors_left,
+    one_unloadable,
+    running_ray,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -275,6 +281,34 @@ def test_an_item_whose_unpickling_kills_its_worker_fails_alone(engine):
     got = first.map(data, devices=1, errors="skip", on_error=failures.append, **where(engine))
     assert got == [x for x in range(200) if x != 100]
     assert [(f.index, type(f.error), f.error.worker) for f in failures] == [(100, WorkerDied, 0)]
+
+
+@pytest.mark.parametrize("engine", ["processes", "ray"])
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_result_whose_pickling_kills_its_worker_fails_alone(engine, retries):
+    """With errors="skip", that item alone is set aside: the chunk whose results were being
+    sent runs again one item per chunk, which names it (on processes the chunk's other items,
+    91 here, were set aside with it, also with retries=1); with retries=1, raising names it."""
+
+    @producer
+    def deadly(x):
+        return KillsWhenPickled() if x == 100 else x
+
+    failures = []
+    got = deadly.map(
+        range(200),
+        devices=1,
+        retries=retries,
+        errors="skip",
+        on_error=failures.append,
+        **where(engine),
+    )
+    assert got == [x for x in range(200) if x != 100]
+    assert [(f.index, type(f.error)) for f in failures] == [(100, WorkerDied)]
+    if retries:
+        with pytest.raises(WorkerDied, match="item 100 after 1 retry") as info:
+            deadly.map(range(200), devices=1, retries=retries, **where(engine))
+        assert info.value.index == 100
 
 
 @pytest.mark.timeout(120, method="thread")  # the old wait took no signal

@@ -65,10 +65,13 @@ class Blame:
     holder: Lost | None  # the chunk that unit belongs to
     suspect: Lost | None  # the chunk whose results it was pickling or sending
     charged: tuple[int, ...]  # units charged one run each; none: nothing of ours to blame
-    # the chunk in hand when which of its units is at fault is not known (it runs again one
-    # output unit per chunk, which pins the unit down), and what was being done with it
+    # the chunk in hand when which of its units is at fault is not known, and what was
+    # being done with it
     unknown: Lost | None = None
     doing: str = "running"
+    # chunks that run again one output unit per chunk, charged nothing, which pins the unit
+    # at fault down (see _splits)
+    split: tuple[Lost, ...] = ()
 
 
 def assign_blame(
@@ -79,8 +82,8 @@ def assign_blame(
 
     A worker that died (or ran past the timeout) unpickling a chunk was at the one after
     those its slot says it had taken ahead (it takes them in the order sent): a chunk of
-    one unit names that unit; a bigger one is split or charged whole, as
-    :func:`blame_in_order` does (:func:`_splits`).
+    one unit names that unit. That chunk, and one whose results it was pickling or sending,
+    when bigger, is split or charged whole, as :func:`blame_in_order` does (:func:`_splits`).
     """
     unit = books.hops[w.hop].unit
     busy = slots.started(w.slot) > 0
@@ -105,11 +108,13 @@ def assign_blame(
     sending = slots.sending(w.slot)
     suspect = next((c for c in lost if c.id == sending), None)
     charged = {culprit} if culprit is not None else set()
-    if unpickling is not None and (culprit is not None or not _splits(books, unpickling)):
-        charged |= _units(unpickling, unit)
-    if suspect is not None:
-        charged |= _units(suspect, unit)
-    if not charged and not busy and w.timed_out is None:
+    split = tuple(
+        c for c in (unpickling, suspect) if c is not None and culprit is None and _splits(books, c)
+    )
+    for chunk in (unpickling, suspect):
+        if chunk is not None and not any(chunk is c for c in split):
+            charged |= _units(chunk, unit)
+    if not (charged or split or busy) and w.timed_out is None:
         # Died between units: what it was about to reply for (its oldest chunk) is suspect.
         # (Busy with something we no longer track, a chunk re-run elsewhere after its
         # sender died, nothing of ours is to blame.)
@@ -117,7 +122,7 @@ def assign_blame(
         if oldest is not None:
             charged = _units(oldest, unit)
     doing = "running" if unpickling is None else "unpickling"
-    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing)
+    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, split)
 
 
 def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int | None) -> Blame:
@@ -137,7 +142,9 @@ def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int
         culprit = units[0] if len(units) == 1 else None
     if culprit is not None:
         return Blame(culprit, work, None, (culprit,), None, doing)
-    return Blame(None, None, None, () if _splits(books, work) else units, work, doing)
+    if _splits(books, work):
+        return Blame(None, None, None, (), work, doing, (work,))
+    return Blame(None, None, None, units, work, doing)
 
 
 def _units(chunk: Lost, unit: int) -> set[int]:
@@ -231,13 +238,13 @@ def _requeue(
     books: RunBooks, blame: Blame, lost: Sequence[Lost], spared: set[int], unit: int
 ) -> list[Work]:
     """What to run again, in input order: every lost chunk, the culprit's output unit alone
-    (so it is pinned down), without the output units ``spared``; a chunk whose unit at fault
-    is unknown (or, once something is spared, every chunk) one output unit per chunk."""
+    (so it is pinned down), without the output units ``spared``; a chunk of ``blame.split``
+    (or, once something is spared, every chunk) one output unit per chunk."""
     align = books.align
     out: list[Work] = []
     for chunk in sorted(lost, key=lambda c: c.start):
         start, items = chunk.start, chunk.items
-        if spared or (chunk is blame.unknown and blame.culprit is None):
+        if spared or any(chunk is c for c in blame.split):
             out.extend(books.rerun(Work(start, items), spared))
         elif chunk is blame.holder and blame.culprit is not None:
             a = (blame.culprit * unit) // align * align
