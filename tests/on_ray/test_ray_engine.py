@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -420,6 +421,27 @@ class TestErrors:
             with pytest.raises(WorkerDied, match="item 7") as info:
                 poison.map(range(12), devices=1, engine="ray", retries=1)
             assert info.value.index == 7
+
+    @pytest.mark.parametrize("init", [dict, None], ids=["actor", "task"])
+    def test_with_no_retries_a_death_names_the_items_of_its_chunk(self, init):
+        """Ray does not say which item a dead actor or task was running: raising at once
+        (no retries, errors="raise"), the error names the items of the chunk it had, the
+        poison item among them, and its index is the first of them (docs/guide/failures.md).
+        """
+
+        def poison(x):
+            if x == 100:
+                os._exit(1)
+            return x
+
+        with pytest.raises(WorkerDied) as info:
+            producer(init=init)(poison).map(range(200), devices=1, engine="ray")
+        error = info.value
+        span = re.search(r"while running item (\d+)(?: \.\. item (\d+))?", str(error))
+        assert span is not None, str(error)
+        first, last = int(span[1]), int(span[2] or span[1])
+        assert first <= 100 <= last and error.index == first
+        assert (error.worker, error.device) == (0, "cpu")
 
     def test_timeout_kills_the_actor(self, tmp_path):
         @producer
