@@ -89,11 +89,13 @@ def rebuild_away_from(pid: int, x: object) -> object:
 class HomeSick:
     """A result that unpickles in a worker but not in the calling process ``caller``."""
 
+    rebuild = staticmethod(rebuild_away_from)
+
     def __init__(self, caller: int, x: object) -> None:
         self.caller, self.x = caller, x
 
     def __reduce__(self) -> tuple:
-        return (rebuild_away_from, (self.caller, self.x))
+        return (self.rebuild, (self.caller, self.x))
 
 
 def _refuse_to_load():
@@ -107,14 +109,10 @@ def die_away_from(pid: int, x: object) -> object:
     return x
 
 
-class KillsWhenUnpickled:
+class KillsWhenUnpickled(HomeSick):
     """An item whose unpickling ends any process but the calling one (``caller``)."""
 
-    def __init__(self, caller: int, x: object) -> None:
-        self.caller, self.x = caller, x
-
-    def __reduce__(self) -> tuple:
-        return (die_away_from, (self.caller, self.x))
+    rebuild = staticmethod(die_away_from)
 
 
 class KillsWhenPickled:
