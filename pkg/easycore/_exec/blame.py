@@ -108,11 +108,11 @@ def assign_blame(
     sending = slots.sending(w.slot)
     suspect = next((c for c in lost if c.id == sending), None)
     charged = {culprit} if culprit is not None else set()
-    split = tuple(
-        c for c in (unpickling, suspect) if c is not None and culprit is None and _splits(books, c)
-    )
+    split: list[Chunk] = []
     for chunk in (unpickling, suspect):
-        if chunk is not None and not any(chunk is c for c in split):
+        if chunk is not None and culprit is None and _splits(books, chunk):
+            split.append(chunk)
+        elif chunk is not None:
             charged |= _units(chunk, unit)
     if not (charged or split or busy) and w.timed_out is None:
         # Died between units: what it was about to reply for (its oldest chunk) is suspect.
@@ -122,7 +122,7 @@ def assign_blame(
         if oldest is not None:
             charged = _units(oldest, unit)
     doing = "running" if unpickling is None else "unpickling"
-    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, split)
+    return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, tuple(split))
 
 
 def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int | None) -> Blame:
@@ -156,7 +156,7 @@ def _splits(books: RunBooks, work: Lost) -> bool:
     """Whether ``work``, in hand at a death whose unit at fault is not known, runs again one
     output unit per chunk, charged nothing (the books pin units down and it holds several);
     else all its units are charged."""
-    return books.pins_down() and -(-work.end // books.align) - work.start // books.align > 1
+    return books.pins_down() and len(work.items) > books.align  # (chunks: whole output units)
 
 
 def settle_death(
