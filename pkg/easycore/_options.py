@@ -271,7 +271,8 @@ class RunKwargs(TypedDict, total=False):
         timeout: seconds an item may run in its worker; past it the worker is killed.
         retries: how many times a failed item (or a dead worker's items) runs again.
         prefetch: chunks each worker may hold, queued, running or done (default 2).
-        errors: ``"raise"`` (default) or ``"skip"`` (set failed items aside).
+        errors: ``"raise"`` (default: the first failure in input order is raised once the
+            results before it are delivered) or ``"skip"`` (set failed items aside).
         on_error: with ``errors="skip"``, called in this process with each ``Failure``.
         resume: path of an SQLite run ledger that makes the call resumable.
         key: a function of an item giving its ledger key (default: its index).

@@ -14,7 +14,10 @@ time, with no process, no chunk and no retry machinery:
 * a stage that raises is retried, with the whole pool's stages, up to ``retries`` times;
 * a unit that still fails fails the output unit (last pool's unit) that contains it: with
   ``errors="raise"`` the run raises a ``WorkerError`` naming a failing pool's unit index
-  and stage (any failing unit's: which one an engine meets first is its timing); with
+  and stage: with ``ordered=True`` the first failed output unit's (its failure as ``"skip"``
+  reports it), once the values before it are delivered (so a consumer that raises on one of
+  those raises instead); unordered, any failing unit's (which one an engine meets first is
+  its timing); with
   ``"skip"`` the output unit is left out and reported as a ``Failure(index=output unit,
   item=its first-pool unit(s), stage)``, where several of its units failed, the stage of
   the one that failed at the earliest pool (the first in input order among those);
@@ -201,15 +204,22 @@ def reference(case: Case) -> Outcome:
         ok = [u for u in units if u.failure is None]
         run_pool(pool, h, units, case)
         every += [u.failure for u in ok if u.failure is not None]
-    # with errors="raise", whichever failure an engine meets first is raised: any of them
+    # with errors="raise", unordered: whichever failure an engine meets first is raised
     raised = tuple(Raised(ValueError, i, stage, pool) for i, stage, pool in every)
     spec = case.consumer
     if raised and case.errors == "raise":
         # delivery stops at the first failed output unit; a consumer failing on a value
-        # before it may be what is raised (which one comes first is the engine's timing)
+        # before it raises first (unordered: it may, as the engine's timing goes)
         first_failed = next(o for o, u in enumerate(units) if u.failure is not None)
+        fold = None
         if spec is not None and spec.fails_at is not None and spec.fails_at < first_failed:
-            raised += (Raised(RuntimeError, spec.fails_at, "fold", None),)
+            fold = Raised(RuntimeError, spec.fails_at, "fold", None)
+        if case.ordered:
+            failure = units[first_failed].failure
+            assert failure is not None
+            raised = (fold,) if fold else (Raised(ValueError, *failure),)
+        elif fold:
+            raised += (fold,)
         return Outcome(raised=raised)
     failures = tuple(
         (o, u.origin[0] if case.align == 1 else u.origin, u.failure[1])

@@ -174,6 +174,25 @@ class TestOneBookkeeping:
             ]
         assert sorted(int(x) for x in calls.read_text().split()) == list(range(1000))
 
+    def test_an_ordered_run_raises_its_first_failure_in_input_order(self, engine):
+        """Items 3 (failing late) and 5 (failing at once) both raise: every engine delivers
+        items 0-2, then raises item 3's error (processes and Ray raised item 5's, the first
+        to come back, before items 0-2 were all delivered)."""
+
+        @producer
+        def late_and_early(x):
+            if x == 3:
+                time.sleep(1.0)
+            if x in (3, 5):
+                raise ValueError(f"bad {x}")
+            return x
+
+        got = []
+        with pytest.raises(WorkerError, match="bad 3") as info:
+            got.extend(late_and_early.imap(range(40), **where(engine)))
+        assert got == [0, 1, 2]
+        assert (info.value.index, info.value.stage) == (3, "late_and_early")
+
     def test_stats_after_a_run_describe_that_run(self, engine):
         """stats() after a run is that run's: its busy share does not fade while the runner
         waits (it faded inline and on Ray, whose runs never marked their end)."""

@@ -162,8 +162,8 @@ def _splits(books: RunBooks, work: Lost) -> bool:
 def settle_death(
     books: RunBooks, dead: Dead, blame: Blame, lost: Sequence[Lost], idle_runs: int = 0
 ) -> list[Work]:
-    """Charge the blamed units, fail those out of retries (the policy raises, or delivers a
-    ``Failed`` in their place), and return what runs again, in input order.
+    """Charge the blamed units, fail those out of retries (a ``Failed`` in their place,
+    which delivery raises under ``raise``), and return what runs again, in input order.
 
     ``idle_runs``: with nothing charged, deaths in a row that charged nothing (bounded by
     ``retries`` too).
@@ -183,7 +183,7 @@ def settle_death(
             items = books.unit_items(chunk.items, chunk.start, out)
             books.fail(out, error, items, books.hops[dead.hop].name)
         if not spared:  # nothing of ours to blame: raise, or go on
-            books.policy.settle(error, None, books.hops[dead.hop].name)
+            books.policy.unplaced(error)
     return _requeue(books, blame, lost, spared, books.hops[dead.hop].unit)
 
 

@@ -17,8 +17,11 @@ Units and segments, defined once:
   wrappers (``resume=``, ``errors="skip"``, the consumer's fold) read segments and nothing
   else.
 
-A failed output unit is settled by the run's :class:`ErrorPolicy`: ``raise`` raises its
-error, ``skip`` (and ``submit``) deliver an ``outcomes.Failed`` in its place.
+A failed output unit becomes an ``outcomes.Failed`` in its place in the stream. The run's
+:class:`ErrorPolicy` says what delivery does with it: ``skip`` (and ``submit``) deliver it,
+``raise`` raises its error when delivery reaches it. So a run that raises raises the failure
+of the first failed unit in delivery order (input order with ``ordered``), on every engine
+and every run, however the workers' timing goes.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ __all__ = [
 
 @attrs.frozen
 class ErrorPolicy:
-    """What a failed output unit becomes: its error raised, or a :class:`Failed` result.
+    """What delivery does with a failed output unit: raise its error, or deliver it as a
+    :class:`Failed` result.
 
     ``isolates``: before a unit whose fault is not pinned down fails, run it alone (a run
     that goes on must not fail an innocent neighbour; one that raises names the chunk).
@@ -62,11 +66,11 @@ class ErrorPolicy:
     name: str
     isolates: bool
 
-    def settle(self, error: BaseException, item: Any, stage: str) -> Failed:
-        """The failed unit's result; raises ``error`` under ``raise``."""
+    def unplaced(self, error: BaseException) -> None:
+        """A failure that stands for no unit (a death while holding none): raised under
+        ``raise``; under ``skip`` the run goes on."""
         if not self.isolates:
             raise error
-        return Failed(error, item, stage)
 
 
 RAISE = ErrorPolicy("raise", isolates=False)
@@ -165,16 +169,19 @@ class RunBooks:
         self.redo: deque[Work] = deque()  # to run again, ahead of new input
         self.segments: dict[int, tuple[list[Any], int]] = {}  # ordered: by start
         self.ready: deque[tuple[int, list[Any], int]] = deque()  # unordered: as they come
+        # under raise: starts of stored segments holding a Failed, which delivery raises
+        self.raises: set[int] = set()
         self.next_out = self.first
         # a sink writes a file (or more) per chunk: chunks of ~0.5 s make fewer, bigger files
         last = self.hops[-1].stages
-        writes = bool(last) and getattr(last[-1], "is_sink", False) is True
+        self.writes = bool(last) and getattr(last[-1], "is_sink", False) is True
         self.sizers = [
-            ChunkSizer(WRITE_CHUNK_SECONDS if writes else TARGET_CHUNK_SECONDS) for _ in self.hops
+            ChunkSizer(WRITE_CHUNK_SECONDS if self.writes else TARGET_CHUNK_SECONDS)
+            for _ in self.hops
         ]
         # a sink that writes item keys (a key column, WebDataset's __key__) and a key=:
         # each chunk carries its units' keys to the worker that writes them
-        sink: Any = last[-1] if writes else None
+        sink: Any = last[-1] if self.writes else None
         wants_keys = sink is not None and (sink.key_column is not None or sink.kind == "webdataset")
         self.key_fn = options.key if wants_keys else None
         # A worker of a hop with concurrency=k holds up to `depth x k` units (its k slots
@@ -232,6 +239,8 @@ class RunBooks:
         that many for the worker it goes to)."""
         if self.redo:
             return self.redo.popleft()
+        if self.raises:  # the run ends when delivery reaches it: nothing new is needed
+            return None
         room = min(self.chunk_size, room)
         if limit is not None:
             room = min(room, max(limit, self.align))
@@ -307,24 +316,28 @@ class RunBooks:
         return (most is not None and units >= most) or (memory is not None and rss() > memory)
 
     # -- what comes back ---------------------------------------------------------------------
-    def store(self, start: int, values: list[Any], n: int) -> None:
-        """Results of output units from first-hop unit ``start``, standing for ``n`` units."""
+    def store(self, start: int, values: list[Any], n: int, failed: bool = False) -> None:
+        """Results of output units from first-hop unit ``start``, standing for ``n`` units
+        (``failed``: a :class:`Failed` is among them)."""
+        if failed and not self.policy.isolates:
+            self.raises.add(start)
         if self.options.ordered:
             self.segments[start] = (values, n)
         else:
             self.ready.append((start, values, n))
 
     def fail(self, out: int, error: BaseException, item: Any, stage: str) -> None:
-        """Output unit ``out`` failed: settled by the policy, in its place in the stream."""
-        self.store(out * self.align, [self.policy.settle(error, item, stage)], self.align)
+        """Output unit ``out`` failed: a :class:`Failed` in its place in the stream."""
+        self.store(out * self.align, [Failed(error, item, stage)], self.align, failed=True)
 
-    def outputs(self, work: Work, values: list[Any], place: Callable[[int], Any]) -> list[Any]:
-        """The last hop's values of ``work``, each :class:`~easycore._protocol.Broken` (a
-        unit of hop h that failed there) settled by the policy as the failure of its output
-        unit: the error names it, and ``place(h)``: the device and index of the worker of
-        hop h that it had. A Broken made in the caller (inline) holds the ``StageFailure``
-        itself: the error's cause is then the live exception."""
+    def outputs(self, work: Work, values: list[Any], place: Callable[[int], Any]) -> None:
+        """Store the last hop's values of ``work``, each :class:`~easycore._protocol.Broken`
+        (a unit of hop h that failed there) as a :class:`Failed` of its output unit: the
+        error names it, and ``place(h)``: the device and index of the worker of hop h that
+        it had. A Broken made in the caller (inline) holds the ``StageFailure`` itself: the
+        error's cause is then the live exception."""
         out = []
+        failed = False
         for value in values:
             if type(value) is Broken:
                 hop, index, report = value.hop, value.unit, value.failure
@@ -343,9 +356,10 @@ class RunBooks:
                     work.items, work.start, index * self.hops[hop].unit // self.align
                 )
                 stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
-                value = self.policy.settle(error, item, stage)  # (a transport's "<...>": the hop's)
+                value = Failed(error, item, stage)  # (a transport's "<...>": the hop's)
+                failed = True
             out.append(value)
-        return out
+        self.store(work.start, out, len(work.items), failed)
 
     def unpicklable(
         self, work: Work, exc: BaseException, at: tuple[int, str, int] | None = None
@@ -401,19 +415,27 @@ class RunBooks:
         return self.next_out in self.segments if self.options.ordered else bool(self.ready)
 
     def deliver(self) -> Iterator[Segment]:
-        """What is ready, in input order with ``ordered``."""
-        if self.options.ordered:
-            while self.next_out in self.segments:
+        """What is ready, in input order with ``ordered``.
+
+        Raises:
+            Exception: under ``raise``, the error of the first failed output unit reached,
+                once the units before it are delivered (not a sink's: its chunk's file holds
+                the units after it too, so none of that chunk is committed).
+        """
+        while self.deliverable():
+            if self.options.ordered:
                 start = self.next_out
                 values, n = self.segments.pop(start)
-                self.taken -= n
                 self.next_out += n
-                yield Segment(start, values)
-        else:
-            while self.ready:
+            else:
                 start, values, n = self.ready.popleft()
-                self.taken -= n
-                yield Segment(start, values)
+            self.taken -= n
+            if start in self.raises:
+                k = next(k for k, v in enumerate(values) if type(v) is Failed)
+                if k and not self.writes:
+                    yield Segment(start, values[:k])
+                raise values[k].exc
+            yield Segment(start, values)
 
     def loop(self, transport: Transport, is_current: Callable[[], bool]) -> Iterator[Segment]:
         """Yield segments until the run is done, ``transport`` moving the chunks.
@@ -488,3 +510,4 @@ class RunBooks:
         self.redo.clear()
         self.segments.clear()
         self.ready.clear()
+        self.raises.clear()

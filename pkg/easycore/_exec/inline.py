@@ -151,8 +151,7 @@ class InlineEngine:
         if self.sink is not None:
             keys = books.keys_of(work.items)
             write_units(self.prepared[-1], work.start // books.align, units, units, keys)
-        values = books.outputs(work, units, _here)
-        books.store(work.start, values, len(work.items))
+        books.outputs(work, units, _here)
 
     def _in_hand(self, hop: int, index: int | None) -> None:
         self.flying[hop] = 0 if index is None else 1

@@ -191,10 +191,9 @@ class RayRun:
             if len(values) > 1 and any(_unreadable(v) for v in values):
                 books.again(books.rerun(chunk.work))  # one unit a chunk (RunBooks.isolate)
                 return
-            outs = books.outputs(
+            books.outputs(
                 chunk.work, values, lambda h: (chunk.actors[h].device, chunk.actors[h].index)
             )
-            books.store(chunk.work.start, outs, len(chunk.work.items))
 
     # -- failures ----------------------------------------------------------------------------
     def dead_actor(self, chunk: RayChunk) -> Actor:

@@ -222,12 +222,12 @@ class Run:
         if isinstance(msg, Held):  # (a failed unit travels on as a Broken marker)
             self.ledger.hold(chunk, w)
             return
-        values = msg.values
+        self.ledger.finish(chunk)
         if msg.marked:
             path = [self.workers.workers[slot] for slot in chunk.path]
-            values = books.outputs(chunk, values, lambda h: (path[h].device, path[h].index))
-        self.ledger.finish(chunk)
-        books.store(chunk.start, values, len(chunk.items))
+            books.outputs(chunk, msg.values, lambda h: (path[h].device, path[h].index))
+        else:
+            books.store(chunk.start, msg.values, len(chunk.items))
 
     def _on_damaged(self, w: Worker, msg: Damaged) -> None:
         """Results that did not all unpickle here: the units whose results hold something
