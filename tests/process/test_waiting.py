@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -436,8 +437,10 @@ class TestSlotsAcrossChunks:
     def test_a_death_unpickling_a_later_chunk_names_that_chunk(self, tmp_path):
         """An item whose unpickling ends the worker, in a later chunk while item 0 of the
         first is still in flight: the death names the item being unpickled (5), not the
-        oldest chunk the worker had (the slot says how many chunks it held ahead)."""
+        oldest chunk the worker had (the slot says how many chunks it held ahead). Item 0
+        is let go a second later: the error is raised once the results before it are in."""
         release = tmp_path / "release"
+        threading.Timer(1.0, release.touch).start()
 
         @producer
         def hold(x):
