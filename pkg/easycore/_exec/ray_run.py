@@ -219,16 +219,15 @@ class RayRun:
         # replies of chunks it finished died with it (a reply goes out on Ray's own thread,
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
-        # alone, where a death names it (with no retries too: a run that raises must name
-        # the chunk at fault, not an earlier one whose reply died).
+        # alone, where a death names it. (retries=0 raising names the oldest.)
         # An actor of a pool that waits runs chunks at once: one being unpickled is not
         # known to be the oldest either.
         unknown = culprit is None or (culprit == int(UNPICKLING) and self.engine.waits[actor.hop])
         again: list[Work] = []
-        if unknown and len(lost) > 1:
+        if unknown and len(lost) > 1 and self.books.pins_down():
             again = [Work(work.start, work.items, solo=True) for work in lost]
         elif lost:
-            again = self.blame(actor, lost, exc, culprit)
+            again = self.blame(actor, lost, exc, culprit)  # (may raise)
         self.engine.replace(actor)
         self.books.again(again)
 
