@@ -3,13 +3,15 @@ inline, worker processes and Ray (a real local Ray with 2 CPUs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from easycore import SerializationError, WorkerDied, WorkerError, consumer, producer
+from easycore import SerializationError, WorkerDied, WorkerError, consumer, producer, write
 from helpers import (
     KillsWhenPickled,
     KillsWhenUnpickled,
@@ -54,6 +56,10 @@ def pair_sum(batch):
 @producer
 def plain_sum(batch):
     return sum(batch)
+
+
+def read_jsonl(files) -> list[int]:
+    return [json.loads(line)["x"] for f in files for line in Path(f).read_text().splitlines()]
 
 
 def two_pools(second):
@@ -192,6 +198,31 @@ class TestOneBookkeeping:
             got.extend(late_and_early.imap(range(40), **where(engine)))
         assert got == [0, 1, 2]
         assert (info.value.index, info.value.stage) == (3, "late_and_early")
+
+    def test_a_sink_that_raises_commits_each_item_once_across_a_resume(self, engine, tmp_path):
+        """Items 13 and 31 fail the first run: it raises item 13's error, and the files it
+        committed hold no item after it (a file holds a whole chunk, so the chunk of item 13
+        is not committed); the same call again completes the job, every item in exactly one
+        file."""
+        go = tmp_path / "go"
+
+        @producer
+        def rows(x):
+            if x in (13, 31) and not go.exists():
+                raise ValueError(f"bad {x}")
+            return {"x": x}
+
+        out, db = tmp_path / "out", str(tmp_path / "run.db")
+        pipeline = rows >> write.jsonl(str(out), rows_per_file=4)
+        with pytest.raises(WorkerError, match="bad 13") as info:
+            pipeline.map(range(60), resume=db, **where(engine))
+        assert info.value.index == 13
+        names = sorted(os.listdir(out))
+        assert not [n for n in names if n.startswith(".")]
+        assert all(x < 13 for x in read_jsonl([out / n for n in names]))
+        go.touch()
+        written = pipeline.map(range(60), resume=db, **where(engine))
+        assert sorted(read_jsonl(written.files)) == list(range(60))
 
     def test_stats_after_a_run_describe_that_run(self, engine):
         """stats() after a run is that run's: its busy share does not fade while the runner
