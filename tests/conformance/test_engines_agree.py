@@ -182,7 +182,7 @@ class TestOneBookkeeping:
 
     def test_an_ordered_run_raises_its_first_failure_in_input_order(self, engine):
         """Items 3 (failing late) and 5 (failing at once) both raise: every engine delivers
-        items 0-2, then raises item 3's error (processes and Ray raised item 5's, the first
+        items 0-2, then raises item 3's error (worker processes raised item 5's, the first
         to come back, before items 0-2 were all delivered)."""
 
         @producer
