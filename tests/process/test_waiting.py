@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -438,23 +437,24 @@ class TestSlotsAcrossChunks:
         """An item whose unpickling ends the worker, in a later chunk while item 0 of the
         first is still in flight: the death names the item being unpickled (5), not the
         oldest chunk the worker had (the slot says how many chunks it held ahead). Item 0
-        is let go a second later: the error is raised once the results before it are in."""
-        release = tmp_path / "release"
-        threading.Timer(1.0, release.touch).start()
+        is held only in the first worker (so it is in flight when that worker dies) and
+        returns at once when it runs again: the error is raised once the results before
+        it are in."""
+        started = tmp_path / "started"
 
         @producer
         def hold(x):
-            while x == 0 and not release.exists():
-                time.sleep(0.01)
+            if x == 0 and not started.exists():
+                started.touch()
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:  # until this worker dies
+                    time.sleep(0.01)
             return x
 
         data: list[object] = list(range(12))
         data[5] = DiesOnLoad()
-        try:
-            with pytest.raises(easycore.WorkerDied, match="unpickling") as info:
-                hold.map(data, devices=1, concurrency=4, prefetch=2)
-        finally:
-            release.touch()
+        with pytest.raises(easycore.WorkerDied, match="unpickling") as info:
+            hold.map(data, devices=1, concurrency=4, prefetch=2)
         assert info.value.index == 5
 
 
