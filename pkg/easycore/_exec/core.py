@@ -44,6 +44,7 @@ from easycore._protocol import UNREADABLE, Broken, is_cached, pickling_error
 from easycore._stages import StageFailure
 
 __all__ = [
+    "PRIMED",
     "RAISE",
     "SKIP",
     "Charges",
@@ -52,6 +53,12 @@ __all__ = [
     "Transport",
     "Work",
 ]
+
+
+# The first thing a run's stream yields, once its work has started: the runner takes it at
+# once, so work starts when imap() is called (and the stream's cleanup runs even if it is
+# never iterated further).
+PRIMED: Any = object()
 
 
 @attrs.frozen
@@ -115,7 +122,7 @@ class Charges:
 
 
 class Transport(Protocol):
-    """What an engine does for one run under :meth:`RunBooks.loop`."""
+    """What an engine does for one run under :meth:`RunBooks.stream`."""
 
     def dispatch(self, most_chunks: int | None = None) -> None:
         """Send chunks while the window has room (at most ``most_chunks``)."""
@@ -125,6 +132,12 @@ class Transport(Protocol):
 
     def wait(self) -> None:
         """Wait for what comes back (or a submitted item, or the clock) and handle it."""
+
+    def drain(self) -> None:
+        """The caller stopped early: wait for the chunks in flight and drop their results."""
+
+    def close(self) -> None:
+        """The run is over (done, failed or stopped): let go of its chunks and data."""
 
 
 class RunBooks:
@@ -437,19 +450,29 @@ class RunBooks:
                 raise values[k].exc
             yield Segment(start, values)
 
-    def loop(self, transport: Transport, is_current: Callable[[], bool]) -> Iterator[Segment]:
-        """Yield segments until the run is done, ``transport`` moving the chunks.
+    def stream(
+        self, transport: Transport, is_current: Callable[[], bool], ahead: bool = True
+    ) -> Iterator[Any]:
+        """:data:`PRIMED`, then segments until the run is done, ``transport`` moving the
+        chunks (``ahead``: the first chunks go out before PRIMED, as soon as the caller
+        primes the stream; inline, nothing runs ahead of the caller).
 
         Each turn refills before yielding (the workers compute while the caller folds
         results) and after (yielding frees room): it never waits with room and nothing in
         flight. With a result ready, only a chunk per worker goes out first: after a pause
         the caller finds many results at once, and the rest of the refill waits for its next
-        call rather than delay the result it came for.
+        call rather than delay the result it came for. An early stop (the caller closes the
+        stream: ``break`` out of ``imap``) drains what is in flight, so the runner stays
+        usable (a failure there closes the runner); however the run ends, the transport
+        lets go of it.
 
         Raises:
             RuntimeError: ``is_current()`` turned False (the runner was closed under it).
         """
         try:
+            if ahead:
+                transport.dispatch()
+            yield PRIMED
             while True:
                 transport.dispatch(self.workers if self.deliverable() else None)
                 yield from self.deliver()
@@ -461,8 +484,13 @@ class RunBooks:
                 if self.source.should_end(settled) or (settled and self.source.exhausted):
                     return
                 transport.wait()
+        except GeneratorExit:
+            if is_current():
+                transport.drain()
+            raise
         finally:
             self.finished = time.monotonic()
+            transport.close()
 
     def stalled(self) -> EasycoreError:
         """Work remains, yet nothing is in flight or can go out (a bug in easycore)."""

@@ -24,14 +24,9 @@ from easycore._exec.sources import Source, source_of
 from easycore._exec.workers import WorkerSet
 from easycore._options import RunOptions
 
-__all__ = ["PRIMED", "Engine", "ProcessEngine"]
+__all__ = ["Engine", "ProcessEngine"]
 
 Segments = Iterator[Any]  # PRIMED, then outcomes.Segment values
-
-# The first thing an engine's stream yields, once its work has started: the runner takes it
-# at once, so work starts when imap() is called (and the stream's cleanup runs even if it is
-# never iterated further).
-PRIMED: Any = object()
 
 
 class Engine(Protocol):
@@ -108,18 +103,7 @@ class ProcessEngine:
             bars=bars,
         )
         self.last_run = run  # for stats(); it lets go of the data when the run ends
-        try:
-            run.dispatch()  # the first chunks go out as soon as the caller primes the stream
-            yield PRIMED
-            yield from run.books.loop(run, is_current)
-        except GeneratorExit:
-            # The caller stopped early (break out of imap): wait for what is in flight and
-            # drop it, so the runner stays usable. (A failure here closes the runner.)
-            if is_current():
-                run.drain()
-            raise
-        finally:
-            run.let_go()
+        yield from run.books.stream(run, is_current)
 
     def stats(self) -> list[StageStats]:
         if self.last_run is None:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from easycore._config import CfgNode
 from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
-from easycore._exec.engine import PRIMED
 from easycore._exec.markers import run_units, write_units
 from easycore._exec.plan import Chain, Hop, StageStats, idle_stats
 from easycore._exec.sources import source_of
@@ -95,7 +94,7 @@ class InlineEngine:
         is_current: Callable[[], bool] = lambda: True,
     ) -> Iterator[Any]:
         """Yield PRIMED, then the results as segments, in input order, each computed when
-        the caller asks for it (the core's loop with this engine as its transport)."""
+        the caller asks for it (the core's stream with this engine as its transport)."""
         if options.seed is None and self.chain.hops[0].stages:
             seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)
         # one chunk at a time: an output unit, or as many as a sink's file holds
@@ -107,15 +106,18 @@ class InlineEngine:
             (hop, stages, functools.partial(self._in_hand, hop.index))
             for hop, stages in zip(self.chain.hops, self.prepared, strict=False)
         ]
-        yield PRIMED  # nothing runs ahead of the caller here
-        try:
-            yield from books.loop(self, is_current)
-        finally:
-            books.clear()
+        yield from books.stream(self, is_current, ahead=False)  # (nothing runs ahead here)
 
-    # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
+    # -- the transport's part of the loop (core.RunBooks.stream) ----------------------------
     def busy(self) -> bool:
         return False  # (a chunk runs within dispatch)
+
+    def drain(self) -> None:
+        pass  # (nothing is in flight between the caller's calls)
+
+    def close(self) -> None:
+        if self.books is not None:
+            self.books.clear()
 
     def wait(self) -> None:
         if self.books is not None and not self.books.deliverable():

@@ -61,7 +61,6 @@ from easycore._errors import (
     WorkerDied,
 )
 from easycore._exec.core import RAISE, ErrorPolicy
-from easycore._exec.engine import PRIMED
 from easycore._exec.plan import Chain, PipelineDef, StageStats, idle_stats, plan_chain
 from easycore._exec.ray_actor import Later, Packed, StageActor, UnitClock, run_task
 from easycore._exec.ray_ledger import Actor, first_line, ray_module
@@ -636,13 +635,4 @@ class RayEngine:
         self._watch_for(options.timeout)
         run = RayRun(self, source_of(data), options, bars, policy)
         self.last_run = run
-        try:
-            run.dispatch()
-            yield PRIMED
-            yield from run.books.loop(run, is_current)
-        except GeneratorExit:
-            if is_current():
-                run.drain()
-            raise
-        finally:
-            run.cancel()
+        yield from run.books.stream(run, is_current)

@@ -47,7 +47,7 @@ class RayRun:
         self.last_probe = time.monotonic()
         self.widest = max(len(h.devices) for h in self.hops)
 
-    # -- the transport's part of the loop (core.RunBooks.loop) ------------------------------
+    # -- the transport's part of the loop (core.RunBooks.stream) ----------------------------
     def busy(self) -> bool:
         return bool(self.ledger)
 
@@ -273,7 +273,7 @@ class RayRun:
                 ray.wait(refs, num_returns=len(refs), timeout=None)
         self.clear()
 
-    def cancel(self) -> None:
+    def close(self) -> None:
         """The run is over: cancel what is still queued (an error or an interrupt)."""
         ray = ray_module()
 

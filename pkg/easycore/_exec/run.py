@@ -79,7 +79,7 @@ class Run:
         queued, waiting = self.ledger.units(self.hops)
         return self.books.stats(queued, waiting, self.workers.in_flight())
 
-    # -- the transport's part of the loop (core.RunBooks.loop) ---------------------------
+    # -- the transport's part of the loop (core.RunBooks.stream) -------------------------
     def busy(self) -> bool:
         return bool(self.ledger)
 
@@ -322,7 +322,7 @@ class Run:
                 with contextlib.suppress(OSError):
                     w.chan.send_control(Drop(msg.chunk_id))
 
-    def let_go(self) -> None:
+    def close(self) -> None:
         """Drop the input and results once the run is over (stats() keeps the counters)."""
         self.books.clear()
         self.ledger.clear()

@@ -20,8 +20,8 @@ import attrs
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
 from easycore._exec.commit import commit_written, prepare, sink_of, total_written
-from easycore._exec.core import RAISE, SKIP
-from easycore._exec.engine import PRIMED, Engine, ProcessEngine
+from easycore._exec.core import PRIMED, RAISE, SKIP
+from easycore._exec.engine import Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
 from easycore._exec.plan import (
