@@ -72,6 +72,8 @@ class Blame:
     # chunks that run again one output unit per chunk, charged nothing, which pins the unit
     # at fault down (see _splits)
     split: tuple[Lost, ...] = ()
+    # chunks after ``unknown`` that may have been in hand instead (charged too)
+    later: tuple[Lost, ...] = ()
 
 
 def assign_blame(
@@ -131,13 +133,20 @@ def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int
     ``UNPICKLING``: its chunk's items were being unpickled), else the oldest chunk
     ``lost[0]``: its one unit, or every unit of it; or, when the books pin units down and it
     holds several output units, none: it runs again one output unit per chunk, where a
-    death of one alone names it."""
+    death of one alone names it.
+
+    With units not pinned down and no unit known (none, or ``UNPICKLING``), a later chunk
+    may have been in hand (the replies of those finished before it can die with the
+    worker): every chunk is charged, and the error names them all."""
     unit = books.hops[hop].unit
     work = lost[0]
+    doing = "unpickling" if culprit == int(UNPICKLING) else "running"
+    if (culprit is None or doing == "unpickling") and len(lost) > 1 and not books.pins_down():
+        units = tuple(sorted(set().union(*(_units(w, unit) for w in lost))))
+        return Blame(None, None, None, units, work, doing, later=tuple(lost[1:]))
     if culprit is not None and culprit >= 0:  # (in a later chunk of an actor that waits)
         work = next((w for w in lost if w.start <= culprit * unit < w.end), work)
     units = tuple(range(work.start // unit, -(-work.end // unit)))
-    doing = "unpickling" if culprit == int(UNPICKLING) else "running"
     if doing == "unpickling" or culprit is None:
         culprit = units[0] if len(units) == 1 else None
     if culprit is not None:
@@ -226,6 +235,8 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
         return died(f" while {blame.doing} {label}", index, shown)
     if blame.unknown is not None:  # a chunk of several units: which one is not known
         what = f"{blame.doing} {span(blame.unknown)}"
+        if blame.later:
+            what += f" or a later chunk it had ({', '.join(span(c) for c in blame.later)})"
         first = books.index(dead.hop, blame.unknown.start // hop.unit)
         return timed_out(what, first) if dead.timed_out else died(f" while {what}", first)
     if blame.suspect is not None:

@@ -219,7 +219,7 @@ class RayRun:
         # replies of chunks it finished died with it (a reply goes out on Ray's own thread,
         # after the next task has started: an os._exit there loses it). With several chunks
         # lost, which one was running is not known: none is charged and each runs again
-        # alone, where a death names it. (retries=0 raising names the oldest.)
+        # alone, where a death names it. (retries=0 raising names them all.)
         # An actor of a pool that waits runs chunks at once: one being unpickled is not
         # known to be the oldest either.
         unknown = culprit is None or (culprit == int(UNPICKLING) and self.engine.waits[actor.hop])
@@ -234,9 +234,9 @@ class RayRun:
     def blame(
         self, actor: Actor, lost: list[Work], exc: BaseException, culprit: int | None
     ) -> list[Work]:
-        """Blame the oldest chunk ``actor`` had (the one it was running) for its death;
-        what runs again. ``culprit``: the unit in hand, known from a timeout (or
-        ``UNPICKLING``: the chunk's items were being unpickled)."""
+        """Blame the chunk ``actor`` was running for its death (its oldest; not known, every
+        chunk it had: ``blame_in_order``); what runs again. ``culprit``: the unit in hand,
+        known from a timeout (or ``UNPICKLING``: the chunk's items were being unpickled)."""
         blame = blame_in_order(self.books, actor.hop, lost, culprit)
         dead = Dead(
             actor.hop,
