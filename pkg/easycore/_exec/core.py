@@ -485,11 +485,12 @@ class RunBooks:
                     return
                 transport.wait()
         except GeneratorExit:
+            self.finished = time.monotonic()  # (stats: the drain is not the run's time)
             if is_current():
                 transport.drain()
             raise
         finally:
-            self.finished = time.monotonic()
+            self.finished = self.finished or time.monotonic()
             transport.close()
 
     def stalled(self) -> EasycoreError:
