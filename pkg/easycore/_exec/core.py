@@ -137,7 +137,8 @@ class Transport(Protocol):
         """The caller stopped early: wait for the chunks in flight and drop their results."""
 
     def close(self) -> None:
-        """The run is over (done, failed or stopped): let go of its chunks and data."""
+        """The run is over (done, failed or stopped; its books cleared): let go of its
+        chunks."""
 
 
 class RunBooks:
@@ -491,6 +492,7 @@ class RunBooks:
             raise
         finally:
             self.finished = self.finished or time.monotonic()
+            self.clear()  # (this run's books: a transport may serve a newer run by then)
             transport.close()
 
     def stalled(self) -> EasycoreError:
@@ -518,16 +520,15 @@ class RunBooks:
         out = []
         for h, hop in enumerate(self.hops):
             k = hop.concurrency if concurrent else 1
-            flying = in_flight[h]
             out.append(
                 StageStats(
                     hop.name,
                     hop.devices,
                     done=self.done[h],
                     busy=min(1.0, self.busy[h] / (wall * len(hop.devices) * k)),
-                    queued=max(0, queued[h] - flying),  # (snapshots taken apart)
+                    queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
                     waiting=waiting[h],
-                    in_flight=flying,
+                    in_flight=in_flight[h],
                     concurrency=k,
                 )
             )

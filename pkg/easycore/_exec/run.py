@@ -323,6 +323,5 @@ class Run:
                     w.chan.send_control(Drop(msg.chunk_id))
 
     def close(self) -> None:
-        """Drop the input and results once the run is over (stats() keeps the counters)."""
-        self.books.clear()
+        """Forget the chunks once the run is over (the books drop its input and results)."""
         self.ledger.clear()
