@@ -440,7 +440,7 @@ class TestErrors:
         error = info.value
         text = str(error)
         assert re.search(r"while running item \d+", text), text
-        spans = re.findall(r"item (\d+)(?: \.\. item (\d+))?", text.split(" while running ")[1])
+        spans = re.findall(r"item (\d+)(?: \.\. item (\d+))?", text.rsplit(" while running ", 1)[1])
         named = [(int(a), int(b or a)) for a, b in spans]
         assert any(a <= 100 <= b for a, b in named), text
         assert error.index == named[0][0] == min(a for a, _ in named)

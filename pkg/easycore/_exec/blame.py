@@ -235,8 +235,10 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
         return died(f" while {blame.doing} {label}", index, shown)
     if blame.unknown is not None:  # a chunk of several units: which one is not known
         what = f"{blame.doing} {span(blame.unknown)}"
-        if blame.later:
-            what += f" or a later chunk it had ({', '.join(span(c) for c in blame.later)})"
+        if blame.later:  # (a pool that waits may hold many: the first few)
+            shown = ", ".join(span(c) for c in blame.later[:8])
+            more = f" and {len(blame.later) - 8} more" if len(blame.later) > 8 else ""
+            what += f" or a later chunk it had ({shown}{more})"
         first = books.index(dead.hop, blame.unknown.start // hop.unit)
         return timed_out(what, first) if dead.timed_out else died(f" while {what}", first)
     if blame.suspect is not None:

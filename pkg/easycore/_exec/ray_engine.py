@@ -15,7 +15,8 @@ Ray object references instead of pipes::
   unfinished chunk, that one was running: it is blamed (charged a retry once it holds a
   single output unit, split into units first). Holding several, the oldest need not be the
   one: replies of finished chunks can die with the actor. Then none is charged and each
-  runs again *solo* (alone on every actor of its path), where a death names it.
+  runs again *solo* (alone on every actor of its path), where a death names it (with no
+  retries and ``errors="raise"``, all are charged, and the error names them all).
   The dead actor is replaced (its ``init`` runs) before more work goes to its pool.
 * An actor runs the user's code on its main thread, one task at a time, as a local worker
   does (``signal.signal`` works there; an actor with a second concurrency group would run

@@ -1,0 +1,79 @@
+"""What a death is charged with when the dead worker's order of work is all that is known (a
+Ray actor): ``blame.blame_in_order`` and ``blame.settle_death`` on real books, no workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from easycore import WorkerDied, producer
+from easycore._exec.blame import Dead, blame_in_order, settle_death
+from easycore._exec.core import RAISE, SKIP, ErrorPolicy, RunBooks, Work
+from easycore._exec.plan import plan_chain
+from easycore._exec.sources import source_of
+from easycore._options import RunOptions
+from easycore._protocol import UNPICKLING
+
+DEAD = Dead(0, 0, "cpu", "Ray actor 0 of stage 'f'", "it died")
+
+
+def books(policy: ErrorPolicy, retries: int = 0) -> RunBooks:
+    chain = plan_chain(producer(lambda x: x)._as_pipeline(), 1)
+    return RunBooks(chain, source_of(range(1000)), RunOptions(retries=retries), policy)
+
+
+def chunks(*sizes: int) -> list[Work]:
+    """Consecutive chunks of these sizes from item 0, oldest first (an actor's queue)."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(Work(start, list(range(start, start + n))))
+        start += n
+    return out
+
+
+def test_with_no_retries_a_death_holding_several_chunks_fails_and_names_them_all():
+    """Raising with no retries, a death that names no unit may have been in any chunk the
+    actor had (the replies of those it finished can die with it): every unit fails, the
+    error names every chunk, its index the first unit, and nothing runs again."""
+    b = books(RAISE)
+    lost = chunks(10, 10, 5)
+    blame = blame_in_order(b, 0, lost, None)
+    assert blame.charged == tuple(range(25))
+    assert blame.later == (lost[1], lost[2])
+    assert settle_death(b, DEAD, blame, lost) == []
+    with pytest.raises(WorkerDied) as info:
+        list(b.deliver())
+    assert info.value.index == 0
+    assert str(info.value).endswith(
+        "while running item 0 .. item 9 or a later chunk it had (item 10 .. item 19, "
+        "item 20 .. item 24)"
+    )
+
+
+def test_a_death_while_unpickling_names_every_chunk_too():
+    b = books(RAISE)
+    lost = chunks(4, 4)
+    blame = blame_in_order(b, 0, lost, int(UNPICKLING))
+    assert (blame.doing, blame.charged, blame.later) == ("unpickling", tuple(range(8)), (lost[1],))
+
+
+def test_a_long_queue_is_named_by_its_first_chunks():
+    b = books(RAISE)
+    lost = chunks(*[2] * 11)
+    settle_death(b, DEAD, blame_in_order(b, 0, lost, None), lost)
+    with pytest.raises(
+        WorkerDied, match=r"\(item 2 \.\. item 3, .*item 16 \.\. item 17 and 2 more\)"
+    ):
+        list(b.deliver())
+
+
+@pytest.mark.parametrize(("policy", "retries"), [(RAISE, 1), (SKIP, 0)])
+def test_with_retries_or_skip_nothing_is_charged_and_the_oldest_is_split(policy, retries):
+    """Units pinned down: the oldest chunk runs again one unit at a time, the others whole,
+    and no unit fails (a death of one alone names it later)."""
+    b = books(policy, retries)
+    lost = chunks(3, 3)
+    blame = blame_in_order(b, 0, lost, None)
+    assert (blame.charged, blame.later, blame.split) == ((), (), (lost[0],))
+    again = settle_death(b, DEAD, blame, lost)
+    assert [(w.start, len(w.items)) for w in again] == [(0, 1), (1, 1), (2, 1), (3, 3)]
+    assert not b.segments
