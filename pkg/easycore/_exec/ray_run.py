@@ -271,10 +271,11 @@ class RayRun:
         if refs:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait(refs, num_returns=len(refs), timeout=None)
-        self.clear()
+        self.ledger.clear()
 
     def close(self) -> None:
-        """The run is over: cancel what is still queued (an error or an interrupt)."""
+        """The run is over: cancel what is still queued (an error or an interrupt) and
+        forget every chunk (the books clear themselves)."""
         ray = ray_module()
 
         for ref, (chunk, h) in list(self.ledger.pending.items()):
@@ -284,12 +285,7 @@ class RayRun:
             if chunk.actors[h].task is None:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
-        self.clear(cut_short=True)
-
-    def clear(self, cut_short: bool = False) -> None:
-        """Forget every chunk (``cut_short``: an actor that had one may be mid-unit)."""
-        self.ledger.clear(cut_short)
-        self.books.clear()
+        self.ledger.clear(cut_short=True)  # (an actor that had a chunk may be mid-unit)
 
     def stats(self) -> list[StageStats]:
         queued, flying = self.ledger.units(self.hops)
