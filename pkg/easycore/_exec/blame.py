@@ -117,11 +117,13 @@ def assign_blame(
         elif chunk is not None:
             charged |= _units(chunk, unit)
     if not (charged or split or busy) and w.timed_out is None:
-        # Died between units: what it was about to reply for (its oldest chunk) is suspect.
-        # (Busy with something we no longer track, a chunk re-run elsewhere after its
-        # sender died, nothing of ours is to blame.)
+        # Died between units: what it was about to reply for (its oldest chunk) is suspect,
+        # split or charged whole as above. (Busy with something we no longer track, a chunk
+        # re-run elsewhere after its sender died, nothing of ours is to blame.)
         oldest = min(running, key=lambda c: c.id, default=None)
-        if oldest is not None:
+        if oldest is not None and _splits(books, oldest):
+            split.append(oldest)
+        elif oldest is not None:
             charged = _units(oldest, unit)
     doing = "running" if unpickling is None else "unpickling"
     return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, tuple(split))
@@ -203,10 +205,7 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
     hop = chain.hops[dead.hop]
 
     def span(chunk: Lost) -> str:
-        first, last = chunk.start // hop.unit, (chunk.end - 1) // hop.unit
-        if first == last:
-            return chain.label(dead.hop, first, options)
-        return f"{chain.label(dead.hop, first, options)} .. {item_label(last, None)}"
+        return books.label(dead.hop, chunk.start // hop.unit, (chunk.end - 1) // hop.unit)
 
     def died(doing: str, index: int | None, shown: str = "") -> WorkerDied:
         msg = f"{dead.who} on {dead.device}{dead.where} died ({dead.how}){doing}{tries}{shown}"

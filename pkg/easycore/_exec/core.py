@@ -219,9 +219,10 @@ class RunBooks:
         return [None if is_cached(u) else self.key_fn(u) for u in units]
 
     # -- names and numbers -------------------------------------------------------------------
-    def label(self, hop: int, index: int) -> str:
-        """Unit ``index`` of ``hop`` in messages: ``"batch 2 (items 8..11) of stage 'f'"``."""
-        return self.chain.label(hop, index, self.options)
+    def label(self, hop: int, index: int, last: int | None = None) -> str:
+        """Unit ``index`` of ``hop`` in messages: ``"batch 2 (items 8..11) of stage 'f'"``
+        (units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"``)."""
+        return self.chain.label(hop, index, self.options, last)
 
     def index(self, hop: int, index: int) -> int:
         """A unit's index as errors report it (of the whole input, for the first hop)."""

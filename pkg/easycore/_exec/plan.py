@@ -128,9 +128,14 @@ class Chain:
                 return hop
         raise AssertionError(slot)  # pragma: no cover
 
-    def label(self, hop: int, index: int, options: RunOptions) -> str:
-        """Name unit ``index`` of hop ``hop`` in messages: ``"batch 2 (items 8..11)"``."""
-        text = options.label(index) if hop == 0 else item_label(index, self.hops[hop].batch)
+    def label(self, hop: int, index: int, options: RunOptions, last: int | None = None) -> str:
+        """Name unit ``index`` of hop ``hop`` in messages: ``"batch 2 (items 8..11)"``; or
+        units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"``."""
+
+        def name(i: int) -> str:
+            return options.label(i) if hop == 0 else item_label(i, self.hops[hop].batch)
+
+        text = name(index) if last is None or last == index else f"{name(index)} .. {name(last)}"
         if self.named:
             text = f"{text} of stage {self.hops[hop].name!r}"
         return text

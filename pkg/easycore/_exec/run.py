@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from easycore._errors import SerializationError, describe_exitcode, item_label
+from easycore._errors import SerializationError, describe_exitcode
 from easycore._exec.blame import Dead, assign_blame, settle_death
 from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
 from easycore._exec.ledger import Ledger
@@ -262,9 +262,8 @@ class Run:
 
         def lone(out: int) -> BaseException:
             first, last = out * books.align // per, ((out + 1) * books.align - 1) // per
-            upto = f" .. {item_label(last, None)}" if last > first else ""
             return msg.error.to_error(
-                what=f"while unpickling {books.label(w.hop, first)}{upto} in the worker",
+                what=f"while unpickling {books.label(w.hop, first, last)} in the worker",
                 device=w.device,
                 worker=w.index,
                 index=books.index(w.hop, first),
