@@ -1,4 +1,5 @@
-"""After a worker dies: which unit to blame, what is charged, failed and run again.
+"""After a worker dies, or a chunk fails as a whole: which unit to blame, what is charged,
+failed and run again.
 
 Every transport describes a death the same way: who died (:class:`Dead`), what it had (the
 chunks it lost, oldest first) and what it was doing (:class:`Blame`: the unit in hand, the
@@ -7,17 +8,22 @@ then charges the blamed units one run each (against ``retries``), fails those ou
 retries through the run's error policy, and returns what runs again. The process engine
 reads what its worker was doing from the worker's shared slot (:func:`assign_blame`); Ray
 from the order of an actor's queue (:func:`blame_in_order`).
+
+A chunk that did not pickle or unpickle on its way names no unit: :func:`isolate` fails the
+units whose items do not pickle here and runs the others again one by one, so that only the
+one at fault fails (:func:`unpicklable`: a chunk or a result that did not pickle).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from easycore._errors import (
     ItemTimeout,
+    SerializationError,
     WorkerDied,
     after_retries,
     item_label,
@@ -26,9 +32,18 @@ from easycore._errors import (
 from easycore._exec.core import RunBooks, Work
 from easycore._exec.ledger import Chunk
 from easycore._exec.workers import Worker
-from easycore._protocol import UNPICKLING, Slots
+from easycore._protocol import UNPICKLING, Slots, pickling_error
 
-__all__ = ["Blame", "Dead", "Lost", "assign_blame", "blame_in_order", "settle_death"]
+__all__ = [
+    "Blame",
+    "Dead",
+    "Lost",
+    "assign_blame",
+    "blame_in_order",
+    "isolate",
+    "settle_death",
+    "unpicklable",
+]
 
 
 class Lost(Protocol):
@@ -270,3 +285,58 @@ def _requeue(
         else:
             out.append(Work(start, items))
     return out
+
+
+# -- a chunk that failed as a whole, no unit named ---------------------------------------
+def unpicklable(
+    books: RunBooks, work: Work, exc: BaseException, at: tuple[int, str, int] | None = None
+) -> None:
+    """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
+    not): see :func:`isolate`; a lone unit fails as a whole, naming ``exc`` and, when
+    known, ``at``: the hop, device and worker index of the failed result."""
+
+    def lone(out: int) -> BaseException:
+        hop, device, worker = at if at is not None else (len(books.hops) - 1, None, None)
+        unit = out * books.align // books.hops[hop].unit
+        where = f" on {device} (worker {worker})" if at is not None else ""
+        msg = f"{books.label(hop, unit)} or its result cannot be pickled (or unpickled here)"
+        error = SerializationError(
+            f"{msg}{where}: {exc}", "<result pickling>", device, worker, books.index(hop, unit)
+        )
+        error.__cause__ = exc
+        return error
+
+    isolate(books, work, lone, 0 if at is None else at[0])
+
+
+def isolate(
+    books: RunBooks, work: Work, lone: Callable[[int], BaseException], hop: int = 0
+) -> None:
+    """``work`` failed as a whole with no unit named (it did not pickle or unpickle on
+    its way; at ``hop``): each output unit with an item that does not pickle here fails,
+    naming the item; the others run again, one per chunk, so that only the one at fault
+    fails (``lone(output unit)``: the error of a lone unit that fails as a whole)."""
+    parts = books.rerun(work)
+    again = []
+    for part in parts:
+        out = part.start // books.align
+        bad = next(
+            ((k, e) for k, item in enumerate(part.items) if (e := pickling_error(item))),
+            None,
+        )
+        if bad is None and len(parts) > 1:
+            again.append(part)
+            continue
+        if bad is None:
+            error = lone(out)
+        else:
+            at = part.start + bad[0]
+            msg = (
+                f"{books.options.label(at)} cannot be pickled to reach a worker: {bad[1]} "
+                f"(item: {short_repr(part.items[bad[0]])})"
+            )
+            error = SerializationError(msg, "<item pickling>", None, None, books.index(0, at))
+            error.__cause__ = bad[1]
+        stage = books.hops[hop if bad is None else 0].name
+        books.fail(out, error, books.unit_items(part.items, part.start, out), stage)
+    books.again(again)

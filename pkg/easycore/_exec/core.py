@@ -34,13 +34,13 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, SerializationError, after_retries, short_repr
+from easycore._errors import EasycoreError, after_retries
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import UNREADABLE, Broken, is_cached, pickling_error
+from easycore._protocol import UNREADABLE, Broken, is_cached
 from easycore._stages import StageFailure
 
 __all__ = [
@@ -220,8 +220,7 @@ class RunBooks:
 
     # -- names and numbers -------------------------------------------------------------------
     def label(self, hop: int, index: int, last: int | None = None) -> str:
-        """Unit ``index`` of ``hop`` in messages: ``"batch 2 (items 8..11) of stage 'f'"``
-        (units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"``)."""
+        """Unit ``index`` (to ``last``) of ``hop`` in messages (see ``Chain.label``)."""
         return self.chain.label(hop, index, self.options, last)
 
     def index(self, hop: int, index: int) -> int:
@@ -375,56 +374,6 @@ class RunBooks:
                 failed = True
             out.append(value)
         self.store(work.start, out, len(work.items), failed)
-
-    def unpicklable(
-        self, work: Work, exc: BaseException, at: tuple[int, str, int] | None = None
-    ) -> None:
-        """``work`` would not pickle on its way to a worker (on Ray, or a result of it would
-        not): see :meth:`isolate`; a lone unit fails as a whole, naming ``exc`` and, when
-        known, ``at``: the hop, device and worker index of the failed result."""
-
-        def lone(out: int) -> BaseException:
-            hop, device, worker = at if at is not None else (len(self.hops) - 1, None, None)
-            unit = out * self.align // self.hops[hop].unit
-            where = f" on {device} (worker {worker})" if at is not None else ""
-            msg = f"{self.label(hop, unit)} or its result cannot be pickled (or unpickled here)"
-            error = SerializationError(
-                f"{msg}{where}: {exc}", "<result pickling>", device, worker, self.index(hop, unit)
-            )
-            error.__cause__ = exc
-            return error
-
-        self.isolate(work, lone, 0 if at is None else at[0])
-
-    def isolate(self, work: Work, lone: Callable[[int], BaseException], hop: int = 0) -> None:
-        """``work`` failed as a whole with no unit named (it did not pickle or unpickle on
-        its way; at ``hop``): each output unit with an item that does not pickle here fails,
-        naming the item; the others run again, one per chunk, so that only the one at fault
-        fails (``lone(output unit)``: the error of a lone unit that fails as a whole)."""
-        parts = self.rerun(work)
-        again = []
-        for part in parts:
-            out = part.start // self.align
-            bad = next(
-                ((k, e) for k, item in enumerate(part.items) if (e := pickling_error(item))),
-                None,
-            )
-            if bad is None and len(parts) > 1:
-                again.append(part)
-                continue
-            if bad is None:
-                error = lone(out)
-            else:
-                at = part.start + bad[0]
-                msg = (
-                    f"{self.options.label(at)} cannot be pickled to reach a worker: {bad[1]} "
-                    f"(item: {short_repr(part.items[bad[0]])})"
-                )
-                error = SerializationError(msg, "<item pickling>", None, None, self.index(0, at))
-                error.__cause__ = bad[1]
-            stage = self.hops[hop if bad is None else 0].name
-            self.fail(out, error, self.unit_items(part.items, part.start, out), stage)
-        self.again(again)
 
     def deliverable(self) -> bool:
         return self.next_out in self.segments if self.options.ordered else bool(self.ready)

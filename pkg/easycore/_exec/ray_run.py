@@ -13,7 +13,7 @@ from typing import Any
 
 import cloudpickle
 
-from easycore._exec.blame import Dead, blame_in_order, settle_death
+from easycore._exec.blame import Dead, blame_in_order, settle_death, unpicklable
 from easycore._exec.core import ErrorPolicy, RunBooks, Work
 from easycore._exec.plan import StageStats
 from easycore._exec.ray_actor import Meta, Packed
@@ -144,7 +144,7 @@ class RayRun:
                     books.keys_of(work.items) if hop is self.hops[-1] else None,
                 )
             except Exception as exc:  # an item that cannot be pickled
-                books.unpicklable(work, exc)
+                unpicklable(books, work, exc)
                 return True
             self.ledger.send(chunk, hop.index, meta)
         chunk.values = arg
@@ -178,7 +178,7 @@ class RayRun:
                 at = self.dead_actor(chunk)  # (the first hop that failed; else the last)
                 self.ledger.forget(chunk)
                 cause = getattr(exc, "cause", None) or exc
-                books.unpicklable(chunk.work, cause, (at.hop, at.device, at.index))
+                unpicklable(books, chunk.work, cause, (at.hop, at.device, at.index))
             if ref in self.ledger.pending:  # lost with its node, or not the dead actor's:
                 self.ledger.forget(chunk)  # run it again
                 books.again([Work(chunk.work.start, chunk.work.items)])
@@ -189,7 +189,7 @@ class RayRun:
         actor.retiring = actor.retiring or books.retires(actor.ran, lambda: meta.rss)
         if values is not None:
             if len(values) > 1 and any(_unreadable(v) for v in values):
-                books.again(books.rerun(chunk.work))  # one unit a chunk (RunBooks.isolate)
+                books.again(books.rerun(chunk.work))  # one unit a chunk (blame.isolate)
                 return
             books.outputs(
                 chunk.work, values, lambda h: (chunk.actors[h].device, chunk.actors[h].index)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from easycore._errors import SerializationError, describe_exitcode
-from easycore._exec.blame import Dead, assign_blame, settle_death
+from easycore._exec.blame import Dead, assign_blame, isolate, settle_death, unpicklable
 from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
 from easycore._exec.ledger import Ledger
 from easycore._exec.plan import Chain, StageStats
@@ -140,7 +140,7 @@ class Run:
             try:
                 frame = w.chan.encode(task)
             except Exception as exc:
-                books.unpicklable(work, exc)
+                unpicklable(books, work, exc)
                 continue
             self.ledger.send(chunk_id, work.start, work.items, w)
             try:
@@ -252,7 +252,7 @@ class Run:
 
     def _on_unreadable(self, w: Worker, msg: Unreadable) -> None:
         """A chunk did not unpickle in ``w`` (which unit's item is not known): see
-        ``RunBooks.isolate``."""
+        ``blame.isolate``."""
         chunk = self.ledger.oldest_at(w)
         if chunk is None:
             text = f"a chunk could not be unpickled in worker {w.index} on {w.device}"
@@ -269,7 +269,7 @@ class Run:
                 index=books.index(w.hop, first),
             )
 
-        books.isolate(chunk, lone, w.hop)
+        isolate(books, chunk, lone, w.hop)
 
     # -- deaths ----------------------------------------------------------------------------
     def on_death(self, w: Worker) -> None:
