@@ -37,7 +37,12 @@ import attrs
 from easycore._errors import EasycoreError, after_retries
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sizing import TARGET_CHUNK_SECONDS, WRITE_CHUNK_SECONDS, ChunkSizer
+from easycore._exec.sizing import (
+    MAX_CHUNK,
+    TARGET_CHUNK_SECONDS,
+    WRITE_CHUNK_SECONDS,
+    ChunkSizer,
+)
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import UNREADABLE, Broken, is_cached
@@ -268,13 +273,34 @@ class RunBooks:
             return None
         if self.align > 1:
             room = max(self.align, room - room % self.align)
-        items = self.source.take(room)
+        items = self.pull(room)
         if not items:
             return None
         work = Work(self.pulled, items)
         self.pulled += len(items)
         self.taken += len(items)
         return work
+
+    def pull(self, room: int) -> Sequence[Any]:
+        """``room`` units to run from the source (fewer at its end). ``CACHED`` markers
+        (units a ledger or a resumed position holds) ride along uncounted, up to
+        ``MAX_CHUNK`` units in all: a worker passes them on for nothing."""
+        if not self.options.markers:
+            return self.source.take(room)
+        most = max(self.align, MAX_CHUNK - MAX_CHUNK % self.align)
+        items: list[Any] = []
+        fresh = 0
+        while fresh < room and len(items) < most and not self.source.exhausted:
+            more = self.source.take(min(room - fresh, most - len(items)))
+            items += more
+            fresh += self.runs(more)
+        return items
+
+    def runs(self, items: Sequence[Any]) -> int:
+        """How many of ``items`` (first-hop units) a worker runs: not ``CACHED`` markers."""
+        if not self.options.markers:
+            return len(items)
+        return sum(not is_cached(u) for u in items)
 
     def rerun(self, work: Work, skip: Collection[int] = ()) -> list[Work]:
         """``work``'s output units not in ``skip``, one chunk each (to run again)."""
@@ -300,17 +326,26 @@ class RunBooks:
         self.chunk_size = max(self.align, size - size % self.align, self.least)
 
     def count(
-        self, hop: int, n: int, busy: float, items: int = 0, elapsed: float = 0.0, nbytes: int = 0
+        self,
+        hop: int,
+        n: int,
+        busy: float,
+        items: Sequence[Any] = (),
+        elapsed: float = 0.0,
+        nbytes: int = 0,
     ) -> None:
         """``hop`` finished ``n`` of its units in ``busy`` slot-seconds of work (its wall
-        time, with units in flight together counted each); a chunk of ``items`` first-hop
-        units that took ``elapsed`` s (``nbytes`` back) sizes the chunks to come."""
+        time, with units in flight together counted each); a chunk of first-hop units
+        ``items`` that took ``elapsed`` s (``nbytes`` back) sizes the chunks to come, by
+        the units it ran (``CACHED`` markers cost nothing: they would make the next chunk
+        everything left, for one worker)."""
         self.done[hop] += n
         self.busy[hop] += busy
         if self.bars is not None:
             self.bars[hop].update(n)
-        if items:
-            self.sizers[hop].update(items, elapsed, nbytes)
+        ran = self.runs(items)
+        if ran:
+            self.sizers[hop].update(ran, elapsed, nbytes)
             self.resize()
 
     def room(self, hop: int, ran: int, has: Iterable[Work]) -> int:

@@ -184,7 +184,7 @@ class RayRun:
                 books.again([Work(chunk.work.start, chunk.work.items)])
             return
         self.ledger.done(ref)
-        books.count(h, meta.n, meta.busy, len(chunk.work.items), meta.elapsed)
+        books.count(h, meta.n, meta.busy, chunk.work.items, meta.elapsed)
         actor.ran += meta.n  # (replaced once it has finished what it has)
         actor.retiring = actor.retiring or books.retires(actor.ran, lambda: meta.rss)
         if values is not None:

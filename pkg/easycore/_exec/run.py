@@ -217,7 +217,7 @@ class Run:
         self.idle_deaths.pop(w.slot, None)  # retries bound deaths in a row, not over a run
         books = self.books
         n = msg.n_done
-        books.count(w.hop, n, msg.busy, len(chunk.items), msg.elapsed, 0 if held else w.last_nbytes)
+        books.count(w.hop, n, msg.busy, chunk.items, msg.elapsed, 0 if held else w.last_nbytes)
         w.count_done(n, books.retires)
         if isinstance(msg, Held):  # (a failed unit travels on as a Broken marker)
             self.ledger.hold(chunk, w)

@@ -1,0 +1,46 @@
+"""What a user meets in the first hour (issue #44): a resumed run shares its work among the
+workers, errors name exactly the items they concern and carry them, and options that
+would do nothing are refused."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from easycore import WorkerError, producer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def slow_until(flag: Path, bad: int):
+    """A producer of ``(x, worker)`` taking 20 ms an item, raising at ``bad`` while ``flag``
+    exists."""
+
+    @producer
+    def work(x, worker):
+        time.sleep(0.02)
+        if x == bad and flag.exists():
+            msg = f"item {x} failed"
+            raise ValueError(msg)
+        return x, worker
+
+    return work
+
+
+class TestResume:
+    def test_a_resumed_run_shares_its_work_among_the_workers(self, tmp_path):
+        """The units a ledger holds cost nothing: they do not teach the chunk size, so the
+        work left is shared by both workers rather than sent to one in a single chunk."""
+        flag, db = tmp_path / "fail", tmp_path / "run.db"
+        flag.touch()
+        work = slow_until(flag, 20)
+        with pytest.raises(WorkerError, match="item 20"):
+            work.map(range(60), devices=2, resume=db)
+        flag.unlink()
+        out = work.map(range(60), devices=2, resume=db)
+        assert [x for x, _ in out] == list(range(60))
+        computed = Counter(w for _, w in out[20:])  # (the ledger held items 0..19)
+        assert set(computed) == {0, 1}, computed
