@@ -200,15 +200,19 @@ def describe_exitcode(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def item_label(index: int, batch_size: int | None) -> str:
-    """How messages name a unit of the input: ``"item 3"``, or a batch and its items.
+def item_label(index: int, batch_size: int | None, size: int | None = None) -> str:
+    """How messages name a unit of the input: ``"item 3"``, or a batch and its items
+    (``size``: how many it holds, when known: the input's last batch may hold fewer).
 
     >>> item_label(1, 4)
     'batch 1 (items 4..7)'
+    >>> item_label(3, 8, size=6)
+    'batch 3 (items 24..29)'
     """
     if batch_size is None:
         return f"item {index}"
-    return f"batch {index} (items {index * batch_size}..{(index + 1) * batch_size - 1})"
+    first = index * batch_size
+    return f"batch {index} (items {first}..{first + (size or batch_size) - 1})"
 
 
 def after_retries(retries: int) -> str:

@@ -48,8 +48,8 @@ class Numbering:
     def index(self, i: int) -> int:
         return self.first + i * self.step
 
-    def label(self, i: int) -> str:
-        return item_label(self.index(i), self.batch)
+    def label(self, i: int, size: int | None = None) -> str:
+        return item_label(self.index(i), self.batch, size)
 
 
 def _check_bool(_: Any, attr: Any, value: Any) -> None:
@@ -244,11 +244,12 @@ class RunOptions:
         """Units may come as ``CACHED`` markers (``resume=``, or a resumed position)."""
         return self.resume is not None or bool(self.passed)
 
-    def label(self, index: int) -> str:
-        """Name unit ``index`` of the first hop in messages."""
+    def label(self, index: int, size: int | None = None) -> str:
+        """Name unit ``index`` of the first hop in messages (``size``: the items of a
+        batch, when known)."""
         if self.numbering is not None:
-            return self.numbering.label(index)
-        return item_label(index, self.batch_size)
+            return self.numbering.label(index, size)
+        return item_label(index, self.batch_size, size)
 
     def global_index(self, index: int) -> int:
         return index if self.numbering is None else self.numbering.index(index)

@@ -4,13 +4,14 @@ would do nothing are refused."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from easycore import WorkerError, producer
+from easycore import WorkerDied, WorkerError, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,3 +45,42 @@ class TestResume:
         assert [x for x, _ in out] == list(range(60))
         computed = Counter(w for _, w in out[20:])  # (the ledger held items 0..19)
         assert set(computed) == {0, 1}, computed
+
+
+@producer
+def fails_on_short(batch):
+    """Raises on the input's last batch (the only one shorter than 8)."""
+    if len(batch) < 8:
+        msg = f"a short batch of {len(batch)}"
+        raise ValueError(msg)
+    return len(batch)
+
+
+@producer
+def dies_on_short(batch):
+    if len(batch) < 8:
+        os._exit(3)
+    return len(batch)
+
+
+@producer
+def double(x):
+    return 2 * x
+
+
+class TestNames:
+    def test_the_last_batch_names_the_items_it_holds(self):
+        """30 items in batches of 8: batch 3 holds items 24..29, not 24..31."""
+        with pytest.raises(WorkerError, match=r"batch 3 \(items 24\.\.29\)") as info:
+            fails_on_short.map(range(30), devices=2, batch_size=8)
+        assert info.value.index == 3
+
+    def test_a_pools_last_batch_names_the_items_it_holds(self):
+        """The same for the batches a later pool forms of the previous pool's results."""
+        p = double.on(1) >> fails_on_short.on(1, batch_size=8)
+        with pytest.raises(WorkerError, match=r"batch 3 \(items 24\.\.29\) of stage"):
+            p.map(range(30))
+
+    def test_a_death_names_the_items_of_the_last_batch(self):
+        with pytest.raises(WorkerDied, match=r"batch 3 \(items 24\.\.29\)"):
+            dies_on_short.map(range(30), devices=2, batch_size=8)

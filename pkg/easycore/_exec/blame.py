@@ -220,7 +220,8 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
     hop = chain.hops[dead.hop]
 
     def span(chunk: Lost) -> str:
-        return books.label(dead.hop, chunk.start // hop.unit, (chunk.end - 1) // hop.unit)
+        first, last = chunk.start // hop.unit, (chunk.end - 1) // hop.unit
+        return books.label(dead.hop, first, last, within=chunk)
 
     def died(doing: str, index: int | None, shown: str = "") -> WorkerDied:
         msg = f"{dead.who} on {dead.device}{dead.where} died ({dead.how}){doing}{tries}{shown}"
@@ -236,7 +237,10 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
     also = "" if blame.suspect is None else f"the results of {span(blame.suspect)}"
     culprit = blame.culprit
     if culprit is not None:
-        label = options.label(culprit) if dead.hop == 0 else item_label(culprit, hop.batch)
+        size = None if blame.holder is None else books.size(dead.hop, culprit, blame.holder)
+        label = (
+            options.label(culprit, size) if dead.hop == 0 else item_label(culprit, hop.batch, size)
+        )
         shown = ""
         if dead.hop == 0 and blame.holder is not None:
             shown = f" (item: {short_repr(blame.holder.items[culprit - blame.holder.start])})"

@@ -224,9 +224,24 @@ class RunBooks:
         return [None if is_cached(u) else self.key_fn(u) for u in units]
 
     # -- names and numbers -------------------------------------------------------------------
-    def label(self, hop: int, index: int, last: int | None = None) -> str:
-        """Unit ``index`` (to ``last``) of ``hop`` in messages (see ``Chain.label``)."""
-        return self.chain.label(hop, index, self.options, last)
+    def label(self, hop: int, index: int, last: int | None = None, within: Any = None) -> str:
+        """Unit ``index`` (to ``last``) of ``hop`` in messages (see ``Chain.label``), a batch
+        with the items it holds when the chunk it is ``within`` is known."""
+        end = index if last is None else last
+        size = None if within is None else self.size(hop, end, within)
+        return self.chain.label(hop, index, self.options, last, size)
+
+    def size(self, hop: int, index: int, within: Any) -> int | None:
+        """How many units of its input unit ``index`` of ``hop`` holds, a batch in chunk
+        ``within`` (the input's last may hold fewer than ``batch_size``); else None."""
+        if hop == 0:
+            if self.options.batch_size is None:
+                return None
+            batch = within.items[index - within.start]
+            return len(batch) if type(batch) is list else None
+        unit = self.hops[hop].unit
+        first = index * unit
+        return -(-(min(first + unit, within.end) - first) // self.hops[hop - 1].unit)
 
     def index(self, hop: int, index: int) -> int:
         """A unit's index as errors report it (of the whole input, for the first hop)."""
@@ -392,7 +407,7 @@ class RunBooks:
                 hop, index, report = value.hop, value.unit, value.failure
                 where = f" ({value.where})" if value.where else ""
                 doing = "unpickling" if report.stage == UNREADABLE else "running"
-                what = f"while {doing} {self.label(hop, index)}"
+                what = f"while {doing} {self.label(hop, index, within=work)}"
                 what += f"{after_retries(self.options.retries)}{where}"
                 at = self.index(hop, index)
                 if isinstance(report, StageFailure):

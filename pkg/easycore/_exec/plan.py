@@ -128,14 +128,23 @@ class Chain:
                 return hop
         raise AssertionError(slot)  # pragma: no cover
 
-    def label(self, hop: int, index: int, options: RunOptions, last: int | None = None) -> str:
+    def label(
+        self,
+        hop: int,
+        index: int,
+        options: RunOptions,
+        last: int | None = None,
+        size: int | None = None,
+    ) -> str:
         """Name unit ``index`` of hop ``hop`` in messages: ``"batch 2 (items 8..11)"``; or
-        units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"``."""
+        units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"`` (``size``: the
+        items of the last unit named, when known: the input's last batch may hold fewer)."""
 
-        def name(i: int) -> str:
-            return options.label(i) if hop == 0 else item_label(i, self.hops[hop].batch)
+        def name(i: int, n: int | None = None) -> str:
+            return options.label(i, n) if hop == 0 else item_label(i, self.hops[hop].batch, n)
 
-        text = name(index) if last is None or last == index else f"{name(index)} .. {name(last)}"
+        end = index if last is None else last
+        text = name(end, size) if end == index else f"{name(index)} .. {name(end, size)}"
         if self.named:
             text = f"{text} of stage {self.hops[hop].name!r}"
         return text
