@@ -196,8 +196,8 @@ class RunOptions:
 
     Raises:
         ValueError: a value out of range or of the wrong type.
-        TypeError: ``ordered``, ``progress`` or ``retry_failed`` not a bool; ``on_error``
-            or ``key`` not callable; ``resume`` not a path.
+        TypeError: ``ordered``, ``progress``, ``retry_failed`` or ``accept_changed_code``
+            not a bool; ``on_error`` or ``key`` not callable; ``resume`` not a path.
 
     >>> RunOptions(retries=2).retries
     2
@@ -218,6 +218,7 @@ class RunOptions:
     resume: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
     key: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)
+    accept_changed_code: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
     max_worker_memory: int | None = attrs.field(default=None, converter=parse_bytes)
     # training that resumes (API.md section 12)
@@ -278,6 +279,9 @@ class RunKwargs(TypedDict, total=False):
         resume: path of an SQLite run ledger that makes the call resumable.
         key: a function of an item giving its ledger key (default: its index).
         retry_failed: on resume, run the items set aside before again.
+        accept_changed_code: on resume, keep the results of a ledger whose stage code
+            (functions, ``init``, the constants they read) changed, run what it lacks with
+            the new code, and warn naming each change (default: a ``ValueError``).
         max_items_per_worker: replace a worker after this many items.
         max_worker_memory: replace a worker whose resident memory passed this (bytes, or a
             string such as ``"4GiB"``).
@@ -298,6 +302,7 @@ class RunKwargs(TypedDict, total=False):
     resume: str | os.PathLike[str] | None
     key: Callable[[Any], Any] | None
     retry_failed: bool
+    accept_changed_code: bool
     max_items_per_worker: int | None
     max_worker_memory: int | str | None
     epoch: int | None

@@ -27,7 +27,8 @@ containers or objects refer to themselves. Types are part of the encoding: ``1``
 A function's digest is its code (bytecode, constants, names, nested code objects), its
 defaults, the values its closure holds, and the module-level helpers and constants of its
 own module that it names; not where it sits in its file, nor ``id``/``hash``. Bytecode is
-the interpreter's, so another Python version makes another digest.
+the interpreter's, so another Python version makes another digest. :func:`code_digest`
+leaves those constants' values out and returns them, so that a message can name them.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["cfg_digests", "function_digest", "item_digest"]
+__all__ = ["cfg_digests", "code_digest", "function_digest", "item_digest"]
 
 DIGEST_SIZE = 16
 
@@ -276,8 +277,10 @@ def _item_digest(obj: Any, active: set[int]) -> bytes:
 class _FunctionHasher:
     """Feeds what a callable computes with to a hash (see the module's docstring)."""
 
-    def __init__(self, active: set[int]) -> None:
+    def __init__(self, active: set[int], constants: dict[str, Any] | None = None) -> None:
         self.active = active  # on the way down (see _Encoder): recursion ends in a mark
+        # None: constants are fed by value; a dict: by name only, their values kept here
+        self.constants = constants
 
     def feed(self, h: Any, fn: Any) -> None:
         if id(fn) in self.active:
@@ -346,7 +349,10 @@ class _FunctionHasher:
                 self.feed(h, value)
             elif type(value) in _ATOMS or (type(value) in (tuple, frozenset) and _flat(value)):
                 h.update(b"k" + name.encode() + b"\0")
-                self._value(h, value)
+                if self.constants is None:
+                    self._value(h, value)
+                else:  # (a name two modules use: the first one's value; the digest tells)
+                    self.constants.setdefault(name, value)
 
     def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
         h.update(b"c")
@@ -417,6 +423,21 @@ def _function_digest(fn: Callable[..., Any], active: set[int]) -> bytes:
     h = _hasher()
     _FunctionHasher(active).feed(h, fn)
     return bytes(h.digest())
+
+
+def code_digest(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+    """:func:`function_digest` without the values of the module constants ``fn`` and its
+    helpers read, and those values by name: when only the constants differ, a message can
+    name them and both values.
+
+    >>> code, constants = code_digest(lambda: DIGEST_SIZE)
+    >>> constants
+    {'DIGEST_SIZE': 16}
+    """
+    h = _hasher()
+    constants: dict[str, Any] = {}
+    _FunctionHasher(set(), constants).feed(h, fn)
+    return h.hexdigest(), constants
 
 
 def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:

@@ -34,6 +34,7 @@ import json
 import os
 import pickle
 import sqlite3
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -41,7 +42,7 @@ import attrs
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr
-from easycore._exec.digest import cfg_digests, function_digest, item_digest
+from easycore._exec.digest import cfg_digests, code_digest, function_digest, item_digest
 from easycore._exec.outcomes import Failed
 from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._options import RunOptions
@@ -171,17 +172,25 @@ class RunIdentity:
     * ``stages``: every producer in order: its name, the digest of its function and of its
       ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
       of the pool it starts (pools after the first; the first pool's is ``batch_size``);
+      to name what changed, also ``code`` (the two digests without the module constants
+      they read) and ``reads`` (those constants: digest and short repr by name);
+    * ``key``: the ``key=`` function's name and digest (another one names other units:
+      their results, and a sink's files, would be computed and written again);
     * ``cfg``: a digest of every leaf by its dotted key (so a message can name the keys);
     * ``seed``, and ``batch_size`` (``map``'s, or the first pool's).
 
     Left out on purpose: the consumer (the ledger keeps the producers' results; every run
     folds stored and new results alike, so another consumer is another fold of the same
-    results, and may change freely), a producer's ``end`` (its value is dropped), ``key=``
-    (keys name units; a changed item is caught by its digest), and how and where results
-    are computed (devices, engine, ``ordered``, ``retries``, ``timeout``, ``errors``).
+    results, and may change freely), a producer's ``end`` (its value is dropped), and how
+    and where results are computed (devices, engine, ``ordered``, ``retries``,
+    ``timeout``, ``errors``).
+
+    ``accept_changed_code`` (the option; not a part): changed stage code (functions,
+    ``init``, the constants they read) is accepted rather than refused (:meth:`check`).
     """
 
     parts: Mapping[str, Any]
+    accept_changed_code: bool = False
 
     @classmethod
     def of(
@@ -193,17 +202,28 @@ class RunIdentity:
             for k, stage in enumerate(group):
                 init = getattr(stage, "init", None)
                 batch = binding.batch_size if binding is not None and i > 0 and k == 0 else None
+                code: list[str | None] = []
+                reads: dict[str, list[str]] = {}
+                for fn in (stage.fn, init):
+                    digest, constants = (None, {}) if fn is None else code_digest(fn)
+                    code.append(digest)
+                    for name, value in constants.items():
+                        reads.setdefault(name, [item_digest(value).hex(), short_repr(value, 60)])
                 stages.append(
                     {
                         "name": stage.name,
                         "fn": function_digest(stage.fn),
                         "init": None if init is None else function_digest(init),
                         "batch_size": batch,
+                        "code": code,
+                        "reads": reads,
                     }
                 )
         sink = getattr(pipeline, "sink", None)
+        key = options.key
         parts = {
             "sink": None if sink is None else sink.identity(),
+            "key": None if key is None else {"name": _name(key), "fn": function_digest(key)},
             "format": _FORMAT,
             "stages": stages,
             "cfg": cfg_digests(frozen_cfg(cfg)),
@@ -212,18 +232,21 @@ class RunIdentity:
         }
         if options.epoch:  # (absent at epoch 0: ledgers written before epochs stay valid)
             parts["epoch"] = options.epoch
-        return cls(json.loads(_json(parts)))  # as it reads back from the file
+        # (parts as they read back from the file)
+        return cls(json.loads(_json(parts)), options.accept_changed_code)
 
     def rows(self) -> list[tuple[str, str]]:
         """The ``meta`` table's rows."""
         return [(name, _json(value)) for name, value in self.parts.items()]
 
-    def differences(self, stored: Mapping[str, Any]) -> list[str]:
-        """What differs between a ledger's identity ``stored`` and this one, in words."""
+    def differences(self, stored: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+        """What differs between a ledger's identity ``stored`` and this one, in words: the
+        stages' code (functions, ``init``, constants they read), and everything else."""
         new = self.parts
         if stored.get("format") != new["format"]:
-            return [f"ledger format: {stored.get('format')} -> {new['format']}"]
-        out = []
+            return [], [f"ledger format: {stored.get('format')} -> {new['format']}"]
+        out: list[str] = []
+        code: list[str] = []
         before, now = stored.get("stages", []), new["stages"]
         names = [s["name"] for s in now]
         if [s["name"] for s in before] != names:
@@ -234,10 +257,7 @@ class RunIdentity:
                 where = f"stage {b['name']!r}" + (
                     f" (#{i + 1})" if names.count(b["name"]) > 1 else ""
                 )
-                if a.get("fn") != b["fn"]:
-                    out.append(f"{where}: its function changed")
-                if a.get("init") != b["init"]:
-                    out.append(f"{where}: its init changed")
+                code += _code_changes(where, a, b)
                 if a.get("batch_size") != b["batch_size"]:
                     out.append(f"{where}: batch_size {a.get('batch_size')} -> {b['batch_size']}")
         cfg_a, cfg_b = stored.get("cfg", {}), new["cfg"]
@@ -249,23 +269,61 @@ class RunIdentity:
             out.append(f"cfg: {', '.join(keys[:6])}{more}")
         if stored.get("sink") != new.get("sink"):
             out.append(f"sink: {_sink_text(stored.get('sink'))} -> {_sink_text(new.get('sink'))}")
+        if stored.get("key") != new["key"]:
+            keys = (stored.get("key", {"name": "(not recorded: an older ledger)"}), new["key"])
+            old, now = (k["name"] if k else "(none)" for k in keys)
+            change = f"the function {now} changed" if old == now else f"{old} -> {now}"
+            out.append(f"key=: {change}")
         for name in ("seed", "batch_size"):
             if stored.get(name) != new[name]:
                 out.append(f"{name}: {stored.get(name)} -> {new[name]}")
         if stored.get("epoch", 0) != new.get("epoch", 0):
             out.append(f"epoch: {stored.get('epoch', 0)} -> {new.get('epoch', 0)}")
-        return out
+        return code, out
 
-    def check(self, path: str, stored: Mapping[str, Any]) -> None:
-        """Raises ValueError naming what differs when ``stored`` is not this identity."""
-        diffs = self.differences(stored)
-        if diffs:
+    def check(self, path: str, stored: Mapping[str, Any]) -> list[str]:
+        """Raises ValueError naming what differs when ``stored`` is not this identity; with
+        ``accept_changed_code``, returns the changes of stage code it accepts instead.
+        """
+        code, other = self.differences(stored)
+        if other or (code and not self.accept_changed_code):
+            hint = (
+                "; or, to keep its results and run what it lacks with the new code, pass "
+                "accept_changed_code=True (with retry_failed=True to run its failures again)"
+                if not other
+                else ""
+            )
             msg = (
-                f"resume={path!r} is the ledger of another run ({'; '.join(diffs)}); its "
-                "results are not this run's. Resume with the same stage functions, cfg, seed "
-                "and batch sizes, or give a new path to start afresh"
+                f"resume={path!r} is the ledger of another run ({'; '.join(code + other)}); "
+                "its results are not this run's. Resume with the same stage functions, key=, "
+                f"cfg, seed and batch sizes, or give a new path to start afresh{hint}"
             )
             raise ValueError(msg)
+        return code
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _code_changes(where: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """How the code of stage ``a`` (as a ledger stored it) and ``b`` differ, in words: the
+    module constants they read by name with both values, else "its function changed"."""
+    if (a.get("fn"), a.get("init")) == (b["fn"], b["init"]):
+        return []
+    code = a.get("code") or [None, None]  # (not kept by ledgers written before it was)
+    out = [
+        f"{where}: its {what} changed"
+        for i, (what, part) in enumerate((("function", "fn"), ("init", "init")))
+        if a.get(part) != b[part] and code[i] != b["code"][i]
+    ]
+    old, new = a.get("reads") or {}, b["reads"]
+    out += [
+        f"{where}: the global {name} it reads changed ({old[name][1]} -> {new[name][1]})"
+        for name in sorted(old.keys() & new.keys())
+        if old[name][0] != new[name][0]
+    ]
+    return out or [f"{where}: its function changed"]
 
 
 def _sink_text(sink: Any) -> str:
@@ -349,8 +407,15 @@ class RunLedger:
                     self.db.execute(_SCHEMA)
                     self.db.execute(_META)
                     self.db.executemany("INSERT INTO meta VALUES (?, ?)", self.identity.rows())
-                else:
-                    self.identity.check(self.path, stored)
+                elif changed := self.identity.check(self.path, stored):  # accepted: now ours
+                    rows = self.identity.rows()
+                    self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
+                    msg = (
+                        f"resume={self.path!r}: its results so far were computed with other "
+                        f"code ({'; '.join(changed)}); they are kept (accept_changed_code=True), "
+                        "and what it lacks runs with the new code"
+                    )
+                    warnings.warn(msg, UserWarning, stacklevel=2)
                 self.db.execute(_FILES)
             except BaseException:
                 self.db.execute("ROLLBACK")
