@@ -191,8 +191,9 @@ class _Runs:
         call after a crash computes only what the file lacks (items set aside are tried
         again only with ``retry_failed=True``); an item that differs from the one recorded
         under its key is a ``ValueError``, and so is a file of another run (other producer
-        functions or ``init``, ``cfg``, ``seed`` or batch sizes) or a path that cannot be
-        a ledger. Results are stored pickled:
+        functions or ``init``, ``key=``, ``cfg``, ``seed`` or batch sizes; changed stage
+        code only is kept going with ``accept_changed_code=True``, with a warning) or a
+        path that cannot be a ledger. Results are stored pickled:
         jobs with big outputs should write them to files and return the paths.
         ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
         ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its
@@ -238,8 +239,8 @@ class _Runs:
             **options: the run's options, each described in :class:`~easycore.RunKwargs`
                 (``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
                 ``retries``, ``prefetch``, ``errors``, ``on_error``, ``resume``, ``key``,
-                ``retry_failed``, ``max_items_per_worker``, ``max_worker_memory``,
-                ``epoch``; ``state`` is for :meth:`imap`).
+                ``retry_failed``, ``accept_changed_code``, ``max_items_per_worker``,
+                ``max_worker_memory``, ``epoch``; ``state`` is for :meth:`imap`).
 
         Returns:
             The consumer's result, or a list of results when there is no consumer.
