@@ -72,8 +72,8 @@ __all__ = [
 # whether any value is Broken
 Ran = tuple[list[Any], int, bool]
 
-# (index, start) of the oldest unit in flight, or (None, 0.0) when none: for a watchdog
-Publish = Callable[[int | None, float], None]
+# (index, start) of the unit a watchdog times (start None: untimed), or (None, 0.0): none
+Publish = Callable[[int | None, float | None], None]
 
 
 def is_async_fn(fn: Any) -> bool:
@@ -208,10 +208,11 @@ class PreparedStages:
         # units go through run_many (concurrently), not the loop of old
         self.waits = self.is_async or concurrency > 1
         # the units in flight here, of every chunk (a worker's slots are shared by its chunks)
-        self.flight = Flight()
+        self.flight = Flight(by_step=self.is_async)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._gate: asyncio.Semaphore | None = None  # (made on the loop: the k slots)
+        self._loop_held = [0.0]  # seconds timed units' steps held the loop (see _Spent)
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         # (an actor that waits runs chunks on several threads at once: one loop thread, one
         # pool of k threads between them; finish holds it throughout, so a chunk that
@@ -416,24 +417,48 @@ class PreparedStages:
                 ITEM_SEED.reset(token)
 
     async def _astages(
-        self, item: Any, timeout: float | None, left: float | None = None
+        self, item: Any, timeout: float | None, started: float | None = None, key: int = -1
     ) -> tuple[Any, StageFailure | None]:
-        """The stages over one unit on the loop, cancelled past ``timeout`` seconds (``left``
-        of them, when some went before: its unpickling)."""
+        """The stages over one unit on the loop, failed once past ``timeout`` seconds of its
+        own time (from ``started``, when its unpickling went before; ``key``: its
+        :attr:`flight` key). Its own time leaves out what other units' steps held the loop
+        meanwhile (:class:`_Spent`): awaiting past it, it is cancelled; holding the loop
+        past it, its result is dropped; either way no other unit is charged for it."""
         import asyncio
 
         where = [self.prepared[0].name if self.prepared else ""]
         if timeout is None:
             return await self._achain(item, where)
+        loop = asyncio.get_running_loop()
+        spent = _Spent(self._loop_held, time.monotonic() if started is None else started)
+        chain = self._achain(item, where)
+        unit = loop.create_task(_Steps(chain, spent, self.flight, key).run())
+        expired: list[bool] = []
+
+        def check() -> None:
+            rest = timeout - spent()
+            if rest > 0:  # (other units held the loop: its own time is not up yet)
+                timer[0] = loop.call_later(rest, check)
+            elif not unit.done():
+                expired.append(True)
+                unit.cancel()
+
+        timer = [loop.call_later(max(timeout - spent(), 0.0), check)]
         try:
-            limit = timeout if left is None else left
-            return await asyncio.wait_for(self._achain(item, where), max(limit, 0.0))
-        except asyncio.TimeoutError:  # (user code's own TimeoutError is a failure inside)
-            error = TimedOutItem(
-                f"ran past timeout={timeout}s in {where[0]!r}; it was cancelled and its "
-                "worker went on"
-            )
-            return None, StageFailure(where[0], error)
+            done: tuple[Any, StageFailure | None] = await unit
+        except asyncio.CancelledError:
+            if not expired:
+                raise  # (not ours: the run is over)
+        finally:
+            timer[0].cancel()
+            chain.close()  # (cancelled before it started: never awaited)
+        if not expired and spent.total < timeout:
+            return done
+        how = "it was cancelled" if expired else "it held the event loop: its result was dropped"
+        error = TimedOutItem(
+            f"ran past timeout={timeout}s in {where[0]!r}; {how} and its worker went on"
+        )
+        return None, StageFailure(where[0], error)
 
     async def _achain(self, item: Any, where: list[str]) -> tuple[Any, StageFailure | None]:
         import asyncio
@@ -732,7 +757,6 @@ class PreparedStages:
         if self._gate is None:
             self._gate = asyncio.Semaphore(self.concurrency)
         gate = self._gate
-        clock = time.monotonic
         flight = self.flight
 
         async def one(k: int, index: int, unit: Any) -> tuple[Any, StageFailure | None]:
@@ -750,8 +774,7 @@ class PreparedStages:
                             value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
                             seed_loaded(value)
                             ITEM_SEED.set(value)
-                        left = None if timeout is None else timeout - (clock() - started)
-                        value, failed = await self._astages(unit, timeout, left)
+                        value, failed = await self._astages(unit, timeout, started, key)
                     finally:
                         tally.add(flight.end(key))
                     if failed is None or attempt >= budget:
@@ -770,6 +793,61 @@ class PreparedStages:
 
 async def _awaited(value: Any) -> Any:
     return await value
+
+
+class _Spent:
+    """One unit's own time on its place's event loop: the seconds since it started, less
+    those that other units' steps held the loop meanwhile (``held``: the place's total)."""
+
+    __slots__ = ("base", "held", "own", "start", "total")
+
+    def __init__(self, held: list[float], start: float) -> None:
+        self.held, self.start, self.base = held, start, held[0]
+        self.own = 0.0  # seconds its own steps held the loop
+        self.total = 0.0  # its own time when it finished
+
+    def __call__(self) -> float:
+        return time.monotonic() - self.start - (self.held[0] - self.base - self.own)
+
+    def add(self, seconds: float) -> None:
+        self.held[0] += seconds
+        self.own += seconds
+
+
+class _Steps:
+    """Runs a unit's coroutine step by step, timing each step (the loop is held for it):
+    :class:`_Spent` hears of it, and with a ``key``, :attr:`PreparedStages.flight` (the
+    unit holding the loop is what a watchdog times)."""
+
+    __slots__ = ("coro", "flight", "key", "spent")
+
+    def __init__(self, coro: Any, spent: _Spent, flight: Flight, key: int) -> None:
+        self.coro, self.spent, self.flight, self.key = coro, spent, flight, key
+
+    async def run(self) -> Any:
+        return await self
+
+    def __await__(self) -> Any:
+        coro, spent, flight, key = self.coro, self.spent, self.flight, self.key
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            t0 = time.monotonic()
+            if key >= 0:
+                flight.step(key, t0 - spent())
+            try:
+                out = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                spent.total = spent()
+                return stop.value
+            finally:
+                spent.add(time.monotonic() - t0)
+                if key >= 0:
+                    flight.step(None)
+            try:
+                value, error = (yield out), None
+            except BaseException as exc:  # (a cancellation: passed on to the unit)
+                value, error = None, exc
 
 
 class ChunkRun:
@@ -854,19 +932,37 @@ class Flight:
     """The units in flight in one place (of every chunk it runs), oldest first: the oldest
     goes to ``publish``, their number to ``flying`` (see :meth:`watch`).
 
+    ``by_step`` (async stages, whose units the loop cancels at their timeout): what a
+    watchdog times is the unit holding the event loop now (:meth:`step`), from its own
+    start (:class:`_Spent`); while none holds it, the oldest goes to ``publish`` untimed
+    (start None).
+
     While :meth:`hold` is on (a chunk is being unpickled, which the place's shared slot
     says), neither hears of changes; :meth:`release` tells them how things stand.
     """
 
-    __slots__ = ("flying", "held", "items", "lock", "n", "publish")
+    __slots__ = (
+        "by_step",
+        "flying",
+        "held",
+        "items",
+        "last_end",
+        "lock",
+        "n",
+        "publish",
+        "stepping",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, by_step: bool = False) -> None:
         self.publish: Publish | None = None
         self.flying: Callable[[int], None] | None = None
         self.items: dict[int, tuple[int, float]] = {}
         self.lock = threading.Lock()
         self.n = 0
         self.held = False
+        self.by_step = by_step
+        self.stepping: tuple[int, float] | None = None  # (index, own start) holding the loop
+        self.last_end = 0.0  # when the last unit ended
 
     def watch(self, publish: Publish | None, flying: Callable[[int], None] | None = None) -> None:
         """Who hears of the oldest unit in flight (``(None, 0.0)``: none) and of their
@@ -896,13 +992,28 @@ class Flight:
             self.flying(len(self.items))
         if oldest and self.publish is not None:
             first = next(iter(self.items.values()), None)
-            self.publish(*(first or (None, 0.0)))
+            if self.stepping is not None:
+                self.publish(*self.stepping)
+            elif first is None:
+                self.publish(None, 0.0)
+            else:  # (by_step: the loop cancels the oldest at its timeout, no watchdog)
+                self.publish(first[0], None if self.by_step else first[1])
+
+    def step(self, key: int | None, start: float = 0.0) -> None:
+        """(``by_step``) The unit of ``key`` holds the event loop from now, its own time
+        counted from ``start``; None: it gave the loop back."""
+        with self.lock:
+            self.stepping = None if key is None else (self.items[key][0], start)
+            if not self.held:
+                self._tell(True)
 
     def begin(self, index: int, since: float | None = None) -> tuple[int, float]:
-        """Unit ``index`` starts now (or at ``since``, when no other unit is in flight: its
-        chunk's unpickling was its own time). Returns its key for :meth:`end` and its start."""
+        """Unit ``index`` starts now (or at ``since``, when this place was idle since then:
+        its chunk's unpickling was its own time, not a wait for a slot). Returns its key for
+        :meth:`end` and its start."""
         with self.lock:
-            start = since if since is not None and not self.items else time.monotonic()
+            idle = since is not None and not self.items and self.last_end <= since
+            start = since if idle else time.monotonic()
             key = self.n
             self.n += 1
             self.items[key] = (index, start)
@@ -915,6 +1026,7 @@ class Flight:
         with self.lock:
             first = next(iter(self.items), None)
             _, start = self.items.pop(key)
+            self.last_end = now = time.monotonic()
             if not self.held:
                 self._tell(first == key)
-        return time.monotonic() - start
+        return now - start

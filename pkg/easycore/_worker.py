@@ -572,18 +572,19 @@ def _serve_waiting(
     chunks before (a slot that one chunk's slow unit leaves free takes the next chunk's unit
     at once), and each is answered when it is done, so that the caller sends the next one
     then (a chunk held up by one slow unit holds up no other). The slot names the oldest
-    unit in flight (what a watchdog times and a death blames)."""
+    unit in flight (what a watchdog times and a death blames; async stages: the unit holding
+    the event loop, the only one timed: the loop cancels the others, ``Flight.by_step``)."""
     clock = time.monotonic
     upstream: set[Channel] = set()
     pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
     timing = [False, 0.0]  # the newest chunk's: whether units are timed, the grace added
 
-    def publish(index: int | None, start: float) -> None:
+    def publish(index: int | None, start: float | None) -> None:
         if index is None:
             cur[at + AT_STARTED] = RUNNING
             return
         cur[at + AT_INDEX] = float(index)
-        cur[at + AT_STARTED] = start + timing[1] if timing[0] else RUNNING
+        cur[at + AT_STARTED] = start + timing[1] if timing[0] and start is not None else RUNNING
 
     def flying(n: int) -> None:
         cur[at + AT_FLIGHT] = float(n)

@@ -315,12 +315,12 @@ class StageActor:
         took = time.perf_counter() - t0
         return out, Meta(len(jobs), took, rss_bytes(), busy)
 
-    def _publish(self, index: int | None, start: float) -> None:
-        """(a hop that waits) The oldest unit in flight, of any chunk: the watchdog's."""
+    def _publish(self, index: int | None, start: float | None) -> None:
+        """(a hop that waits) The unit the watchdog times (``Flight``), of any chunk."""
         timeout = self.timeout if self.stages.is_async else None
         shift = cancel_grace(timeout) if timeout else 0.0
         with self.lock:
-            self.current = None if index is None else (index, start + shift)
+            self.current = None if index is None or start is None else (index, start + shift)
 
     def unpack(self, packed: Packed, base: int) -> Any:
         """The items of a timed run, unpickled here on the clock: the first unit's (or, for
