@@ -5,22 +5,25 @@
     Exception
      └── EasycoreError                      every error easycore raises itself
           ├── FrozenError (+AttributeError)  a frozen CfgNode was asked to change
-          ├── WorkerError                    user code raised (init, work, end, consumer)
-          │    ├── ItemTimeout               an item ran past ``timeout``; its worker was killed
-          │    │                             (an async item is cancelled instead)
-          │    └── SerializationError (+TypeError)  an item, result or function would not pickle
-          └── WorkerDied                     a worker process vanished (signal / exit code)
+          └── WorkerError                    a run failed at the user's work: catch this for
+               │                             "any failure of my items"
+               ├── ItemTimeout               an item ran past ``timeout``; its worker was killed
+               │                             (an async item is cancelled instead)
+               ├── SerializationError (+TypeError)  an item, result or function would not pickle
+               └── WorkerDied                a worker process vanished (signal / exit code)
 
-``WorkerError`` and ``WorkerDied`` differ in *who* failed: with ``WorkerError`` the process is
-fine and the user's code raised (the original exception is ``__cause__``); with ``WorkerDied``
-the process itself is gone (SIGKILL, segfault, ``os._exit``, the OOM killer) and there is no
-Python exception to report, only an exit code or signal.
+A ``WorkerError`` itself means the user's code raised: the process is fine and the original
+exception is ``__cause__``. Its kinds say what else went wrong: with ``WorkerDied`` the
+process itself is gone (SIGKILL, segfault, ``os._exit``, the OOM killer) and there is no
+Python exception to report, only an exit code or signal. Each names the ``stage``, ``index``
+and ``item`` it concerns where they are known.
 
 Every class here pickles with its message and attributes: errors cross process boundaries.
 """
 
 from __future__ import annotations
 
+import pickle
 import signal
 from typing import Any
 
@@ -67,19 +70,29 @@ class RemoteTraceback(Exception):
 
 
 class WorkerError(EasycoreError):
-    """User code raised: a stage's ``init``, work function, ``end``, or the consumer.
+    """A run failed at the user's work; as such (not one of its kinds), user code raised: a
+    stage's ``init``, work function, ``end``, or the consumer.
 
-    The worker process itself is healthy (contrast :class:`WorkerDied`). ``__cause__`` is the
+    ``except WorkerError`` catches any failure of a run's items: an exception, a timeout
+    (:class:`ItemTimeout`), an item or result that would not pickle
+    (:class:`SerializationError`), a worker process that died (:class:`WorkerDied`).
+
+    For user code that raised, the worker process itself is healthy; ``__cause__`` is the
     original exception, of its original type whenever it unpickles in the caller. The message
-    names the stage, device, worker and item index and carries the remote traceback.
+    names the stage, device, worker and item index and carries the remote traceback: the
+    user's own frames, each file and line once.
 
     Attributes:
         message: the text ``str(error)`` gives (also ``args[0]``).
-        stage: name of the function that raised (``"predict"``, ``"load (init)"``...).
+        stage: name of the function that raised (``"predict"``, ``"load (init)"``...), or
+            of the pool the failed item was in.
         device: the worker's device string, ``None`` for the consumer.
         worker: the worker index, ``None`` for the consumer.
-        index: the item's index in the input (``None`` outside item processing).
+        index: the item's index in the input (``None`` outside item processing); a batch's
+            with ``batch_size``.
         remote_traceback: the formatted traceback text from the worker.
+        item: the item (a batch: the list of its items) that failed, where known; else
+            ``None`` (its repr, once pickled, when the item itself does not pickle).
     """
 
     def __init__(
@@ -90,6 +103,7 @@ class WorkerError(EasycoreError):
         worker: int | None = None,
         index: int | None = None,
         remote_traceback: str | None = None,
+        item: Any = None,
     ) -> None:
         super().__init__(message)
         self.stage = stage
@@ -97,6 +111,22 @@ class WorkerError(EasycoreError):
         self.worker = worker
         self.index = index
         self.remote_traceback = remote_traceback
+        self.item = item
+
+    def concerns(self, stage: str, item: Any) -> None:
+        """Name the ``stage`` (where none is named) and the ``item`` of the unit this error
+        failed."""
+        if self.stage is None:
+            self.stage = stage
+        self.item = item
+
+    def __reduce__(self) -> Any:
+        state = dict(vars(self))
+        try:
+            pickle.dumps(self.item)
+        except Exception:  # (an item that would not pickle: the reason it failed, maybe)
+            state["item"] = short_repr(self.item)
+        return (type(self), self.args, state)
 
 
 class ItemTimeout(WorkerError):
@@ -119,11 +149,12 @@ class SerializationError(WorkerError, TypeError):
     """
 
 
-class WorkerDied(EasycoreError):
+class WorkerDied(WorkerError):
     """A worker process vanished: killed by a signal, segfault, ``os._exit``, OOM killer.
 
-    No Python exception exists to report (contrast :class:`WorkerError`); the message names
-    the device, worker index, exit code or signal, and the item it held when known.
+    No Python exception exists to report (contrast a plain :class:`WorkerError`): no
+    ``__cause__``, no traceback; the message names the device, worker index, exit code or
+    signal, and the item it held when known.
 
     Attributes:
         message: the text ``str(error)`` gives (also ``args[0]``).
@@ -131,6 +162,8 @@ class WorkerDied(EasycoreError):
         worker: the worker index.
         exitcode: the process exit code; negative ``-N`` means killed by signal ``N``.
         index: the index of an item the worker held when it died, if any.
+        stage: the pool (its stages' names) of the item it held, where known.
+        item: that item (a batch: the list of its items), where known.
     """
 
     def __init__(
@@ -140,12 +173,11 @@ class WorkerDied(EasycoreError):
         worker: int | None = None,
         exitcode: int | None = None,
         index: int | None = None,
+        stage: str | None = None,
+        item: Any = None,
     ) -> None:
-        super().__init__(message)
-        self.device = device
-        self.worker = worker
+        super().__init__(message, stage, device, worker, index, None, item)
         self.exitcode = exitcode
-        self.index = index
 
 
 class SkippedItemsWarning(RuntimeWarning):
@@ -255,6 +287,8 @@ def user_error(
         where = f"on {device} (worker {worker})"
     else:
         where = f"inline on {device} (worker {worker})"
+    if issubclass(cls, ItemTimeout):  # (an async item, cancelled: no user code raised)
+        return cls(f"{stage} {text}\n  {what} {where}", stage, device, worker, index)
     short = type_name.rsplit(".", 1)[-1]
     heading = "Remote traceback" if remote else "Traceback"
     msg = f"{stage} raised {short}: {text}\n  {what} {where}\n\n{heading}:\n{traceback}"

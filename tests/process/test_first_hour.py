@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from easycore import WorkerDied, WorkerError, producer
+from easycore import ItemTimeout, WorkerDied, WorkerError, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,3 +84,70 @@ class TestNames:
     def test_a_death_names_the_items_of_the_last_batch(self):
         with pytest.raises(WorkerDied, match=r"batch 3 \(items 24\.\.29\)"):
             dies_on_short.map(range(30), devices=2, batch_size=8)
+
+
+@producer
+def crash(x):
+    if x == 3:
+        os._exit(3)
+    return x
+
+
+@producer
+def parse(x):
+    if x == 3:
+        msg = f"cannot parse {x}"
+        raise ValueError(msg)
+    return x
+
+
+@producer
+def stuck(x):
+    if x == 3:
+        time.sleep(60)
+    return x
+
+
+@producer
+async def waits(x):
+    import asyncio
+
+    if x == 3:
+        await asyncio.sleep(60)
+    return x
+
+
+class TestErrorsCarry:
+    """Every run error is a WorkerError naming the stage, index and item it concerns."""
+
+    def test_user_code_raised(self):
+        with pytest.raises(WorkerError) as info:
+            parse.map(range(6), devices=2)
+        assert (info.value.stage, info.value.index, info.value.item) == ("parse", 3, 3)
+
+    def test_a_batch_is_the_item(self):
+        with pytest.raises(WorkerError) as info:
+            fails_on_short.map(range(30), devices=2, batch_size=8)
+        assert info.value.item == list(range(24, 30))
+
+    def test_a_dead_worker(self):
+        with pytest.raises(WorkerError) as info:
+            crash.map(range(6), devices=2)
+        error = info.value
+        assert isinstance(error, WorkerDied)
+        assert (error.stage, error.index, error.item, error.exitcode) == ("crash", 3, 3, 3)
+
+    def test_a_killed_item(self):
+        with pytest.raises(ItemTimeout) as info:
+            stuck.map(range(6), devices=2, timeout=1)
+        assert (info.value.stage, info.value.index, info.value.item) == ("stuck", 3, 3)
+
+    def test_a_cancelled_async_item_names_no_internal_class(self):
+        """An async item past its timeout: nothing of the user's raised, and the message
+        does not say that it did."""
+        with pytest.raises(ItemTimeout) as info:
+            waits.map(range(6), devices=2, timeout=1)
+        error = info.value
+        assert (error.stage, error.index, error.item) == ("waits", 3, 3)
+        assert "raised" not in str(error) and "TimedOutItem" not in str(error)
+        assert str(error).startswith("waits ran past timeout=1")

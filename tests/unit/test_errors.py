@@ -38,7 +38,7 @@ class TestTree:
         assert issubclass(SerializationError, TypeError)
         assert issubclass(SerializationError, WorkerError)
         assert issubclass(ItemTimeout, WorkerError)
-        assert not issubclass(WorkerDied, WorkerError)
+        assert issubclass(WorkerDied, WorkerError)
 
     @pytest.mark.parametrize(
         "dumps", [pickle.dumps, cloudpickle.dumps], ids=["pickle", "cloudpickle"]

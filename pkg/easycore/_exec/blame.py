@@ -225,14 +225,14 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
 
     def died(doing: str, index: int | None, shown: str = "") -> WorkerDied:
         msg = f"{dead.who} on {dead.device}{dead.where} died ({dead.how}){doing}{tries}{shown}"
-        return WorkerDied(msg, dead.device, dead.index, dead.code, index)
+        return WorkerDied(msg, dead.device, dead.index, dead.code, index, hop.name)
 
     def timed_out(what: str, index: int, being: str = "", shown: str = "") -> ItemTimeout:
         msg = (
             f"{what} ran past timeout={options.timeout}s on {dead.device} ({dead.who}"
             f"{dead.where}){being}; the {dead.kind} was killed{tries}{shown}"
         )
-        return ItemTimeout(msg, "<timeout>", dead.device, dead.index, index)
+        return ItemTimeout(msg, hop.name, dead.device, dead.index, index)
 
     also = "" if blame.suspect is None else f"the results of {span(blame.suspect)}"
     culprit = blame.culprit

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, after_retries
+from easycore._errors import EasycoreError, WorkerError, after_retries
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import (
@@ -46,6 +46,7 @@ from easycore._exec.sizing import (
 from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import UNREADABLE, Broken, is_cached
+from easycore._sinks import SinkError
 from easycore._stages import StageFailure
 
 __all__ = [
@@ -77,6 +78,14 @@ class ErrorPolicy:
 
     name: str
     isolates: bool
+
+    def stops(self, value: Any) -> bool:
+        """Whether output unit ``value`` ends the run when delivery reaches it: every
+        failure under ``raise``; under ``skip``, one whose error is the run's, whatever the
+        item (a sink's ``SinkError``: its directory or key column), never set aside."""
+        if type(value) is not Failed:
+            return False
+        return not self.isolates or isinstance(value.exc.__cause__ or value.exc, SinkError)
 
     def unplaced(self, error: BaseException) -> None:
         """A failure that stands for no unit (a death while holding none): raised under
@@ -124,6 +133,14 @@ class Charges:
         return {
             (h, i): k for (h, i), k in self.runs.items() if start <= i * self.hops[h].unit < end
         }
+
+
+def _failed(error: BaseException, item: Any, stage: str) -> Failed:
+    """A failed output unit; a run error names its stage and item (a worker knows the
+    unit's index, not always its stage, never the caller's item)."""
+    if isinstance(error, WorkerError):
+        error.concerns(stage, item)
+    return Failed(error, item, stage)
 
 
 class Transport(Protocol):
@@ -211,7 +228,11 @@ class RunBooks:
         self.least = -(-most // 16 // self.align) * self.align if most > 1 else 1
         if fixed is not None:
             self.least = fixed * self.align
-        self.chunk_size = max(self.align, self.least)
+        # a sink given rows_per_file: chunks of that many output units (a file holds one
+        # chunk's rows, so chunks sized by the clock alone made files of a few rows)
+        rows = sink.rows_per_file if sink is not None else None
+        self.file_units = rows * self.align if rows else 0
+        self.chunk_size = max(self.align, self.least, self.file_units)
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
@@ -338,7 +359,7 @@ class RunBooks:
         if any(s.per_item is None for s in self.sizers):
             return  # a hop not yet measured may be the slow one: no big chunks before then
         size = min(s.size for s in self.sizers)
-        self.chunk_size = max(self.align, size - size % self.align, self.least)
+        self.chunk_size = max(self.align, size - size % self.align, self.least, self.file_units)
 
     def count(
         self,
@@ -383,7 +404,7 @@ class RunBooks:
     def store(self, start: int, values: list[Any], n: int, failed: bool = False) -> None:
         """Results of output units from first-hop unit ``start``, standing for ``n`` units
         (``failed``: a :class:`Failed` is among them)."""
-        if failed and not self.policy.isolates:
+        if failed and any(self.policy.stops(v) for v in values):
             self.raises.add(start)
         if self.options.ordered:
             self.segments[start] = (values, n)
@@ -392,7 +413,7 @@ class RunBooks:
 
     def fail(self, out: int, error: BaseException, item: Any, stage: str) -> None:
         """Output unit ``out`` failed: a :class:`Failed` in its place in the stream."""
-        self.store(out * self.align, [Failed(error, item, stage)], self.align, failed=True)
+        self.store(out * self.align, [_failed(error, item, stage)], self.align, failed=True)
 
     def outputs(self, work: Work, values: list[Any], place: Callable[[int], Any]) -> None:
         """Store the last hop's values of ``work``, each :class:`~easycore._protocol.Broken`
@@ -420,7 +441,7 @@ class RunBooks:
                     work.items, work.start, index * self.hops[hop].unit // self.align
                 )
                 stage = self.hops[hop].name if report.stage.startswith("<") else report.stage
-                value = Failed(error, item, stage)  # (a transport's "<...>": the hop's)
+                value = _failed(error, item, stage)  # (a transport's "<...>": the hop's)
                 failed = True
             out.append(value)
         self.store(work.start, out, len(work.items), failed)
@@ -445,7 +466,7 @@ class RunBooks:
                 start, values, n = self.ready.popleft()
             self.taken -= n
             if start in self.raises:
-                k = next(k for k, v in enumerate(values) if type(v) is Failed)
+                k = next(k for k, v in enumerate(values) if self.policy.stops(v))
                 if k and not self.writes:
                     yield Segment(start, values[:k])
                 raise values[k].exc
