@@ -7,19 +7,29 @@ flushed to disk (``fsync``) and renamed over its final name (``os.replace``, ato
 POSIX file system), and the directory is synced: a process killed at any moment leaves
 either the previous checkpoints alone or the new one complete, never a torn file under a
 checkpoint's name. ``torch`` is imported only when a checkpoint is saved or loaded.
+
+"Newest" is the one saved last, by the file's modification time (``st_mtime_ns``): a save
+that lands within the clock's resolution of the previous one moves its own time past it,
+so the order survives a restart; equal times (a file system that keeps whole seconds)
+fall back to the step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
+import struct
+import warnings
+import zipfile
 from typing import Any
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
 _NAME = re.compile(r"checkpoint-(\d+)")
 _TEMP = re.compile(r"\.checkpoint-\d+\.(\d+)\.tmp")
+_WARNED: set[str] = set()  # directories warned of a step lower than one they hold
 
 
 def save_checkpoint(
@@ -34,11 +44,16 @@ def save_checkpoint(
     writes (the others return None at once; no collective is involved, so call it on every
     rank alike).
 
+    The checkpoint saved last is the newest, whatever its step: a new run that starts at a
+    low step in an old directory is loaded next, never deleted by ``keep`` in favour of the
+    old run's higher steps (a step lower than one the directory holds warns, once per
+    directory).
+
     Args:
         directory: where checkpoints go (created when missing).
         step: the step (an int >= 0), part of the file's name and saved as ``step``.
-        keep: keep only the newest ``keep`` checkpoints of ``directory`` (by step), deleting
-            older ones after this one is saved; None keeps all.
+        keep: keep only the ``keep`` checkpoints of ``directory`` saved last (this one
+            included), deleting older ones after this one is saved; None keeps all.
         **objects: what to save (any name but ``step``).
 
     Returns:
@@ -69,12 +84,14 @@ def save_checkpoint(
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     _remove_stale_temps(directory)
+    path = os.path.join(directory, f"checkpoint-{step}")
+    others = [found for found in _checkpoints(directory) if found[2] != path]
+    _warn_lower_step(directory, step, others)
     payload: dict[str, Any] = {}
     for name, obj in objects.items():
         state_dict = getattr(obj, "state_dict", None)
         payload[name] = state_dict() if callable(state_dict) else obj
     payload["step"] = step
-    path = os.path.join(directory, f"checkpoint-{step}")
     temp = os.path.join(directory, f".checkpoint-{step}.{os.getpid()}.tmp")
     try:
         with open(temp, "wb") as f:
@@ -86,9 +103,11 @@ def save_checkpoint(
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+    if others:
+        _come_last(path, others[-1][0])
     _sync_dir(directory)
     if keep is not None:
-        for _, old in _checkpoints(directory)[:-keep]:
+        for *_, old in others[: max(0, len(others) - keep + 1)]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old)
     return path
@@ -97,7 +116,11 @@ def save_checkpoint(
 def load_checkpoint(
     path: str | os.PathLike[str], map_location: Any = None, *, weights_only: bool = True
 ) -> dict[str, Any] | None:
-    """Load a checkpoint file, or the newest (highest step) checkpoint of a directory.
+    """Load a checkpoint file, or the newest (saved last) checkpoint of a directory.
+
+    A damaged file (empty, cut short, overwritten) is a ``ValueError`` naming it; from a
+    directory, the checkpoint saved before it is loaded instead, with a warning naming the
+    damaged one.
 
     Args:
         path: a checkpoint file, or a directory of them.
@@ -115,31 +138,93 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: ``path`` names a checkpoint file (``checkpoint-<step>``) that
             does not exist.
+        ValueError: the file is damaged or not a checkpoint (from a directory: every
+            checkpoint in it is).
         pickle.UnpicklingError: an object the safe loader refuses (see ``weights_only``).
     """
-    import torch
-
     path = os.fspath(path)
     if not os.path.exists(path) and _NAME.fullmatch(os.path.basename(path)) is not None:
         msg = f"no checkpoint file {path}"
         raise FileNotFoundError(msg)
-    if not os.path.isfile(path):
-        found = _checkpoints(path) if os.path.isdir(path) else []
-        if not found:
-            return None  # a directory without a checkpoint yet (or not made yet)
-        path = found[-1][1]
-    loaded: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=weights_only)
+    if os.path.isfile(path):
+        return _load(path, map_location, weights_only)
+    found = _checkpoints(path) if os.path.isdir(path) else []
+    for left, (*_, candidate) in reversed(list(enumerate(found))):
+        try:
+            return _load(candidate, map_location, weights_only)
+        except ValueError as err:
+            if not left:
+                raise
+            warnings.warn(f"{err}; loading the checkpoint saved before it", stacklevel=2)
+    return None  # a directory without a checkpoint yet (or not made yet)
+
+
+def _load(path: str, map_location: Any, weights_only: bool) -> dict[str, Any]:
+    """``torch.load`` one checkpoint file; a damaged one is a ValueError naming it."""
+    import torch
+
+    try:
+        loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as err:
+        if not _torn(path, err):
+            raise  # a sound file refused (weights_only), a bad map_location, an OSError...
+        lines = str(err).strip().splitlines() or [""]
+        what = f"{type(err).__name__}: {lines[0][:200]}".rstrip(": ")
+        if os.path.getsize(path) == 0:
+            what = "the file is empty"
+        msg = f"checkpoint {path} is damaged ({what}); delete it or load another checkpoint"
+        raise ValueError(msg) from err
+    if not isinstance(loaded, dict):
+        msg = f"{path} is not a checkpoint: it holds a {type(loaded).__name__}, not a dict"
+        raise ValueError(msg)
     return loaded
 
 
-def _checkpoints(directory: str) -> list[tuple[int, str]]:
-    """``(step, path)`` of every complete checkpoint in ``directory``, oldest first."""
+def _torn(path: str, err: Exception) -> bool:
+    """Whether ``torch.load``'s ``err`` says the file is damaged (cut short, overwritten)."""
+    if isinstance(err, OSError) or "Unsupported global" in str(err):
+        return False
+    if isinstance(err, (EOFError, KeyError, pickle.UnpicklingError, struct.error)):
+        return True  # what pickle says of bytes that are not (all) a pickle
+    # torch.save writes a zip file: one that is not, or that its reader fails on, is torn
+    return "PytorchStreamReader" in str(err) or not zipfile.is_zipfile(path)
+
+
+def _checkpoints(directory: str) -> list[tuple[int, int, str]]:
+    """``(mtime_ns, step, path)`` of every complete checkpoint in ``directory``, the one
+    saved last last (equal times, from a coarse clock: by step)."""
     found = []
     for entry in os.scandir(directory):
         m = _NAME.fullmatch(entry.name)
-        if m is not None and entry.is_file():
-            found.append((int(m.group(1)), entry.path))
+        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile (keep= elsewhere)
+            if m is not None and entry.is_file():
+                found.append((entry.stat().st_mtime_ns, int(m.group(1)), entry.path))
     return sorted(found)
+
+
+def _come_last(path: str, latest: int) -> None:
+    """Give the file just saved a modification time after ``latest`` (the newest other's):
+    two saves within the clock's resolution (or a clock set back) would tie or reverse."""
+    for later in (latest + 1, latest + 2 * 10**9):  # ns; seconds where the file system rounds
+        stat = os.stat(path)
+        if stat.st_mtime_ns > latest:
+            return
+        os.utime(path, ns=(stat.st_atime_ns, later))
+
+
+def _warn_lower_step(directory: str, step: int, others: list[tuple[int, int, str]]) -> None:
+    """Warn, once per directory, of a save whose step is below one the directory holds."""
+    higher = max((found[1] for found in others), default=-1)
+    where = os.path.realpath(directory)
+    if higher > step and where not in _WARNED:
+        _WARNED.add(where)
+        msg = (
+            f"saving checkpoint-{step} in {directory}, which holds checkpoint-{higher} (of an "
+            "earlier run?): the newest checkpoint is the one saved last, and keep= deletes "
+            "the ones saved first, whatever their steps; give each run its own directory to "
+            "keep them apart"
+        )
+        warnings.warn(msg, stacklevel=3)
 
 
 def _remove_stale_temps(directory: str) -> None:

@@ -41,10 +41,13 @@ class TestCheckpoints:
     def test_newest_and_keep(self, tmp_path):
         assert load_checkpoint(tmp_path) is None
         assert load_checkpoint(tmp_path / "not-yet") is None
-        for step in (5, 100, 20, 7):
+        for step in (5, 100):
             save_checkpoint(tmp_path, step, keep=2, x=step)
-        assert sorted(os.listdir(tmp_path)) == ["checkpoint-100", "checkpoint-20"]
-        assert load_checkpoint(tmp_path)["x"] == 100
+        with pytest.warns(UserWarning, match="checkpoint-100"):  # newest: saved last
+            for step in (20, 7):
+                save_checkpoint(tmp_path, step, keep=2, x=step)
+        assert sorted(os.listdir(tmp_path)) == ["checkpoint-20", "checkpoint-7"]
+        assert load_checkpoint(tmp_path)["x"] == 7
         with pytest.raises(FileNotFoundError):
             load_checkpoint(tmp_path / "checkpoint-5")
 
