@@ -12,7 +12,10 @@ found through its parents instead:
 * a worker that is killed, or dies on its own, cannot: its children go to the nearest
   subreaper above it, its forkserver, which ends what it adopts (``easycore._forkserver``);
   a caller that kills a worker first collects the worker's descendants
-  (:func:`descendants`) and ends them too (its workers' parent when they are spawned).
+  (:func:`descendants`) and ends them too;
+* a worker started by ``spawn`` or ``fork`` has the caller for its parent: the caller is then
+  the subreaper while it has such workers, and ends what a dead one left it
+  (:func:`left_by`, :func:`end_processes`).
 
 Elsewhere than Linux these do nothing: the process group is all there is.
 """
@@ -34,21 +37,25 @@ __all__ = [
     "children",
     "descendants",
     "end_children",
+    "end_processes",
+    "left_by",
     "name_mp_tempdir",
     "remove_mp_tempdir",
     "remove_own_mp_tempdir",
+    "start_time",
 ]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Make this process the subreaper of its descendants (``prctl``); True if it is now."""
+def become_subreaper(on: bool = True) -> bool:
+    """Make this process the subreaper of its descendants (``prctl``), or no longer
+    (``on=False``); True if that worked."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
     except (OSError, AttributeError):  # pragma: no cover - no prctl
         return False
 
@@ -62,6 +69,28 @@ def _has_children_files() -> bool:
 _CHILDREN_FILES = _has_children_files()
 
 
+def _stat(pid: int | str) -> tuple[int, int, int] | None:
+    """A process's parent, process group and start time (clock ticks after boot), read from
+    /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session ... starttime(22nd) ...": comm may hold spaces
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1]), int(fields[2]), int(fields[19])
+    except (IndexError, ValueError):  # pragma: no cover - not Linux's format
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (None: gone, or no /proc)."""
+    stat = _stat(pid)
+    return None if stat is None else stat[2]
+
+
 def _parents() -> dict[int, int]:
     """Every process's parent, read from /proc (pid -> ppid)."""
     out: dict[int, int] = {}
@@ -70,17 +99,9 @@ def _parents() -> dict[int, int]:
     except OSError:  # pragma: no cover - no /proc
         return out
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        with contextlib.suppress(IndexError, ValueError):
-            out[int(name)] = int(fields[1])
+        stat = _stat(name) if name.isdigit() else None
+        if stat is not None:  # (else gone meanwhile)
+            out[int(name)] = stat[0]
     return out
 
 
@@ -167,6 +188,49 @@ def end_children(within: float = 1.0) -> None:
             return
         if not reaped:
             time.sleep(0.002)  # killed, not yet dead
+
+
+def left_by(since: int, keep: Iterable[int] = ()) -> list[int]:
+    """(in a subreaper) What a child of this process that started at ``since`` (clock ticks,
+    :func:`start_time`) and has died left here: the children this process adopted, and
+    every process below them.
+
+    Adopted children are told from this process's own by what the kernel shows: they
+    started after that child did, and stand outside this process's group (they were in the
+    dead child's group, or left it). ``keep``: children of this process's own that may look
+    alike (its live workers, and other processes it started through multiprocessing).
+    """
+    me, group, keep = os.getpid(), os.getpgrp(), set(keep)
+    found = []
+    for pid in children(me):
+        stat = _stat(pid)
+        if stat is not None and stat[1] != group and stat[2] >= since and pid not in keep:
+            found.append(pid)
+    return found + descendants(found)
+
+
+def end_processes(pids: Iterable[int], within: float = 1.0) -> None:
+    """Kill ``pids``, and reap each one that is, or becomes, a child of this process (a
+    subreaper adopts the children of those it kills), ``within`` s at most."""
+    left = set(pids)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + within
+    while left:
+        for pid in list(left):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    left.discard(pid)
+                continue
+            except ChildProcessError:
+                pass
+            stat = _stat(pid)
+            if stat is None or stat[0] not in left:  # gone, or its parent's to reap
+                left.discard(pid)
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
 
 
 def _mp_tempdir_prefix(pid: int) -> str:

@@ -7,7 +7,9 @@ started Ray and how many runners use it, is in ``ray_engine``):
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;
 * ``_TORCH_SEEN``: a worker of this process has loaded torch, so later pools fork with it;
 * ``_START_LOCK``: guards the two module attributes of multiprocessing we swap while a
-  process starts (see :func:`hidden_main`).
+  process starts (see :func:`hidden_main`);
+* ``_OWN``: this process's live workers started by ``spawn`` or ``fork`` (its children: it
+  is the subreaper of what they start while it has any; see :func:`adopt_for`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,20 @@ import resource
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from easycore._reaping import descendants, remove_mp_tempdir
+from easycore._reaping import (
+    become_subreaper,
+    descendants,
+    end_processes,
+    left_by,
+    remove_mp_tempdir,
+    start_time,
+)
 
 __all__ = [
+    "adopt_for",
     "check_capacity",
     "context",
     "hidden_main",
@@ -42,6 +52,8 @@ _START_LOCK = threading.Lock()
 _PRELOAD_SET = False
 _LIGHT_SERVER: Any = None  # the forkserver without torch (see light_wanted)
 _TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fork with it
+_OWN: dict[int, int] = {}  # spawned or forked workers alive: pid -> start time (see adopt_for)
+_OWN_LOCK = threading.Lock()
 
 
 # Descriptors the caller keeps per worker: its end of the pipe, the process sentinel, and one
@@ -184,12 +196,46 @@ def hidden_main(light: bool = False) -> Iterator[None]:
                 forkserver.connect_to_new_process = connect
 
 
-def kill_group(pid: int | None) -> None:
+@contextlib.contextmanager
+def adopt_for(method: str) -> Iterator[Callable[[int], None]]:
+    """Around the start of a worker by ``method``: one started by ``spawn`` or ``fork`` is a
+    child of this process, which is then made the subreaper of what the worker starts (a
+    forkserver is its workers'). A worker that dies leaves it here: processes that left the
+    worker's group (``setsid``, a daemon) included, found and ended by :func:`kill_group`.
+    Yields a function to call with the new worker's pid."""
+    if method == "forkserver":
+        yield lambda pid: None
+        return
+    with _OWN_LOCK:
+        adopting = become_subreaper()  # before the start: the worker may die at once
+
+        def started(pid: int) -> None:
+            since = start_time(pid)
+            if adopting and since is not None:
+                _OWN[pid] = since
+
+        try:
+            yield started
+        finally:
+            if not _OWN:
+                become_subreaper(on=False)
+
+
+def kill_group(pid: int | None, code: int | None = None) -> None:
     """Kill what a worker started: its process group (a worker leads one; see _worker),
-    and remove the temporary directory its multiprocessing used (a killed worker cannot)."""
+    and remove the temporary directory its multiprocessing used (a killed worker cannot).
+    A worker of :func:`adopt_for` that did not end well (``code``: its exit code) left
+    what it started here, those that left its group too: they are ended (and reaped)."""
     if pid:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+        with _OWN_LOCK:
+            since = _OWN.pop(pid, None)
+            if since is not None and code != 0:
+                keep = [p.pid for p in mp.active_children()]
+                end_processes(left_by(since, keep=[*keep, *_OWN]))
+            if since is not None and not _OWN:
+                become_subreaper(on=False)
         remove_mp_tempdir(pid)
 
 
@@ -222,4 +268,4 @@ def kill_all(procs: list[Any]) -> None:
     for p in procs:
         with contextlib.suppress(Exception):
             p.join(1.0)
-        kill_group(p.pid)
+        kill_group(p.pid, p.exitcode)

@@ -28,6 +28,7 @@ from easycore._devices import cpu_count
 from easycore._errors import SerializationError, WorkerDied, WorkerError, describe_exitcode
 from easycore._exec.plan import Chain, Hop
 from easycore._exec.startup import (
+    adopt_for,
     context,
     hidden_main,
     kill_all,
@@ -260,8 +261,9 @@ class WorkerSet:
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
-        with hidden_main(self._light):
+        with hidden_main(self._light), adopt_for(self._ctx.get_start_method()) as started:
             proc.start()
+            started(proc.pid)
         child.close()
         self.slots.reset(slot)
         return Worker(
@@ -399,7 +401,7 @@ class WorkerSet:
         if w.proc.is_alive():  # pipe broke but the process lingers: finish it
             w.kill()
             w.proc.join(1.0)
-        kill_group(w.proc.pid)  # and whatever it started
+        kill_group(w.proc.pid, w.proc.exitcode)  # and whatever it started
         w.alive = False
         with contextlib.suppress(Exception):
             w.chan.close()
@@ -512,7 +514,7 @@ class WorkerSet:
             kill_workers([w.proc for w in workers])  # the others, all at once
             for w in workers:
                 w.proc.join(2.0)
-                kill_group(w.proc.pid)  # what it started ends with it
+                kill_group(w.proc.pid, w.proc.exitcode)  # what it started ends with it
                 with contextlib.suppress(Exception):
                     w.chan.close()
                 w.alive = False
