@@ -511,6 +511,11 @@ class CfgNode(dict[str, Any]):
         bool keys, and a string key takes the text as given. Nothing changes unless every
         pair is valid.
 
+        A key may itself hold dots (``{"lr.base": 0.1}``): at each level the longest run of
+        the override's parts that names a key is taken first, then shorter ones, so
+        ``"lr.base"`` sets the key ``"lr.base"`` where the node has one and ``lr`` -> ``base``
+        where it has not (a nested path is used only when the whole key leads somewhere).
+
         Args:
             overrides: alternating dotted keys and values.
 
@@ -525,6 +530,10 @@ class CfgNode(dict[str, Any]):
         >>> cfg.merge_from_list(["MODEL.DEPTH", "101", "LR", "1"])
         >>> cfg.MODEL.DEPTH, cfg.LR
         (101, 1.0)
+        >>> cfg = CfgNode({"OPT": {"lr.base": 0.1}}, frozen=False)
+        >>> cfg.merge_from_list(["OPT.lr.base", "0.5"])
+        >>> cfg.OPT["lr.base"]
+        0.5
         """
         if isinstance(overrides, (str, bytes)) or len(overrides) % 2:
             msg = (
@@ -545,7 +554,10 @@ class CfgNode(dict[str, Any]):
         if not isinstance(key, str):
             msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {_show(key)}"
             raise TypeError(msg)
-        *path, leaf = key.split(".")
+        found = _resolve(self, key.split("."))
+        if found is not None:
+            return found
+        *path, leaf = key.split(".")  # not found: walk it part by part to say where it fails
         node: CfgNode = self
         for depth, part in enumerate(path):
             child = dict.get(node, part, _MISSING)
@@ -726,15 +738,33 @@ class CfgNode(dict[str, Any]):
             return repr(self)
 
 
+def _resolve(node: CfgNode, parts: list[str]) -> tuple[CfgNode, str] | None:
+    """The node and key that the dotted ``parts`` name, or None: at each level the longest
+    run of parts that is a key (keys may hold dots) is tried first, then shorter ones."""
+    for cut in range(len(parts), 0, -1):
+        name = ".".join(parts[:cut])
+        if name not in node:
+            continue
+        if cut == len(parts):
+            return node, name
+        child = dict.get(node, name)
+        found = _resolve(child, parts[cut:]) if isinstance(child, CfgNode) else None
+        if found is not None:
+            return found
+    return None
+
+
 def _suggest(node: CfgNode, parents: list[str], part: str, rest: list[str]) -> str:
     """``"; did you mean 'A.B.C'?"`` for ``part``, missing from ``node`` (at ``parents``).
 
     Only ``node``'s own keys are compared: a tree built from YAML aliases can have more
     dotted keys than memory holds. A match under which ``rest`` (the key's remaining parts)
-    exists is shown with it, so ``MODLE.DEPTH`` suggests ``'MODEL.DEPTH'``.
+    exists is shown with it, so ``MODLE.DEPTH`` suggests ``'MODEL.DEPTH'``; a key holding
+    dots is compared with all of ``part`` and ``rest``, so ``lr.bas`` suggests ``'lr.base'``.
     """
     names = [k for k in node if isinstance(k, str)]
-    found = []
+    whole = difflib.get_close_matches(".".join([part, *rest]), [k for k in names if "." in k])
+    found = [".".join([*parents, match]) for match in whole]
     for match in difflib.get_close_matches(part, names, n=3, cutoff=0.6):
         below: Any = dict.get(node, match)
         for name in rest:

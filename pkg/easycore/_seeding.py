@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.abc
 import importlib.util
+import operator
 import random
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 __all__ = [
     "bind_thread",
     "check_epoch",
+    "check_int",
     "derive_seed",
     "drop_hooks",
     "epoch_seed",
@@ -75,14 +77,19 @@ def derive_seed(seed: int, index: int, pool: int = 0, *, epoch: int = 0) -> int:
         A non-negative int below ``2**63``, the same in every process.
 
     Raises:
-        ValueError: ``epoch`` is negative or not an int.
+        TypeError: ``seed``, ``index``, ``pool`` or ``epoch`` is not an int (numpy ints are
+            ints; bools are not).
+        ValueError: ``pool`` or ``epoch`` is negative.
 
     >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
     True
     >>> derive_seed(0, 1, epoch=1) != derive_seed(0, 1)
     True
     """
-    if epoch:
+    if type(seed) is not int or type(index) is not int or type(pool) is not int or pool < 0:
+        seed, index = check_int("seed", seed), check_int("index", index)
+        pool = check_int("pool", pool, 0)
+    if type(epoch) is not int or epoch:
         seed = epoch_seed(seed, epoch)
     key = f"{seed}:{index}" if pool == 0 else f"{seed}:{pool}:{index}"
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
@@ -94,20 +101,40 @@ def epoch_seed(seed: int, epoch: int) -> int:
     per-item seeds are derived from it as from a plain seed.
 
     Raises:
-        ValueError: ``epoch`` is not an int >= 0.
+        TypeError: ``epoch`` is not an int.
+        ValueError: ``epoch`` is negative.
     """
-    check_epoch(epoch)
+    epoch = check_epoch(epoch)
     if epoch == 0:
         return seed
     digest = hashlib.blake2b(f"{seed}@epoch:{epoch}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
-def check_epoch(epoch: Any) -> None:
-    """Raises ValueError unless ``epoch`` is an int >= 0."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        msg = f"epoch must be an int >= 0, got {epoch!r}"
+def check_epoch(epoch: Any) -> int:
+    """``epoch`` as an int: TypeError unless it is one, ValueError if it is negative."""
+    return check_int("epoch", epoch, 0)
+
+
+def check_int(name: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` as a plain int (a numpy int too), for the argument ``name``.
+
+    Raises:
+        TypeError: ``value`` is not an int, or is a bool (``True`` as a seed or a count is
+            a mistake, not a 1).
+        ValueError: ``value`` is below ``minimum``.
+    """
+    number = None
+    if not isinstance(value, bool) and type(value).__name__ not in ("bool", "bool_"):
+        with contextlib.suppress(TypeError):
+            number = operator.index(value)
+    if number is None:
+        msg = f"{name} must be an int, got {value!r} of type {type(value).__name__}"
+        raise TypeError(msg)
+    if minimum is not None and number < minimum:
+        msg = f"{name} must be an int >= {minimum}, got {number}"
         raise ValueError(msg)
+    return number
 
 
 def permutation(n: int, seed: int, epoch: int = 0) -> list[int]:
@@ -126,20 +153,15 @@ def permutation(n: int, seed: int, epoch: int = 0) -> list[int]:
         A list holding each of ``0 .. n-1`` once.
 
     Raises:
-        ValueError: ``n`` or ``epoch`` is not an int >= 0, or ``seed`` not an int.
+        TypeError: ``n``, ``seed`` or ``epoch`` is not an int (numpy ints are ints).
+        ValueError: ``n`` or ``epoch`` is negative.
 
     >>> sorted(permutation(5, seed=0)) == [0, 1, 2, 3, 4]
     True
     >>> permutation(10, 0, epoch=1) == permutation(10, 0, epoch=1) != permutation(10, 0)
     True
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        msg = f"n must be an int >= 0, got {n!r}"
-        raise ValueError(msg)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        msg = f"seed must be an int, got {seed!r}"
-        raise ValueError(msg)
-    order = list(range(n))
+    order = list(range(check_int("n", n, 0)))
     # random.Random(int).shuffle is the same on every platform and Python 3 version
     random.Random(derive_seed(seed, -1, epoch=epoch)).shuffle(order)
     return order

@@ -45,6 +45,7 @@ import attrs
 import cloudpickle
 
 from easycore._devices import cpu_count, gpu_count
+from easycore._seeding import check_int
 
 __all__ = [
     "LaunchInfo",
@@ -443,9 +444,9 @@ def rank_share(
         A list of ``ceil(n / world_size)`` items (``pad=True``) or ``n // world_size``.
 
     Raises:
-        ValueError: ``world_size`` is not an int >= 1 or ``rank`` not in
-            ``0 .. world_size - 1``.
-        TypeError: ``items`` has no length or cannot be indexed.
+        ValueError: ``world_size`` is below 1 or ``rank`` not in ``0 .. world_size - 1``.
+        TypeError: ``items`` is not a sized sequence (no length, no indexing, or a mapping
+            such as a dict), ``rank`` or ``world_size`` not an int, or ``pad`` not a bool.
 
     >>> rank_share(range(10), rank=1, world_size=4)
     [1, 5, 9]
@@ -458,15 +459,16 @@ def rank_share(
         launched = get_dist_info()
         rank = launched[0] if rank is None else rank
         world_size = launched[1] if world_size is None else world_size
-    me, world = rank, world_size
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        msg = f"world_size must be an int >= 1, got {world!r}"
-        raise ValueError(msg)
-    if isinstance(me, bool) or not isinstance(me, int) or not 0 <= me < world:
+    world, me = check_int("world_size", world_size, 1), check_int("rank", rank)
+    if not 0 <= me < world:
         msg = f"rank={me!r} is not a rank of a world of {world}: expected 0 .. {world - 1}"
         raise ValueError(msg)
-    if not (hasattr(items, "__len__") and hasattr(items, "__getitem__")):
+    sized = hasattr(items, "__len__") and hasattr(items, "__getitem__")
+    if isinstance(items, Mapping) or not sized:  # a dict's [k] is by key, not position
         msg = f"rank_share needs a sized sequence (len and indexing), got {type(items).__name__}"
+        raise TypeError(msg)
+    if not isinstance(pad, bool):
+        msg = f"pad must be True (repeat items) or False (drop the remainder), got {pad!r}"
         raise TypeError(msg)
     n = len(items)
     per_rank = -(-n // world) if pad else n // world
