@@ -23,8 +23,11 @@ Every class here pickles with its message and attributes: errors cross process b
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import traceback as tb_module
+from types import TracebackType
 from typing import Any
 
 __all__ = [
@@ -43,7 +46,11 @@ __all__ = [
     "item_label",
     "short_repr",
     "user_error",
+    "user_frames",
+    "user_traceback",
 ]
+
+_LIBRARY = os.path.dirname(os.path.abspath(__file__)) + os.sep  # easycore's own files
 
 
 class EasycoreError(Exception):
@@ -263,6 +270,20 @@ def short_repr(obj: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def user_frames(exc: BaseException) -> TracebackType | None:
+    """``exc``'s traceback from the first frame outside easycore on: the user's code, without
+    easycore's frames that called it (all of it when no frame is the user's)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_LIBRARY):
+        tb = tb.tb_next
+    return exc.__traceback__ if tb is None else tb
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc`` and its traceback as text, from the user's code on (:func:`user_frames`)."""
+    return "".join(tb_module.format_exception(type(exc), exc, user_frames(exc)))
+
+
 def user_error(
     stage: str,
     type_name: str,
@@ -276,10 +297,12 @@ def user_error(
     remote: bool = True,
     cls: type[WorkerError] = WorkerError,
 ) -> WorkerError:
-    """The one place a ``WorkerError`` message is written: what raised, where, and its traceback.
+    """The one place a ``WorkerError`` message is written: what raised, where, and the
+    remote traceback.
 
-    ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run,
-    whose traceback is local. The caller chains the original exception as ``__cause__``.
+    ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run:
+    the message leaves the traceback to the original exception, which the caller chains as
+    ``__cause__`` (Python prints it once, above the error).
     """
     if device is None:
         where = "in the calling process"
@@ -290,6 +313,7 @@ def user_error(
     if issubclass(cls, ItemTimeout):  # (an async item, cancelled: no user code raised)
         return cls(f"{stage} {text}\n  {what} {where}", stage, device, worker, index)
     short = type_name.rsplit(".", 1)[-1]
-    heading = "Remote traceback" if remote else "Traceback"
-    msg = f"{stage} raised {short}: {text}\n  {what} {where}\n\n{heading}:\n{traceback}"
+    msg = f"{stage} raised {short}: {text}\n  {what} {where}"
+    if remote:
+        msg += f"\n\nRemote traceback:\n{traceback}"
     return cls(msg, stage, device, worker, index, traceback)

@@ -31,7 +31,6 @@ runs late, to know which item to blame (and for ``stats()``: items in flight).
 from __future__ import annotations
 
 import pickle
-import traceback
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -43,6 +42,7 @@ from easycore._errors import (
     TimedOutItem,
     WorkerError,
     user_error,
+    user_traceback,
 )
 
 __all__ = [
@@ -91,11 +91,12 @@ def pack_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
     return blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
 
 
-def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str) -> BaseException:
+def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str | None) -> BaseException:
     """The inverse of :func:`pack_exception`, in the receiving process.
 
     The original exception when it unpickles, else a ``RuntimeError`` naming its type; its
-    ``__cause__`` carries the remote traceback unless it already has a cause.
+    ``__cause__`` carries the remote traceback ``tb`` unless it already has a cause (None:
+    the error it is the cause of shows it).
     """
     original: Any = None
     if blob is not None:
@@ -105,7 +106,7 @@ def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str) -> Base
             original = None
     if not isinstance(original, BaseException):
         original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
-    if original.__cause__ is None:
+    if original.__cause__ is None and tb is not None:
         original.__cause__ = RemoteTraceback(tb)
     exc: BaseException = original
     return exc
@@ -124,8 +125,7 @@ class ErrorReport(NamedTuple):
     def of(cls, stage: str, exc: BaseException) -> ErrorReport:
         """Describe ``exc``, raised by ``stage``, for the caller."""
         blob, tname, text = pack_exception(exc)
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(stage, blob, tname, text, tb)
+        return cls(stage, blob, tname, text, user_traceback(exc))
 
     def to_error(
         self,
@@ -158,7 +158,8 @@ class ErrorReport(NamedTuple):
             index=index,
             cls=cls,
         )
-        error.__cause__ = unpack_exception(self.blob, self.type_name, self.text, self.traceback)
+        # (its message shows the remote traceback: the cause does not show it again)
+        error.__cause__ = unpack_exception(self.blob, self.type_name, self.text, None)
         return error
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import linecache
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import multiprocessing.util
@@ -88,7 +89,18 @@ from easycore._seeding import seed_loaded, setup_torch
 from easycore._stages import ChunkRun, PreparedStages, Ran, cancel_grace
 from easycore._transport import CONTROL, Channel, Damaged
 
-__all__ = ["WorkerSpec", "worker_main"]
+__all__ = ["WorkerSpec", "code_in", "worker_main"]
+
+
+def code_in(make: Callable[..., Any], args: tuple[Any, ...], where: str, lines: list[str]) -> Any:
+    """A function's code, rebuilt by ``make(*args)`` (cloudpickle's reduction, which names
+    its file ``"<dynamic-code>"``), in the file ``where`` it was defined, so that a traceback
+    in a worker shows the user's file and line; ``lines``: the file's source, sent along when
+    it is not on disk (a notebook's cell), for the traceback's source lines.
+    """
+    if lines:
+        linecache.cache.setdefault(where, (sum(map(len, lines)), None, lines, where))
+    return make(*args).replace(co_filename=where)
 
 
 class WorkerSpec(NamedTuple):

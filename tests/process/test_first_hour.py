@@ -5,6 +5,8 @@ would do nothing are refused."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -151,3 +153,61 @@ class TestErrorsCarry:
         assert (error.stage, error.index, error.item) == ("waits", 3, 3)
         assert "raised" not in str(error) and "TimedOutItem" not in str(error)
         assert str(error).startswith("waits ran past timeout=1")
+
+
+SCRIPT = '''\
+import linecache
+import sys
+
+from easycore import producer
+
+
+@producer
+def predict(x):
+    if x == 3:
+        raise ValueError("bad item")  # the user's line
+    return x
+
+
+# a notebook's cell: its file is not on disk, its lines are in linecache
+CELL = "/no/such/dir/cell-7.py"
+SOURCE = "def in_cell(x):\\n    if x == 3:\\n        raise KeyError('from a cell')\\n    return x"
+linecache.cache[CELL] = (len(SOURCE), None, SOURCE.splitlines(True), CELL)
+exec(compile(SOURCE, CELL, "exec"))
+
+if __name__ == "__main__":
+    stage = producer(in_cell) if sys.argv[1] == "cell" else predict
+    stage.map(range(6), devices=sys.argv[2] if sys.argv[2] == "inline" else int(sys.argv[2]))
+'''
+
+
+@pytest.mark.parametrize("devices", ["2", "inline"])
+@pytest.mark.parametrize("where", ["script", "cell"])
+def test_an_uncaught_error_shows_the_users_line_once(tmp_path, where, devices):
+    """A function defined in the user's script (or a notebook's cell): the uncaught error
+    shows its file, line and source line once, and no frame of easycore before them."""
+    import easycore
+
+    script = tmp_path / "predict.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script), where, devices],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    out = run.stderr
+    assert run.returncode == 1, out
+    if where == "script":
+        frame, line = f'File "{script}", line 10, in predict', 'raise ValueError("bad item")'
+    else:
+        frame, line = 'File "/no/such/dir/cell-7.py", line 3, in in_cell', "raise KeyError("
+    assert out.count(frame) == 1, out
+    # (Python's own hook reads source lines from files, not linecache: a cell's are shown
+    # where easycore formats the traceback, in a worker)
+    assert out.count(line) == (0 if (where, devices) == ("cell", "inline") else 1), out
+    assert "<dynamic-code>" not in out and "RemoteTraceback" not in out, out
+    library = os.path.dirname(easycore.__file__)
+    shown = out[out.index("Remote traceback:") :] if devices == "2" else out.split("\n\n")[0]
+    assert library not in shown, shown

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, WorkerError, after_retries
+from easycore._errors import EasycoreError, WorkerError, after_retries, user_frames
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import (
@@ -431,9 +431,10 @@ class RunBooks:
                 what = f"while {doing} {self.label(hop, index, within=work)}"
                 what += f"{after_retries(self.options.retries)}{where}"
                 at = self.index(hop, index)
-                if isinstance(report, StageFailure):
+                if isinstance(report, StageFailure):  # (its traceback: from the user's code)
+                    cause = report.error.with_traceback(user_frames(report.error))
                     error = report.to_error(what, at)
-                    error.__cause__ = report.error
+                    error.__cause__ = cause
                 else:
                     device, worker = place(hop)
                     error = report.to_error(what=what, device=device, worker=worker, index=at)

@@ -7,18 +7,35 @@ chain of one hop: there is no separate single-pool path.
 
 from __future__ import annotations
 
+import io
+import linecache
+import os
+import types
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
+import cloudpickle
 
 from easycore._config import CfgNode
 from easycore._devices import INLINE, parse_devices
 from easycore._errors import item_label
 from easycore._options import RunOptions
+from easycore._protocol import PROTOCOL
 from easycore._stages import StageDef
+from easycore._worker import code_in
 
-__all__ = ["Chain", "Hop", "PipelineDef", "StageStats", "frozen_cfg", "idle_stats", "plan_chain"]
+__all__ = [
+    "Chain",
+    "Hop",
+    "PipelineDef",
+    "StageStats",
+    "frozen_cfg",
+    "idle_stats",
+    "pack_payload",
+    "plan_chain",
+]
 
 
 class PipelineDef(Protocol):
@@ -74,6 +91,32 @@ class StageStats:
     def slots(self) -> int:
         """Items the pool can run at once: its workers times ``concurrency``."""
         return len(self.devices) * self.concurrency
+
+
+def _code_reduce(code: types.CodeType) -> tuple[Any, ...]:
+    """cloudpickle's reduction of a code object, keeping the file it was defined in."""
+    make, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    where = code.co_filename
+    lines = [] if os.path.exists(where) else linecache.getlines(where)
+    return code_in, (make, args, where, lines)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, but a function sent by value keeps its file name (see ``code_in``)."""
+
+    dispatch_table = ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
+
+
+def pack_payload(stages: tuple[StageDef, ...], cfg: Any) -> bytes:
+    """A hop's producers and ``cfg``, pickled once for its workers: functions defined in the
+    user's script or notebook travel by value and keep their file and line for tracebacks.
+
+    Raises:
+        Exception: what pickling them raised.
+    """
+    out = io.BytesIO()
+    _Pickler(out, protocol=PROTOCOL).dump((stages, cfg))
+    return out.getvalue()
 
 
 @attrs.define(eq=False)

@@ -62,7 +62,14 @@ from easycore._errors import (
     WorkerDied,
 )
 from easycore._exec.core import RAISE, ErrorPolicy
-from easycore._exec.plan import Chain, PipelineDef, StageStats, idle_stats, plan_chain
+from easycore._exec.plan import (
+    Chain,
+    PipelineDef,
+    StageStats,
+    idle_stats,
+    pack_payload,
+    plan_chain,
+)
 from easycore._exec.ray_actor import Later, Packed, StageActor, UnitClock, run_task
 from easycore._exec.ray_ledger import Actor, first_line, ray_module
 from easycore._exec.ray_run import RayRun
@@ -402,7 +409,7 @@ class RayEngine:
         """
         h = self.chain.hops[hop]
         try:
-            payload: bytes = cloudpickle.dumps((h.stages, self.cfg), PROTOCOL)
+            payload: bytes = pack_payload(h.stages, self.cfg)
         except Exception as exc:
             msg = f"the producers {h.name!r} or cfg cannot be pickled; actors receive them pickled"
             raise SerializationError(msg) from exc

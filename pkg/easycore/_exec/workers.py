@@ -26,7 +26,7 @@ import cloudpickle
 from easycore._config import CfgNode
 from easycore._devices import cpu_count
 from easycore._errors import SerializationError, WorkerDied, WorkerError, describe_exitcode
-from easycore._exec.plan import Chain, Hop
+from easycore._exec.plan import Chain, Hop, pack_payload
 from easycore._exec.startup import (
     adopt_for,
     context,
@@ -39,7 +39,6 @@ from easycore._exec.startup import (
 )
 from easycore._protocol import (
     IDLE,
-    PROTOCOL,
     SLOT_WIDTH,
     STOP,
     AddPeer,
@@ -206,7 +205,7 @@ class WorkerSet:
         """
         for hop in self.chain.hops:
             try:
-                hop.payload = cloudpickle.dumps((hop.stages, self.cfg), PROTOCOL)
+                hop.payload = pack_payload(hop.stages, self.cfg)
             except Exception as exc:
                 culprit = _culprit_of(hop.stages, self.cfg)
                 msg = f"{culprit}; workers receive their functions pickled"
