@@ -72,6 +72,29 @@ def _fn_name(fn: Any) -> str:
     return str(name)
 
 
+def _refuse_waiting(f: Any, kind: str) -> None:
+    """What cannot wait (API.md section 11), refused at decoration: an ``async def``
+    consumer, an async generator as a producer."""
+    import inspect
+
+    from easycore._stages import is_async_fn  # (loads at the first decoration, not import)
+
+    name = _fn_name(f)
+    if kind == "consumer" and is_async_fn(f):
+        msg = (
+            f"consumer {name!r} is `async def`: a consumer folds results in the calling "
+            "process and cannot wait; make it a plain `def` and do the waiting in an "
+            "`async def` producer before it"
+        )
+        raise TypeError(msg)
+    if kind == "producer" and is_async_fn(f, inspect.isasyncgenfunction):
+        msg = (
+            f"producer {name!r} is an async generator: a producer returns one result per "
+            "item; make it `async def` and `return` the result (a list, to give several)"
+        )
+        raise TypeError(msg)
+
+
 def _import_stage(module: str, qualname: str) -> Stage:
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -483,6 +506,7 @@ def producer(
         if isinstance(f, Stage):
             msg = f"{f!r} is already a stage; decorate the plain function once"
             raise TypeError(msg)
+        _refuse_waiting(f, "producer")
         fn_names = _inject.injected_names(
             f, role="producer", positional=1, allowed=_inject.PRODUCER_WORK
         )
@@ -548,6 +572,7 @@ def consumer(
         if isinstance(f, Stage):
             msg = f"{f!r} is already a stage; decorate the plain function once"
             raise TypeError(msg)
+        _refuse_waiting(f, "consumer")
         fn_names = _inject.injected_names(
             f, role="consumer", positional=2, allowed=_inject.CONSUMER_WORK
         )

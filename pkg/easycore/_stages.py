@@ -22,12 +22,14 @@ their chunk's order. ``concurrency=1`` with plain functions is the loop of old.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
 from easycore._inject import call_with, injected
@@ -76,20 +78,21 @@ Ran = tuple[list[Any], int, bool]
 Publish = Callable[[int | None, float | None], None]
 
 
-def is_async_fn(fn: Any) -> bool:
-    """``fn`` is an ``async def`` function (also behind decorators, a partial, or a callable
-    object whose ``__call__`` is one)."""
-    if inspect.iscoroutinefunction(fn):
+def is_async_fn(fn: Any, kind: Callable[[Any], bool] = inspect.iscoroutinefunction) -> bool:
+    """``fn`` is an ``async def`` function (``kind=inspect.isasyncgenfunction``: an async
+    generator), also behind decorators, a partial, or a callable object whose ``__call__``
+    is one."""
+    if kind(fn):
         return True
     try:
         inner = inspect.unwrap(fn)
     except ValueError:  # pragma: no cover - a wrapper cycle
         inner = fn
-    if inspect.iscoroutinefunction(inner):
+    if kind(inner):
         return True
     if inspect.isfunction(fn) or inspect.ismethod(fn):
         return False
-    return inspect.iscoroutinefunction(inspect.getattr_static(type(fn), "__call__", None))
+    return kind(inspect.getattr_static(type(fn), "__call__", None))
 
 
 def cancel_grace(timeout: float) -> float:
@@ -153,10 +156,11 @@ class Finished(RuntimeError):
 
 
 class _Prepared:
-    __slots__ = ("end", "end_names", "fn", "kwargs", "name", "state")
+    __slots__ = ("end", "end_names", "fn", "is_async", "kwargs", "name", "state")
 
     def __init__(self, stage: StageDef, state: Any, context: dict[str, Any]) -> None:
         self.fn = stage.fn
+        self.is_async = is_async_fn(stage.fn)
         self.name = stage.name
         self.state = state
         self.kwargs = injected(stage.fn_names, {**context, "state": state})
@@ -280,7 +284,7 @@ class PreparedStages:
 
         loop = self.loop()
         if self._loop_thread is None:
-            return loop.run_until_complete(coro)
+            return _run_until(loop, coro)
         return asyncio.run_coroutine_threadsafe(coro, loop).result()  # (any: what it gives)
 
     def wait_for(self, value: Any) -> Any:
@@ -302,8 +306,8 @@ class PreparedStages:
                     for t in pending:
                         t.cancel()
                     if pending:
-                        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                    loop.run_until_complete(loop.shutdown_asyncgens())
+                        _run_until(loop, asyncio.gather(*pending, return_exceptions=True))
+                    _run_until(loop, loop.shutdown_asyncgens())
                 finally:
                     loop.close()
                     if not self.in_caller:
@@ -407,6 +411,8 @@ class PreparedStages:
             for st in self.prepared:
                 try:
                     value = st.fn(value, **st.kwargs)
+                    if type(value) is CoroutineType:
+                        _refuse(st.name, value)
                 except self.catch as exc:
                     return None, StageFailure(st.name, exc)
             return value, None
@@ -468,6 +474,8 @@ class PreparedStages:
             where[0] = st.name
             try:
                 value = st.fn(value, **st.kwargs)
+                if not st.is_async and type(value) is CoroutineType:
+                    _refuse(st.name, value)
                 if inspect.isawaitable(value):
                     value = await value
             except asyncio.CancelledError:
@@ -538,7 +546,10 @@ class PreparedStages:
                 cur[here] = where
                 where += 1.0
                 try:
-                    append(fast(item))
+                    value = fast(item)
+                    if type(value) is CoroutineType:
+                        _refuse(only.name, value)
+                    append(value)
                 except BaseException as exc:
                     append(Broken(self.hop, base + len(values), ErrorReport.of(only.name, exc)))
                     marked = True
@@ -686,7 +697,7 @@ class PreparedStages:
                 if self._loop_thread is not None:
                     return asyncio.run_coroutine_threadsafe(coro, loop)
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            done.set_result(loop.run_until_complete(coro))
+            done.set_result(_run_until(loop, coro))
             return done
         with self._starting:
             self._check_open()
@@ -791,8 +802,53 @@ class PreparedStages:
             raise
 
 
+def _refuse(name: str, value: CoroutineType[Any, Any, Any]) -> NoReturn:
+    """Plain stage ``name`` returned a coroutine, never awaited (closed here)."""
+    value.close()
+    msg = (
+        f"producer {name!r} is a plain function that returned a coroutine: make it "
+        "`async def` and await the call"
+    )
+    raise TypeError(msg)
+
+
 async def _awaited(value: Any) -> Any:
     return await value
+
+
+def _run_until(loop: asyncio.AbstractEventLoop, aw: Any) -> Any:
+    """``loop.run_until_complete(aw)``; on a thread of its own when an event loop already
+    runs in this thread (the caller inside a notebook's loop: asyncio runs no loop inside
+    another), seeing this thread's context variables. An interrupt while it runs there
+    cancels what the loop runs, and waits for it to end."""
+    import asyncio
+    import concurrent.futures
+    import contextvars
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # (none runs here: the usual case)
+        return loop.run_until_complete(aw)
+    run = functools.partial(contextvars.copy_context().run, loop.run_until_complete, aw)
+    helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="easycore-loop")
+    try:
+        future = helper.submit(run)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                loop.call_soon_threadsafe(_cancel_all, loop)
+                concurrent.futures.wait([future])
+            raise
+    finally:
+        helper.shutdown(wait=False)
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    import asyncio
+
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
 
 
 class _Spent:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from easycore import Failure, ItemTimeout, producer
+from easycore import Failure, ItemTimeout, WorkerError, producer
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
 
@@ -68,3 +68,22 @@ def test_an_item_blocking_the_loop_for_good_replaces_the_actor_and_fails_alone()
     assert out == [0, 1, 3, 4, 5, 6, 7]
     assert [f.index for f in failures] == [2]
     assert isinstance(failures[0].error, ItemTimeout)
+
+
+async def _double(x):
+    return 2 * x
+
+
+@producer
+def forgot_async(x):
+    return _double(x)  # (a coroutine, never awaited)
+
+
+@pytest.mark.parametrize("kw", [{}, {"timeout": 30}, {"concurrency": 2}])
+def test_a_plain_producer_returning_a_coroutine_is_the_error_it_is_locally(kw):
+    with pytest.raises(WorkerError, match="item 0") as info:
+        forgot_async.map(range(3), devices=1, engine="ray", **kw)
+    cause = info.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert "producer 'forgot_async' is a plain function that returned a coroutine" in str(cause)
+    assert "make it `async def`" in str(cause)

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from easycore import Failure, ItemTimeout, producer
+import easycore
+from easycore import Failure, ItemTimeout, consumer, producer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -73,3 +74,90 @@ def test_an_item_blocking_the_loop_for_good_kills_its_worker_and_fails_alone():
     assert [f.index for f in failures] == [2]
     assert isinstance(failures[0].error, ItemTimeout)
     assert "killed" in str(failures[0].error)
+
+
+# -- caught at decoration, or the same error on every engine -------------------------------
+
+
+def test_an_async_consumer_is_refused_at_decoration():
+    async def fold(acc, x):
+        return acc + x
+
+    with pytest.raises(TypeError, match=r"consumer 'fold' is `async def`.*plain `def`"):
+        consumer(fold)
+    with pytest.raises(TypeError, match="consumer 'fold'"):
+        consumer(init=0)(fold)
+
+
+def test_an_async_generator_producer_is_refused_at_decoration():
+    async def pages(x):
+        yield x
+
+    with pytest.raises(TypeError, match=r"producer 'pages' is an async generator.*`async def`"):
+        producer(pages)
+    with pytest.raises(TypeError, match="producer 'pages'"):
+        producer(init=dict)(pages)
+
+
+async def _double(x):
+    return 2 * x
+
+
+@producer
+def forgot_async(x):
+    return _double(x)  # (a coroutine, never awaited)
+
+
+@producer
+async def awaits(x):
+    await asyncio.sleep(0)
+    return x
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "kw"),
+    [
+        (forgot_async, {"devices": 1}),
+        (forgot_async, {"devices": 1, "seed": 0}),
+        (forgot_async, {"devices": 1, "concurrency": 2}),
+        (awaits >> forgot_async, {"devices": 1}),
+        (forgot_async, {"devices": "inline"}),
+        (awaits >> forgot_async, {"devices": "inline"}),
+    ],
+    ids=["worker", "worker-seeded", "threads", "after-async", "inline", "inline-after-async"],
+)
+def test_a_plain_producer_returning_a_coroutine_is_one_error_everywhere(pipeline, kw):
+    with pytest.raises(easycore.WorkerError, match="item 0") as info:
+        pipeline.map(range(3), **kw)
+    cause = info.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert "producer 'forgot_async' is a plain function that returned a coroutine" in str(cause)
+    assert "make it `async def`" in str(cause)
+
+
+def test_inline_async_stages_run_inside_a_running_event_loop(tmp_path):
+    """A notebook runs the caller's code inside an event loop: inline async init, items
+    (with their timeout) and end work there all the same."""
+    ended = tmp_path / "ended"
+
+    async def init():
+        await asyncio.sleep(0)
+        return 10
+
+    async def end(state):
+        ended.write_text(str(state))
+
+    @producer(init=init, end=end)
+    async def add(x, state):
+        await asyncio.sleep(3 if x == 2 else 0)
+        return x + state
+
+    async def cell():
+        failures: list[Failure] = []
+        out = add.map(
+            range(4), devices="inline", timeout=1, errors="skip", on_error=failures.append
+        )
+        return out, [f.index for f in failures]
+
+    assert asyncio.run(cell()) == ([10, 11, 13], [2])
+    assert ended.read_text() == "10"
