@@ -16,8 +16,9 @@ as tasks of that loop when a stage is async, else on ``k`` threads. The ``k`` sl
 the place, not to a chunk: the units of the chunks it holds take them first come, first
 served, so a slot that one chunk's slow unit leaves free takes the next chunk's unit at
 once. Each unit keeps its own retries, seed (:func:`easycore.item_seed`) and timeout (an
-async unit past it is cancelled: :class:`~easycore._errors.TimedOutItem`); results keep
-their chunk's order. ``concurrency=1`` with plain functions is the loop of old.
+async unit past it fails: :class:`~easycore._errors.TimedOutItem`, counting its own time
+only, not what other units held the loop); results keep their chunk's order.
+``concurrency=1`` with plain functions is the loop of old.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 The same prepared stages as a worker process runs (``easycore._stages``), with the same
 ordering, injection (``device="cpu"``, ``worker=0``), seeds, retries and errors; ``timeout``
-is not enforced on plain functions (nothing can be killed), and cancels an ``async def``
-unit (run on an event loop here, one unit at a time: ``concurrency`` does not apply). Also
-the engine of a pipeline without producers.
+is not enforced on plain functions (nothing can be killed), and fails an ``async def`` unit
+past it (run on an event loop here, one unit at a time: ``concurrency`` does not apply; on
+a helper thread when the caller runs inside an event loop, a notebook). Also the engine of
+a pipeline without producers.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class InlineEngine:
                 retries=options.retries,
                 spent={},
                 numbering=books.numbering,
-                timeout=options.timeout,  # (cancels an async unit)
+                timeout=options.timeout,  # (fails an async unit past it)
                 in_hand=in_hand,
             )
             books.count(hop.index, n, time.perf_counter() - t0)

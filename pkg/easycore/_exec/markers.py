@@ -43,7 +43,7 @@ def run_units(
     fails and ``retries`` minus what ``spent`` charged it remain. A settled unit
     (:func:`settled`) passes as it is; one that still fails becomes a :class:`Broken`
     (its failure a report, except in the caller). ``in_hand`` hears of the unit in hand
-    (None: none). ``timeout``: cancels an async unit (a plain one is a watchdog's).
+    (None: none). ``timeout``: fails an async unit past it (a plain one is a watchdog's).
 
     Returns:
         The values, and how many units ran.
