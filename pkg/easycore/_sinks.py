@@ -22,6 +22,7 @@ import io
 import json
 import os
 import posixpath
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ __all__ = [
     "Shard",
     "ShardWriter",
     "Sink",
+    "SinkError",
     "Written",
     "Wrote",
     "check_fresh",
@@ -46,6 +48,9 @@ __all__ = [
 ]
 
 TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
+# the temporary files easycore writes (sweep removes these only: not a user's own ".part-x")
+_TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|jsonl\.gz|tar)\Z")
+_EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
 _EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
@@ -247,27 +252,49 @@ class _Files:
         return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
 
     def open(self, name: str) -> Any:
-        if self.fs is None:
-            return open(self.join(name), "wb")
-        return self.fs.open(self.join(name), "wb")
+        try:
+            if self.fs is None:
+                return open(self.join(name), "wb")
+            return self.fs.open(self.join(name), "wb")
+        except OSError as exc:  # the directory's fault, not an item's: the run fails
+            msg = f"cannot open {self.join(name)} ({exc}): the sink's directory must be writable"
+            raise SinkError(msg) from exc
 
 
 def commit_shard(sink: Sink, shard: Shard, files: Any = None) -> str:
     """Make ``shard`` visible under its final name (idempotent: a shard committed before,
-    by an earlier run, is left as it is); returns its path or URL."""
+    by an earlier run, is left as it is); returns its path or URL.
+
+    Raises:
+        FileNotFoundError: neither name is there (the run must not count its rows).
+    """
     files = files or _Files(sink)
     if files.exists(shard.temp):
         files.rename(shard.temp, shard.name)
+    elif not files.exists(shard.name):
+        msg = (
+            f"{sink.location(shard.name)} cannot be committed: the file a worker wrote "
+            f"({shard.temp}) is not there (removed meanwhile, or written where this process "
+            "does not see it)"
+        )
+        raise FileNotFoundError(msg)
     return sink.location(shard.name)
 
 
-def recover(sink: Sink, committed: Iterable[Shard]) -> None:
+def recover(sink: Sink, committed: Iterable[Shard]) -> list[str]:
     """Before a resumed run writes: finish the commits a crash cut short (a ledger holds
-    them), then remove every other temporary file."""
+    them), then remove every other temporary file. Returns the names of the committed
+    files that are gone (under neither name)."""
     files = _Files(sink)
+    names = set(files.names())
+    gone = []
     for shard in committed:
-        commit_shard(sink, shard, files)
+        if shard.temp in names:
+            files.rename(shard.temp, shard.name)
+        elif shard.name not in names:
+            gone.append(shard.name)
     sweep(sink, files)
+    return gone
 
 
 def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
@@ -291,13 +318,54 @@ def sweep(sink: Sink, files: Any = None) -> None:
     of chunks whose results were not kept)."""
     files = files or _Files(sink)
     for name in files.names():
-        if name.startswith(TEMP_PREFIX):
+        if _TEMP.match(name):
             files.remove(name)
 
 
 # -- the worker's side: results to rows, rows to files ---------------------------------------
 class RowError(Exception):
     """A result that cannot become rows of this sink (named with its item by the caller)."""
+
+
+class SinkError(ValueError):
+    """What no item of the run can be written with, whatever the item (a key column the
+    results hold, a key that cannot name a tar member, a directory that cannot be
+    written): the run fails at its first occurrence, under ``errors="skip"`` too."""
+
+
+def _named(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """``row`` with its column names as strings, as every format keeps them.
+
+    Raises:
+        SinkError: two of its names are one string (``1`` and ``"1"``).
+    """
+    named = {k if type(k) is str else str(k): v for k, v in row.items()}
+    if len(named) < len(row):
+        seen: dict[str, Any] = {}
+        for k in row:
+            if str(k) in seen:
+                msg = (
+                    f"the results have columns {seen[str(k)]!r} and {k!r}, both named "
+                    f"{str(k)!r} (column names are strings): rename one of them"
+                )
+                raise SinkError(msg)
+            seen[str(k)] = k
+    return named
+
+
+def _add_keys(cols: dict[str, Any], name: str, keys: Any) -> None:
+    """``keys`` as column ``name`` (``key_column``) of ``cols``.
+
+    Raises:
+        SinkError: the results hold a column ``name``.
+    """
+    if name in cols:
+        msg = (
+            f"key_column={name!r} names a column the results hold: the item keys would "
+            "replace it. Give key_column another name, or rename that column"
+        )
+        raise SinkError(msg)
+    cols[name] = keys
 
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
@@ -349,22 +417,27 @@ def rows_of(value: Any, batched: bool) -> tuple[dict[str, list[Any]], int]:
     if value is None:
         return {}, 0
     if type(value) is dict and not batched:  # the common case, one row: no checks to pay
-        return {k if type(k) is str else str(k): [_to_numpy(v)] for k, v in value.items()}, 1
+        one = {k if type(k) is str else str(k): [_to_numpy(v)] for k, v in value.items()}
+        if len(one) < len(value):
+            _named(value)  # (raises, naming the names that are one)
+        return one, 1
     if hasattr(value, "to_pydict") and hasattr(value, "num_rows"):  # pyarrow Table/RecordBatch
         return {name: value.column(name) for name in value.schema.names}, int(value.num_rows)
     if isinstance(value, Mapping):
+        value = _named(value)
         if batched and value and all(_is_column(v) for v in value.values()):
             lengths = {len(_to_numpy(v)) for v in value.values()}
             if len(lengths) != 1:
                 msg = f"its columns have different lengths ({sorted(lengths)})"
                 raise RowError(msg)
-            return {str(k): _to_numpy(v) for k, v in value.items()}, lengths.pop()
-        return {str(k): [_to_numpy(v)] for k, v in value.items()}, 1
+            return {k: _to_numpy(v) for k, v in value.items()}, lengths.pop()
+        return {k: [_to_numpy(v)] for k, v in value.items()}, 1
     if isinstance(value, list | tuple) and all(isinstance(r, Mapping) for r in value):
         cols: dict[str, list[Any]] = {}
         for j, row in enumerate(value):
+            row = _named(row)
             for k in row:
-                cols.setdefault(str(k), [None] * j)
+                cols.setdefault(k, [None] * j)
             for k, col in cols.items():
                 col.append(_to_numpy(row.get(k)))
         return cols, len(value)
@@ -590,7 +663,7 @@ class ShardWriter:
             units.append(_Unit(k, first, cols, n, index))
         if self.sink.key_column is not None:
             for u in units:
-                u.cols[self.sink.key_column] = u.keys
+                _add_keys(u.cols, self.sink.key_column, u.keys)
         writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
         shards, bad = writer[self.sink.kind](units)
         errors.extend(bad)
@@ -636,12 +709,16 @@ class ShardWriter:
             if any(t.__module__.startswith("torch") for t in {type(v) for v in col}):
                 col = [_to_numpy(v) for v in col]
             cols[name if type(name) is str else str(name)] = col
+        if len(cols) < len(names):
+            _named(rows[0])  # (raises, naming the names that are one)
         align = self.sink.align
         firsts = [(base + k) * align for k in at]
         if self.sink.key_column is not None:
             origin = base * align
-            cols[self.sink.key_column] = (
-                firsts if keys is None else [keys[f - origin] for f in firsts]
+            _add_keys(
+                cols,
+                self.sink.key_column,
+                firsts if keys is None else [keys[f - origin] for f in firsts],
             )
         try:
             table = self._fit(_table(cols, len(rows)))
@@ -756,6 +833,9 @@ class ShardWriter:
                 rows = [
                     encode(u, j, {k: _cell(v, j) for k, v in u.cols.items()}) for j in range(u.n)
                 ]
+            except SinkError as exc:  # (fails the run: kept as it is)
+                bad.append((u.pos, exc))
+                continue
             except Exception as exc:
                 bad.append((u.pos, RowError(f"its rows cannot be written: {exc}")))
                 continue
@@ -812,7 +892,7 @@ class ShardWriter:
             key = str(key)
             if "." in key or "/" in key:
                 msg = f"a __key__ may not hold '.' or '/' (webdataset splits on them): {key!r}"
-                raise RowError(msg)
+                raise SinkError(msg)
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
                 for field, value in row.items():

@@ -16,12 +16,16 @@ calling process never holds the rows); each file is written under a name startin
 order) when the calling process commits it. ``map`` returns an :class:`easycore.Written`
 (the files, sorted, their rows and bytes); ``imap`` yields one per committed file. With
 ``resume=``, a file is committed together with its items in the run ledger: after a crash,
-the same call writes each item that succeeded exactly once over all the files.
+the same call writes each item that succeeded exactly once over all the files. One run at
+a time writes a directory (a second is refused before any worker starts; the lock, a
+``.``-file in the directory, is let go of when the run ends, and a dead process's is taken
+over).
 
 What a result becomes: a mapping is one row (with ``batch_size``, a mapping whose values are
 all lists, arrays or tensors of one length is that many rows); a list of mappings or a
 ``pyarrow.Table``/``RecordBatch`` is many rows; ``None`` is none. Tensors and arrays become
-lists (fixed-size list columns in Parquet).
+lists (fixed-size list columns in Parquet; variable-length lists where the length differs
+from row to row).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ def parquet(
         bytes_per_file: about this many bytes of (uncompressed) rows per file at most; an
             int or a string such as ``"256MiB"``.
         compression: a Parquet codec (``"zstd"``, ``"snappy"``, ``"gzip"``), or None.
-        schema: a ``pyarrow.Schema`` the rows are cast to; None: the first rows a worker
-            writes fix it for its later files.
+        schema: a ``pyarrow.Schema`` the rows are cast to (a nullable column may be
+            missing from a row); None: the rows' own types, the same in every file of the
+            run (a column of nulls takes the type of its values; types that conflict are
+            an error naming the column).
         key_column: a column to add holding each row's item key: its index in the input
             (with ``batch_size``, the batch's), or ``key=``'s value for it when the run
             has a ``key=``.
@@ -64,11 +70,13 @@ def parquet(
 
     Raises:
         ValueError: a limit that is not positive, or an unknown compression.
-        TypeError: ``path`` is not a string.
+        TypeError: ``path`` is not a string, or ``key_column`` not a str.
 
     A result whose rows do not fit the schema fails its item (``errors="skip"`` sets it
-    aside, as any failure).
+    aside, as any failure). A ``key_column`` the results hold fails the run (under
+    ``errors="skip"`` too): the keys would replace that column.
     """
+    _check_key_column(key_column)
     if compression not in (None, "zstd", "snappy", "gzip", "brotli", "lz4", "none"):
         msg = f"compression must be zstd, snappy, gzip, brotli, lz4 or None, got {compression!r}"
         raise ValueError(msg)
@@ -109,7 +117,9 @@ def jsonl(
 
     Raises:
         ValueError: a limit that is not positive, or a compression other than gzip.
+        TypeError: ``key_column`` is not a str.
     """
+    _check_key_column(key_column)
     if compression not in (None, "gzip"):
         msg = f"compression must be None or 'gzip', got {compression!r}"
         raise ValueError(msg)
@@ -134,7 +144,8 @@ def webdataset(
     Each row is a sample: its entries are ``<__key__>.<field>``, one per field; ``bytes``
     and ``str`` values are written as they are, other values as JSON. ``__key__`` is the
     row's own when it has one, else its item key (the item's index, or ``key=``'s value;
-    a result of several rows gets ``<key>_<row>``).
+    a result of several rows gets ``<key>_<row>``). A key holding ``.`` or ``/`` cannot name
+    a member: it fails the run (under ``errors="skip"`` too).
 
     Args:
         path: a directory (created when missing) or an fsspec URL (with ``fsspec``).
@@ -147,9 +158,22 @@ def webdataset(
     Raises:
         ValueError: a limit that is not positive.
     """
+    if samples_per_file is not None and (
+        isinstance(samples_per_file, bool)
+        or not isinstance(samples_per_file, int)
+        or samples_per_file < 1
+    ):
+        msg = f"samples_per_file must be a positive int or None, got {samples_per_file!r}"
+        raise ValueError(msg)
     return Sink(
         "webdataset",
         path,
         rows_per_file=samples_per_file,
         bytes_per_file=parse_bytes(bytes_per_file),
     )
+
+
+def _check_key_column(name: Any) -> None:
+    if name is not None and not isinstance(name, str):
+        msg = f"key_column must be a column name (a str) or None, got {name!r}"
+        raise TypeError(msg)

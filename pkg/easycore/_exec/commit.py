@@ -1,4 +1,5 @@
-"""The caller's side of a sink: commit the files the workers wrote, as their units arrive.
+"""The caller's side of a sink: one run at a time writes its directory, and the files the
+workers wrote are committed as their units arrive.
 
 A worker of the last pool writes a chunk's rows under temporary ``.``-names and replies
 with counts and the shards' names only (``easycore._sinks``). Here, in the calling process,
@@ -6,15 +7,26 @@ each shard is committed (renamed to its final name) when the segment holding its
 delivered: after the run ledger recorded the units and the shard in one transaction, with
 ``resume=`` (``RunLedger.record`` runs before this). Whatever is left under a temporary
 name when the run ends (a dead worker's file, a reply that was dropped) is removed.
+
+The directory is the run's while it writes: :func:`committing` takes the lock
+(:class:`DirLock`, a ``.``-file in the directory naming the run) before any work goes out
+and lets go of it when the run ends, however it ends. :func:`check_sink` asks, before any
+worker starts, what does not depend on the items: can the workers reach the directory, can
+it be written, does another run hold it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import posixpath
+import socket
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from easycore._sinks import (
-    Shard,
     Sink,
     Written,
     Wrote,
@@ -24,7 +36,17 @@ from easycore._sinks import (
     sweep,
 )
 
-__all__ = ["commit_written", "prepare", "sink_of", "total_written"]
+__all__ = [
+    "LOCK_NAME",
+    "DirLock",
+    "check_sink",
+    "commit_written",
+    "committing",
+    "sink_of",
+    "total_written",
+]
+
+LOCK_NAME = ".easycore-lock"  # a "."-file: the directory still reads back as a dataset
 
 
 def sink_of(stages: Sequence[Any]) -> Sink | None:
@@ -32,43 +54,260 @@ def sink_of(stages: Sequence[Any]) -> Sink | None:
     return stages[-1] if stages and isinstance(stages[-1], Sink) else None
 
 
-def prepare(sink: Sink, known: Sequence[Shard], ledger: Any = None) -> None:
-    """Before a run writes: finish the commits a crash cut short (``known``: the shards the
-    ledger recorded), remove temporary files, and refuse a directory holding another run's
-    files (a sink never replaces them). On an error, ``ledger`` is closed.
+# -- one run at a time ---------------------------------------------------------------------
+class DirLock:
+    """A run's hold on its sink's directory: the file :data:`LOCK_NAME` in it, holding the
+    run's pid, host, start time and a token, created only where none is (``O_EXCL``: a
+    hard link of a file already written, so that it is never seen half-written).
+
+    A lock whose process is dead (same host, pid gone) is taken over. On an fsspec
+    filesystem the lock is created with mode ``"xb"`` where the filesystem has it, else
+    after looking whether one is there (two runs starting in the same instant may then both
+    write); a lock of another host is never taken over (its process cannot be asked).
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.fs, root = sink.filesystem()
+        join = os.path.join if self.fs is None else posixpath.join
+        self.path = join(root, LOCK_NAME)
+        self.text = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "token": os.urandom(8).hex(),
+            }
+        )
+        self.held = False
+
+    def take(self) -> None:
+        """Hold the directory, or raise.
+
+        Raises:
+            ValueError: a live run holds it (naming the directory and that run), or the
+                directory cannot be written.
+        """
+        for _ in range(5):
+            try:
+                if self._create():
+                    self.held = True
+                    return
+            except OSError as exc:
+                msg = f"{self.sink!r}: cannot write in {self.sink.path!r} ({exc})"
+                raise ValueError(msg) from exc
+            other = self.read()
+            if other is not None:
+                self.refuse(other)  # (returns when its process is dead)
+                self._take_over(other)
+        msg = f"{self.sink!r}: could not lock {self.path} (runs keep taking it over)"
+        raise ValueError(msg)
+
+    def end(self) -> None:
+        """The run is over: remove its temporary files, then let go of the directory
+        (idempotent; the lock is removed only while it is still this run's)."""
+        if not self.held:
+            return
+        self.held = False
+        try:
+            sweep(self.sink)
+        finally:
+            if self.read() == self.text:
+                self._remove(self.path)
+
+    def read(self) -> str | None:
+        """The text of the lock in the directory, or None when there is none."""
+        try:
+            if self.fs is None:
+                with open(self.path) as f:
+                    return f.read()
+            self.fs.invalidate_cache(posixpath.dirname(self.path))
+            return bytes(self.fs.cat_file(self.path)).decode()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def refuse(self, other: str) -> None:
+        """Raises ValueError unless the run that wrote lock text ``other`` is dead."""
+        try:
+            run = json.loads(other)
+            pid, host, started = int(run["pid"]), str(run["host"]), run["started"]
+        except (ValueError, KeyError, TypeError):
+            pid, host, started = None, "?", "?"
+        if pid is not None and host == socket.gethostname() and not _alive(pid):
+            return
+        who = "this process" if pid == os.getpid() and host == socket.gethostname() else "it"
+        msg = (
+            f"{self.sink.path!r} is being written by another run (pid {pid} on {host}, "
+            f"started {started}; {who} holds {self.path}): one run at a time writes a "
+            "directory. Wait for that run to end, or write into another directory; if that "
+            "run is over and left its lock behind, remove the lock file"
+        )
+        raise ValueError(msg)
+
+    def _create(self) -> bool:
+        data = self.text.encode()
+        if self.fs is None:
+            temp = f"{self.path}.{os.getpid()}-{os.urandom(4).hex()}"
+            with open(temp, "wb") as f:
+                f.write(data)
+            try:
+                os.link(temp, self.path)  # (fails where a lock is: O_EXCL with its text)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(temp)
+            return True
+        try:
+            with self.fs.open(self.path, "xb") as f:
+                f.write(data)
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):  # no exclusive create: look, then write
+            self.fs.invalidate_cache(posixpath.dirname(self.path))
+            if self.fs.exists(self.path):
+                return False
+            self.fs.pipe_file(self.path, data)
+        return True
+
+    def _take_over(self, stale: str) -> None:
+        """Remove the lock of a dead run, unless another run took it over meanwhile."""
+        if self.fs is not None:
+            self._remove(self.path)
+            return
+        aside = f"{self.path}.{os.urandom(4).hex()}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        with open(aside) as f:
+            moved = f.read()
+        if moved != stale:  # a live lock, made after the dead one was read: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+        os.unlink(aside)
+
+    def _remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.fs is None:
+                os.unlink(path)
+            else:
+                self.fs.rm(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True
+
+
+def check_sink(sink: Sink, in_caller: bool) -> None:
+    """Before any worker starts: refuse a sink the run could not write into, whatever the
+    items. The directory is created.
 
     Raises:
-        ValueError: the directory holds files of another run.
+        ValueError: a ``memory://`` URL with workers in other processes (``in_caller``
+            False: each has a memory of its own), a path that is a file, a directory that
+            cannot be made or written, or one another live run is writing.
     """
+    lock = DirLock(sink)
+    fs, root = lock.fs, os.path.dirname(lock.path)
+    protocol = getattr(fs, "protocol", "")
+    if not in_caller and "memory" in (protocol if isinstance(protocol, tuple) else (protocol,)):
+        msg = (
+            f"{sink!r}: a memory:// filesystem lives in one process, and the workers (other "
+            "processes, or Ray actors) cannot reach this one's; use devices='inline', or a "
+            "directory or URL every worker reaches"
+        )
+        raise ValueError(msg)
     try:
-        recover(sink, known)
+        if fs is None:
+            if os.path.exists(root) and not os.path.isdir(root):
+                msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
+                raise ValueError(msg)
+            os.makedirs(root, exist_ok=True)
+            if not os.access(root, os.W_OK | os.X_OK):
+                msg = f"{sink!r}: the directory {root} cannot be written"
+                raise ValueError(msg)
+        else:
+            if fs.isfile(root):
+                msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
+                raise ValueError(msg)
+            fs.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        msg = f"{sink!r}: the directory {root} cannot be made ({exc})"
+        raise ValueError(msg) from exc
+    other = lock.read()
+    if other is not None:
+        lock.refuse(other)
+
+
+# -- commits -------------------------------------------------------------------------------
+def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterator[Any]:
+    """``stream`` (a run's segments, ``PRIMED`` first) with each :class:`Wrote`'s shards
+    committed and replaced by a :class:`Written` per file, the run holding the directory.
+
+    When primed, before anything of ``stream`` runs: the directory is locked, the commits
+    a crash cut short are finished (``ledger``: the run ledger, whose files they are), the
+    temporary files removed, and a directory holding another run's files refused. When the
+    run ends, however it ends (an error, an early close, the stream dropped), its temporary
+    files are removed and the lock let go of. On an error before ``stream`` starts,
+    ``ledger`` is closed.
+
+    Raises:
+        ValueError: another run holds the directory, the directory holds files of another
+            run, or files ``ledger`` records are gone (their rows would be counted).
+        FileNotFoundError: a file to commit is not there.
+    """
+    lock = DirLock(sink)
+    try:
+        lock.take()
+        known = ledger.committed_shards() if ledger is not None else []
+        gone = recover(sink, known)
+        if gone:
+            more = f" and {len(gone) - 3} more" if len(gone) > 3 else ""
+            msg = (
+                f"{len(gone)} file(s) that resume={ledger.path!r} records as written are gone "
+                f"from {sink.path!r}: {', '.join(sorted(gone)[:3])}{more}. Restore them, or "
+                "start afresh: a new resume= path, and a directory without that run's files"
+            )
+            raise ValueError(msg)
         check_fresh(sink, known)
     except BaseException:
+        lock.end()
         if ledger is not None:
             ledger.close()
         raise
-
-
-def commit_written(stream: Iterator[Any], sink: Sink) -> Iterator[Written]:
-    """Commit each shard in ``stream``'s segments; yield one :class:`Written` per file.
-
-    The temporary files left behind are removed when the stream ends, fails, or is closed
-    (after it: a closed stream has waited for what was in flight).
-    """
     try:
-        for _, values in stream:
+        yield next(stream)  # PRIMED
+        for start, values in stream:
+            written = []
             for value in values:
                 if type(value) is Wrote and value.shards:
                     for shard in value.shards:
                         path = commit_shard(sink, shard)
-                        yield Written((path,), shard.rows, shard.nbytes)
+                        written.append(Written((path,), shard.rows, shard.nbytes))
+            yield start, written
     finally:
         try:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            stream.close()  # type: ignore[attr-defined]
         finally:
-            sweep(sink)
+            lock.end()
+
+
+def commit_written(stream: Iterator[Any]) -> Iterator[Written]:
+    """The :class:`Written` of each committed file in ``stream`` (:func:`committing`'s
+    segments); closing it closes ``stream``."""
+    try:
+        for _, written in stream:
+            yield from written
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
 
 
 def total_written(parts: Iterable[Written]) -> Written:

@@ -147,6 +147,7 @@ def check_ledger(path: str | os.PathLike[str], identity: RunIdentity) -> None:
     Reads only (nothing is created), so that ``map`` can ask before any worker starts.
     """
     path = os.fspath(path)
+    _beside_sink(path, identity)
     _check_place(path)
     if not os.path.exists(path):
         return
@@ -326,6 +327,22 @@ def _code_changes(where: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> lis
     return out or [f"{where}: its function changed"]
 
 
+def _beside_sink(path: str, identity: RunIdentity) -> None:
+    """Raises ValueError when ledger ``path`` is inside the directory the run's sink writes:
+    the directory must read back as a dataset, without a file of another kind in it."""
+    sink = identity.parts.get("sink")
+    if not sink or "://" in sink["path"]:
+        return
+    folder = os.path.realpath(sink["path"])
+    if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+        msg = (
+            f"resume={path!r} is inside the directory {_sink_text(sink)} writes, which "
+            f"must read back as a dataset: keep the ledger beside the output (such as "
+            f"{folder}.db)"
+        )
+        raise ValueError(msg)
+
+
 def _sink_text(sink: Any) -> str:
     if not sink:
         return "(none)"
@@ -379,6 +396,7 @@ class RunLedger:
         self.align = align
         self.identity = identity
         self.key_fn: Callable[[Any], Any] | None = options.key
+        _beside_sink(self.path, identity)
         _check_place(self.path)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:

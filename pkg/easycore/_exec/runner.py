@@ -19,7 +19,13 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError
-from easycore._exec.commit import commit_written, prepare, sink_of, total_written
+from easycore._exec.commit import (
+    check_sink,
+    commit_written,
+    committing,
+    sink_of,
+    total_written,
+)
 from easycore._exec.core import PRIMED, RAISE, SKIP
 from easycore._exec.engine import Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
@@ -122,6 +128,8 @@ class Runner:
         )
         self._chain = self._engine.chain
         self._sink: Sink | None = sink_of(self._chain.last.stages)  # easycore.write, or None
+        if self._sink is not None:  # (before any worker starts)
+            check_sink(self._sink, self._engine.in_caller)
         self.devices: tuple[str, ...] = self._chain.devices
         self._inline = INLINE in self.devices
         self._seat = Seat()
@@ -261,7 +269,7 @@ class Runner:
         options = self._settle(options)
         stream = self._results(options, data)
         if self._sink is not None:
-            return total_written(commit_written(stream, self._sink))
+            return total_written(commit_written(stream))
         consumer = self.pipeline.consumer
         if consumer is None:
             return collect(stream)
@@ -330,7 +338,7 @@ class Runner:
         options, data, position = start_at(self._settle(options), data, self._chain.align)
         stream = self._results(options, data, position)
         if self._sink is not None:
-            return commit_written(stream, self._sink)
+            return commit_written(stream)
         return _Items(stream, position)
 
     def _results(
@@ -362,9 +370,6 @@ class Runner:
             identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
             ledger = RunLedger(options.resume, options, self._chain.align, identity)
             source = ledger.source(source)
-        if self._sink is not None:  # commits a crash cut short, then no temporary file
-            known = ledger.committed_shards() if ledger is not None else []
-            prepare(self._sink, known, ledger)
         bars = _progress_bars(self._chain, data, size) if options.progress else None
         generation = self._generation
         stream = self._engine.stream(
@@ -382,6 +387,8 @@ class Runner:
             passed = None if position is None else position.passed
             stream = set_aside(stream, options, align, passed)
         supervised = self._supervised(stream, bars)
+        if self._sink is not None:  # the run holds the directory, and commits the files
+            supervised = committing(supervised, self._sink, ledger)
         primed = next(supervised)  # work starts now (an error here has closed the runner)
         assert primed is PRIMED
         return supervised
