@@ -4,6 +4,8 @@ A work function takes the item first and may declare any of ``device``, ``cfg``,
 ``worker`` as further parameters; ``init``/``end`` declare only injectable names. We read the
 signature once, when the decorator runs, and keep the tuple of names to pass, so the hot path
 in the worker is a plain ``fn(item, **kwargs)`` with a dict built once per worker.
+Also whether a function is ``async def`` (:func:`is_async_fn`): where it runs, and what
+decoration refuses.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["call_with", "injected", "injected_names"]
+__all__ = ["call_with", "injected", "injected_names", "is_async_fn"]
 
 PRODUCER_WORK = frozenset({"device", "cfg", "state", "worker"})
 PRODUCER_INIT = frozenset({"device", "cfg", "worker"})
@@ -113,6 +115,23 @@ def injected_names(
         msg = f"{role} {name!r} must take {what} as its first positional parameter(s)"
         raise TypeError(msg)
     return tuple(names)
+
+
+def is_async_fn(fn: Any, kind: Callable[[Any], bool] = inspect.iscoroutinefunction) -> bool:
+    """``fn`` is an ``async def`` function (``kind=inspect.isasyncgenfunction``: an async
+    generator), also behind decorators, a partial, or a callable object whose ``__call__``
+    is one."""
+    if kind(fn):
+        return True
+    try:
+        inner = inspect.unwrap(fn)
+    except ValueError:  # pragma: no cover - a wrapper cycle
+        inner = fn
+    if kind(inner):
+        return True
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return False
+    return kind(inspect.getattr_static(type(fn), "__call__", None))
 
 
 def injected(names: tuple[str, ...], context: Mapping[str, Any]) -> dict[str, Any]:

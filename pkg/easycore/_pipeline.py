@@ -10,6 +10,7 @@ over to it with the options checked (``RunOptions``).
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -75,19 +76,15 @@ def _fn_name(fn: Any) -> str:
 def _refuse_waiting(f: Any, kind: str) -> None:
     """What cannot wait (API.md section 11), refused at decoration: an ``async def``
     consumer, an async generator as a producer."""
-    import inspect
-
-    from easycore._stages import is_async_fn  # (loads at the first decoration, not import)
-
     name = _fn_name(f)
-    if kind == "consumer" and is_async_fn(f):
+    if kind == "consumer" and _inject.is_async_fn(f):
         msg = (
             f"consumer {name!r} is `async def`: a consumer folds results in the calling "
             "process and cannot wait; make it a plain `def` and do the waiting in an "
             "`async def` producer before it"
         )
         raise TypeError(msg)
-    if kind == "producer" and is_async_fn(f, inspect.isasyncgenfunction):
+    if kind == "producer" and _inject.is_async_fn(f, inspect.isasyncgenfunction):
         msg = (
             f"producer {name!r} is an async generator: a producer returns one result per "
             "item; make it `async def` and `return` the result (a list, to give several)"

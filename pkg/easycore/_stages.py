@@ -33,7 +33,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
-from easycore._inject import call_with, injected
+from easycore._inject import call_with, injected, is_async_fn
 from easycore._protocol import (
     AT_INDEX,
     AT_STARTED,
@@ -77,23 +77,6 @@ Ran = tuple[list[Any], int, bool]
 
 # (index, start) of the unit a watchdog times (start None: untimed), or (None, 0.0): none
 Publish = Callable[[int | None, float | None], None]
-
-
-def is_async_fn(fn: Any, kind: Callable[[Any], bool] = inspect.iscoroutinefunction) -> bool:
-    """``fn`` is an ``async def`` function (``kind=inspect.isasyncgenfunction``: an async
-    generator), also behind decorators, a partial, or a callable object whose ``__call__``
-    is one."""
-    if kind(fn):
-        return True
-    try:
-        inner = inspect.unwrap(fn)
-    except ValueError:  # pragma: no cover - a wrapper cycle
-        inner = fn
-    if kind(inner):
-        return True
-    if inspect.isfunction(fn) or inspect.ismethod(fn):
-        return False
-    return kind(inspect.getattr_static(type(fn), "__call__", None))
 
 
 def cancel_grace(timeout: float) -> float:
