@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -97,11 +98,13 @@ def test_another_process_is_refused_and_its_lock_taken_over_once_it_died(tmp_pat
         with pytest.raises(ValueError, match=f"pid {other.pid}") as info:
             (row >> write.parquet(str(out))).map(range(5), devices=2)
         assert str(out) in str(info.value)
+        other.send_signal(signal.SIGKILL)  # dead, not yet reaped (a zombie): its lock stays
+        assert wait_for(lambda: psutil.Process(other.pid).status() == psutil.STATUS_ZOMBIE)
+        assert [n for n in os.listdir(out) if n.startswith(".")]
+        written = (row >> write.parquet(str(out))).map(range(5), devices=2)  # taken over
     finally:
-        other.send_signal(signal.SIGKILL)
+        other.kill()
         other.wait()
-    assert [n for n in os.listdir(out) if n.startswith(".")]  # the dead run's lock is left
-    written = (row >> write.parquet(str(out))).map(range(5), devices=2)  # and taken over
     assert rows_of(written) == list(range(5))
     assert not [n for n in os.listdir(out) if n.startswith(".")]
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from easycore._sinks import (
+    RunSchema,
     Sink,
     Written,
     Wrote,
@@ -195,13 +196,19 @@ class DirLock:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie, killed and not yet reaped,
+    does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # (another user's process)
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # (no /proc: macOS)
+        return True
 
 
 def check_sink(sink: Sink, in_caller: bool) -> None:
@@ -281,6 +288,7 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         if ledger is not None:
             ledger.close()
         raise
+    schema = RunSchema(sink)  # (Parquet: the directory reads back as one dataset)
     try:
         yield next(stream)  # PRIMED
         for start, values in stream:
@@ -288,9 +296,11 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
             for value in values:
                 if type(value) is Wrote and value.shards:
                     for shard in value.shards:
+                        schema.admit(shard)
                         path = commit_shard(sink, shard)
                         written.append(Written((path,), shard.rows, shard.nbytes))
             yield start, written
+        schema.settle()
     finally:
         try:
             stream.close()  # type: ignore[attr-defined]
