@@ -3,6 +3,10 @@ them; numpy ints count as ints. merge_from_list reaches keys that hold dots (sec
 
 from __future__ import annotations
 
+import hashlib
+import random
+import sys
+
 import numpy as np
 import pytest
 
@@ -64,10 +68,50 @@ class TestPermutation:
         assert permutation(np.int64(20), np.int32(4), np.int8(1)) == permutation(20, 4, 1)
 
 
+def shuffled(n, seed, epoch=0):
+    """What permutation always was: random.shuffle of range(n), seeded by derive_seed."""
+    order = list(range(n))
+    random.Random(derive_seed(seed, -1, epoch=epoch)).shuffle(order)
+    return order
+
+
+class TestPermutationValues:
+    def test_the_values_of_earlier_versions(self):
+        """Pinned values (from 0.5's random.shuffle): a resumed run keeps its order."""
+        assert permutation(10, 0) == [4, 3, 0, 5, 9, 1, 2, 7, 6, 8]
+        assert permutation(10, 0, epoch=1) == [2, 3, 9, 1, 7, 0, 8, 5, 6, 4]
+        assert permutation(12, 5, epoch=3) == [0, 4, 5, 11, 8, 10, 3, 7, 2, 1, 9, 6]
+        big = permutation(100_000, 3, epoch=2)
+        digest = hashlib.sha256(",".join(map(str, big)).encode()).hexdigest()
+        assert digest[:16] == "ca12cfa29cf287a7" and big[:2] == [17157, 17095]
+
+    @pytest.mark.parametrize("n", [65_535, 65_536, 65_537, 70_001, 1 << 17, 300_007])
+    @pytest.mark.parametrize(("seed", "epoch"), [(0, 0), (-7, 1), (2**70, 5)])
+    def test_equals_random_shuffle(self, n, seed, epoch):
+        """Every length, below and above where numpy takes over, gives shuffle's list."""
+        got = permutation(n, seed, epoch)
+        assert type(got) is list and type(got[0]) is int
+        assert got == shuffled(n, seed, epoch)
+
+    def test_long_ones_do_not_shuffle_item_by_item(self, monkeypatch):
+        """A long permutation does not run random.shuffle's Python loop (seconds for
+        10**7 items); without numpy it does, with the same result."""
+        want = shuffled(200_000, 1)
+
+        def refuse(*args):
+            raise AssertionError("random.shuffle called")
+
+        monkeypatch.setattr(random.Random, "shuffle", refuse)
+        assert permutation(200_000, 1) == want
+        monkeypatch.undo()
+        monkeypatch.setitem(sys.modules, "numpy", None)  # as if numpy were not installed
+        assert permutation(200_000, 1) == want
+
+
 class TestRankShare:
     def test_a_mapping_is_not_a_sequence(self):
         """A dict (indexed by key, not position) is a TypeError, not a raw KeyError."""
-        with pytest.raises(TypeError, match="sized sequence.*dict"):
+        with pytest.raises(TypeError, match=r"sized sequence.*dict"):
             distributed.rank_share({"a": 1, "b": 2}, 0, 1)
 
     @pytest.mark.parametrize("pad", ["no", 0, 1, None, np.bool_(True)])
@@ -111,14 +155,14 @@ class TestDottedKeys:
         assert cfg["lr.base"] == 0.5 and cfg.lr.base == 0.2 and cfg.lr.min == 0.01
 
     def test_a_shorter_run_when_the_longer_leads_nowhere(self):
-        """"a.b.c" with keys "a.b" (no c below it) and a -> b -> c: the path is used."""
+        """Override "a.b.c" with keys "a.b" (no c below it) and a -> b -> c: the path."""
         cfg = CfgNode({"a.b": {"x": 1}, "a": {"b": {"c": 1}}}, frozen=False)
         cfg.merge_from_list(["a.b.c", "5"])
         assert cfg.a.b.c == 5 and cfg["a.b"] == {"x": 1}
 
     def test_unknown_keys_still_name_close_matches(self):
         cfg = CfgNode({"OPT": {"lr.base": 0.1}}, frozen=False)
-        with pytest.raises(KeyError, match="lr.base"):
+        with pytest.raises(KeyError, match=r"did you mean.*'OPT\.lr\.base'"):
             cfg.merge_from_list(["OPT.lr.bas", "1"])
 
     def test_exported(self):
