@@ -15,8 +15,9 @@ indices, seeds and messages are those of the uninterrupted run on any engine.
 * :func:`read_state` checks a state against the run it is given to (seed, epoch, batch
   sizes, length of the input) and says where to begin.
 * :func:`resumable_tail` is the input from a given item on, without reading what is before
-  it: a ``range`` is sliced, a sequence indexed, a reader with ``iter_from(index)`` asked;
-  anything else (a generator) cannot resume and is a ``ValueError``.
+  it: a ``range`` is sliced, a sequence or a map-style dataset indexed, a reader with
+  ``iter_from(index)`` asked; anything else (a generator) cannot resume and is a
+  ``ValueError``.
 * :func:`mark_passed` puts ``CACHED`` markers in place of units received beyond the prefix
   (workers pass markers on without running anything) and :func:`drop_passed` takes them
   out of the results, so that those units are neither computed nor delivered again.
@@ -27,12 +28,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
 from easycore._errors import short_repr
 from easycore._exec.outcomes import without
+from easycore._exec.sources import Indexed, items_of
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, is_cached
 
@@ -76,6 +78,7 @@ def start_at(
         ValueError: ``state`` with ``resume``, a state of another run, or an input that
             cannot start in the middle.
     """
+    data = items_of(data)
     identity = run_identity(options.seed, options.epoch, options.batch_size, align, length_of(data))
     position = Position(identity, align)
     if options.state is None:
@@ -128,8 +131,9 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
     """Where a stream resumed from ``state`` begins: ``(first, passed)``, first-hop units.
 
     Raises:
-        ValueError: ``state`` is not an imap position, or one of another run (another
-            seed, epoch, batch size, or length of the input), naming what differs.
+        ValueError: ``state`` is not one an imap could have given (a field of the wrong
+            type, a position negative or past the end), or is one of another run (another
+            seed, epoch, batch size, or length of the input), naming the field.
     """
     if state.get("kind") != STATE_KIND or state.get("version") != _VERSION:
         msg = (
@@ -137,9 +141,17 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
             f"{_VERSION}); got {short_repr(dict(state))}"
         )
         raise ValueError(msg)
+    for name, optional in _FIELDS.items():
+        value = state.get(name)
+        if not (_is_int(value) or (optional and value is None)):
+            what = "an int or None" if optional else "an int"
+            _refuse(state, name, f"is {short_repr(value)}, not {what}")
+    received = state.get("received")
+    if not (isinstance(received, list) and all(_is_int(s) for s in received)):
+        _refuse(state, "received", f"is {short_repr(received)}, not a list of ints")
     diffs = []
     for name in _IDENTITY:
-        was, now = state.get(name), identity[name]
+        was, now = state[name], identity[name]
         if name == "total" and (was is None or now is None):
             continue  # a length that one of the runs did not know cannot differ
         if was != now:
@@ -150,20 +162,41 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
             "same input, seed, epoch and batch sizes as the run it was taken from"
         )
         raise ValueError(msg)
-    first, received = state.get("position"), state.get("received")
-    align = identity["align"]
-    ok = (
-        isinstance(first, int)
-        and first >= 0
-        and first % align == 0
-        and isinstance(received, list)
-        and all(isinstance(s, int) and s > first and s % align == 0 for s in received)
-    )
-    if not ok:
-        msg = f"state= holds a position that cannot be: {short_repr(dict(state))}"
-        raise ValueError(msg)
-    assert isinstance(first, int) and isinstance(received, list)
+    first, align, total = state["position"], identity["align"], identity["total"]
+    units = None if total is None else -(-total // (identity["batch_size"] or 1))
+    end = None if units is None else -(-units // align) * align  # after the last output unit
+    if first < 0 or first % align or (end is not None and first > end):
+        where = "" if end is None else f" from 0 to {end}"
+        _refuse(state, "position", f"is {first}: it must be a multiple of {align}{where}")
+    for s in received:
+        if s <= first or s % align or (units is not None and s >= units):
+            before = "" if units is None else f" and before {units}"
+            why = f"holds {s}: each must be a multiple of {align} after {first}{before}"
+            _refuse(state, "received", why)
     return first, frozenset(received)
+
+
+# the int fields of a state, and whether each may be None
+_FIELDS = {
+    "seed": True,
+    "epoch": False,
+    "batch_size": True,
+    "align": False,
+    "total": True,
+    "position": False,
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _refuse(state: Mapping[str, Any], name: str, why: str) -> NoReturn:
+    msg = (
+        f"state['{name}'] {why}; a state that no imap could have given (of "
+        f"{short_repr(dict(state))}): give the dict that the iterator's state_dict() returned"
+    )
+    raise ValueError(msg)
 
 
 def length_of(data: Any) -> int | None:
@@ -177,9 +210,10 @@ def resumable_tail(data: Any, start: int) -> Iterable[Any]:
     """The items of ``data`` from item ``start`` on, reading none of those before it.
 
     A ``range`` is sliced (still a range), an object with ``iter_from(index)`` (the protocol
-    for readers of one's own) is asked for an iterator, a sequence (a ``Sequence``, a numpy
-    array or torch tensor, or a map-style dataset: ``len`` and indexing, no ``__iter__``)
-    is indexed from ``start``.
+    for readers of one's own, and of a map-style dataset's :class:`Indexed` view) is asked
+    for an iterator, a sequence (a ``Sequence``, a numpy array or torch tensor, a Hugging
+    Face ``datasets.Dataset``: iterating it yields ``data[i]`` in order) is indexed from
+    ``start``.
 
     Raises:
         ValueError: ``data`` cannot start in the middle (a generator, an iterator, a set).
@@ -189,8 +223,8 @@ def resumable_tail(data: Any, start: int) -> Iterable[Any]:
     iter_from = getattr(data, "iter_from", None)
     if callable(iter_from):
         return _Tail(data, start, iter_from)
-    if _is_sequence(data):
-        return _Tail(data, start, None)
+    if _iterates_by_index(data):
+        return Indexed(data, start)
     msg = (
         f"state= resumes an input by index, but {short_repr(data)} (of type "
         f"{type(data).__name__}) cannot start in the middle: give a sequence or range, or an "
@@ -200,32 +234,25 @@ def resumable_tail(data: Any, start: int) -> Iterable[Any]:
     raise ValueError(msg)
 
 
-def _is_sequence(data: Any) -> bool:
-    """Whether item ``i`` of iterating ``data`` is ``data[i]``: a ``Sequence``, an array or
-    tensor (iterated along its first axis), or a map-style dataset (``len`` and indexing
-    with no ``__iter__`` of its own, so that iterating it indexes it). A class with an
-    ``__iter__`` of its own may iterate something else (a DataFrame's columns): it says
-    how to resume with ``iter_from``."""
-    kind = type(data)
-    if isinstance(data, Mapping | str | bytes | Iterator):
+def _iterates_by_index(data: Any) -> bool:
+    """Whether item ``i`` of iterating ``data`` is ``data[i]``: a ``Sequence`` (not a str or
+    bytes), or an array, tensor or Hugging Face dataset (iterated along its first axis, or
+    row by row). A class with an ``__iter__`` of its own may iterate something else (a
+    DataFrame's columns, a ``DatasetDict``'s splits): it says how to resume with
+    ``iter_from``."""
+    if isinstance(data, str | bytes | Mapping):  # a DatasetDict too: it iterates its splits
         return False
     if isinstance(data, Sequence):
         return True
-    if not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
-        return False
-    return not hasattr(kind, "__iter__") or _is_array(data)
-
-
-def _is_array(data: Any) -> bool:
     module = type(data).__module__.split(".")[0]
-    return module in ("numpy", "torch") and hasattr(data, "shape")
+    return module in ("numpy", "torch", "datasets") and hasattr(data, "shape")
 
 
 class _Tail:
-    """``data`` from item ``start`` on, with the length left when ``data`` has one."""
+    """``data`` from item ``start`` on (``iter_from(start)``), with the length left when
+    ``data`` has one."""
 
     def __init__(self, data: Any, start: int, iter_from: Any) -> None:
-        self.data = data
         self.start = start
         self.iter_from = iter_from
         n = length_of(data)
@@ -237,10 +264,7 @@ class _Tail:
         return self.n
 
     def __iter__(self) -> Iterator[Any]:
-        if self.iter_from is not None:
-            return iter(self.iter_from(self.start))
-        data = self.data
-        return (data[i] for i in range(self.start, len(data)))
+        return iter(self.iter_from(self.start))
 
 
 def mark_passed(

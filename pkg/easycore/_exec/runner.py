@@ -41,7 +41,7 @@ from easycore._exec.plan import (
 from easycore._exec.policy import set_aside
 from easycore._exec.position import Position, drop_passed, mark_passed, start_at
 from easycore._exec.resume import RunIdentity, RunLedger
-from easycore._exec.sources import LiveSource, batched
+from easycore._exec.sources import LiveSource, batched, items_of
 from easycore._exec.startup import check_capacity
 from easycore._exec.submit import Seat
 from easycore._options import (
@@ -293,12 +293,12 @@ class Runner:
         caller has received), a small JSON-serialisable dict; ``imap(..., state=that)`` with
         the same input, ``seed``, ``epoch`` and batch sizes continues with exactly the next
         result, and every result after it is the uninterrupted run's. Items before the
-        position are not read or computed again: a ``range`` or a sequence resumes by
-        index, an object with ``iter_from(index)`` (an iterator of its items from that one
-        on) is asked for the rest; any other input (a generator) is a ``ValueError`` with
-        ``state=``. ``epoch`` (None: the one given to ``open``, 0 by default) gives every
-        item of a seeded run another seed in every epoch (see
-        :func:`easycore.derive_seed`).
+        position are not read or computed again: a ``range``, a sequence or a map-style
+        dataset (a torch or Hugging Face ``Dataset``) resumes by index, an object with
+        ``iter_from(index)`` (an iterator of its items from that one on) is asked for the
+        rest; any other input (a generator) is a ``ValueError`` with ``state=``. ``epoch``
+        (None: the one given to ``open``, 0 by default) gives every item of a seeded run
+        another seed in every epoch (see :func:`easycore.derive_seed`).
 
         Args:
             data: any iterable, endless ones included (with ``state=``: a sequence, a
@@ -338,7 +338,7 @@ class Runner:
         options, data, position = start_at(self._settle(options), data, self._chain.align)
         stream = self._results(options, data, position)
         if self._sink is not None:
-            return commit_written(stream)
+            return _Files(commit_written(stream))
         return _Items(stream, position)
 
     def _results(
@@ -362,6 +362,7 @@ class Runner:
     ) -> Segments:
         size = options.batch_size
         align = self._chain.align
+        data = items_of(data)  # a map-style dataset: by index, as DataLoader reads it
         source: Iterable[Any] = batched(data, size) if size else data
         if options.passed:  # units received beyond the position: not run, not delivered
             source = mark_passed(source, options.first, options.passed, align)
@@ -543,6 +544,30 @@ class _Items:
     def close(self) -> None:
         self._values = iter(())
         self._segments.close()
+
+
+class _Files:
+    """A sink's ``imap``: one ``Written`` per committed file. Its files are its position."""
+
+    def __init__(self, written: Iterator[Any]) -> None:
+        self._written = written
+
+    def __iter__(self) -> _Files:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._written)
+
+    def close(self) -> None:
+        self._written.close()  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict[str, Any]:
+        msg = (
+            "a sink's imap has no position of its own: its committed files are; to resume "
+            "it after a crash, run it with resume='run.db' (a ledger beside the output) and "
+            "give the same resume= again"
+        )
+        raise TypeError(msg)
 
 
 class OwnedResults:

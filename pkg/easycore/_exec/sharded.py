@@ -31,7 +31,7 @@ from easycore import distributed
 from easycore._errors import WorkerDied, WorkerError
 from easycore._exec.plan import PipelineDef
 from easycore._exec.runner import Runner
-from easycore._exec.sources import batched
+from easycore._exec.sources import batched, items_of
 from easycore._options import Numbering, RunOptions
 from easycore._protocol import pack_exception, unpack_exception
 
@@ -154,6 +154,7 @@ def sharded_map(
     size = options.batch_size
     own: BaseException | None = None
     try:
+        data = items_of(data)  # a map-style dataset: by index, as DataLoader reads it
         units: Iterable[Any] = batched(data, size) if size else data
         share: Iterable[Any] = itertools.islice(units, me, None, world)
         count = _count(data, size)

@@ -1,7 +1,10 @@
-"""Where a run's items come from: an iterable, a range, or items submitted one at a time.
+"""Where a run's items come from: an iterable, a range, a map-style dataset, or items
+submitted one at a time.
 
 A run takes items from its source in chunks (:meth:`Source.take`), never more than the
-window allows: this is where backpressure meets the user's input.
+window allows: this is where backpressure meets the user's input. :func:`items_of` says
+what the items of the user's input are, for every kind of run (``map``, ``imap``, ``open``,
+``state=``, ``distributed=True``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,48 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["IterSource", "LiveSource", "RangeSource", "Source", "batched", "source_of"]
+__all__ = [
+    "Indexed",
+    "IterSource",
+    "LiveSource",
+    "RangeSource",
+    "Source",
+    "batched",
+    "items_of",
+    "source_of",
+]
+
+
+def items_of(data: Any) -> Any:
+    """The items of ``data`` as a run reads them: a map-style dataset (``__len__`` and
+    ``__getitem__`` with no ``__iter__`` of its own, as a ``torch.utils.data.Dataset``) is
+    read as DataLoader reads it, ``data[i]`` for ``i`` in ``range(len(data))``, whatever its
+    ``__getitem__`` does past the end (Python's own iteration would go on until an
+    ``IndexError``); anything else is iterated as it iterates (a dict yields its keys).
+    """
+    kind = type(data)
+    if hasattr(kind, "__iter__") or not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
+        return data
+    return Indexed(data)
+
+
+class Indexed:
+    """``data[i]`` for ``i`` in ``range(start, len(data))``, sized; ``iter_from`` resumes it."""
+
+    def __init__(self, data: Any, start: int = 0) -> None:
+        self.data = data
+        self.start = start
+
+    def __len__(self) -> int:
+        return max(len(self.data) - self.start, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        data = self.data
+        return (data[i] for i in range(self.start, len(data)))
+
+    def iter_from(self, index: int) -> Iterator[Any]:
+        """The items from item ``index`` of this view on."""
+        return iter(Indexed(self.data, self.start + index))
 
 
 def batched(data: Iterable[Any], size: int) -> Iterator[list[Any]]:
