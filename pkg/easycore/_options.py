@@ -178,6 +178,17 @@ def _check_callable(_: Any, attr: Any, value: Any) -> None:
         raise TypeError(msg)
 
 
+def _check_on_error(inst: Any, attr: Any, value: Any) -> None:
+    _check_callable(inst, attr, value)
+    if value is not None and inst.errors != "skip":
+        msg = (
+            f"on_error={value!r} is called with each item set aside, and only errors='skip' "
+            f"sets items aside (errors={inst.errors!r} raises the first failure): add "
+            "errors='skip', or leave on_error out"
+        )
+        raise ValueError(msg)
+
+
 def _check_path(_: Any, __: Any, value: Any) -> None:
     if value is not None and not isinstance(value, str | os.PathLike):
         msg = f"resume must be a path to an SQLite file (str or PathLike), got {value!r}"
@@ -195,7 +206,8 @@ class RunOptions:
     """The options of one run (``map``/``imap``), as the user gave them, checked.
 
     Raises:
-        ValueError: a value out of range or of the wrong type.
+        ValueError: a value out of range or of the wrong type; ``on_error`` without
+            ``errors="skip"``.
         TypeError: ``ordered``, ``progress``, ``retry_failed`` or ``accept_changed_code``
             not a bool; ``on_error`` or ``key`` not callable; ``resume`` not a path.
 
@@ -214,7 +226,7 @@ class RunOptions:
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
     # long jobs (contract section 8)
     errors: str = attrs.field(default="raise", validator=_check_errors)
-    on_error: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
+    on_error: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_on_error)
     resume: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
     key: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)

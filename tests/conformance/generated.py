@@ -237,11 +237,16 @@ def run_options(case: Case, engine: str) -> dict[str, Any]:
         kw["concurrency"] = case.pools[0].concurrency
     if engine == "inline":
         kw["devices"] = "inline"
-    else:
+    elif case.pools[0].workers is None:  # (devices= describes the pool without .on)
         kw["devices"] = case.devices
-        if engine == "ray":
-            kw["engine"] = "ray"
+    if engine == "ray":
+        kw["engine"] = "ray"
     return kw
+
+
+def _on_error(case: Case, report: Any) -> dict[str, Any]:
+    """``on_error=report`` where the case sets failures aside (errors="skip"), else nothing."""
+    return {"on_error": report} if case.errors == "skip" else {}
 
 
 def _raised(exc: BaseException) -> Raised:
@@ -260,7 +265,7 @@ def run_case(case: Case, engine: str) -> tuple[Outcome, BaseException | None, li
     try:
         with pipeline.open(**open_kw) as runner:
             try:
-                value = runner.map(list(case.items), on_error=failures.append, **kw)
+                value = runner.map(list(case.items), **_on_error(case, failures.append), **kw)
             except WorkerError as exc:
                 return Outcome(raised=(_raised(exc),)), exc, []
             stats = runner.stats()
@@ -330,7 +335,7 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
     pipeline = build(case, calls, out)
     taken: list[Any] = []
     it = pipeline.imap(
-        list(case.items), resume=db, on_error=lambda f: None, **run_options(case, first)
+        list(case.items), resume=db, **_on_error(case, lambda f: None), **run_options(case, first)
     )
     try:
         for value in it:
@@ -349,7 +354,10 @@ def check_resumed(case: Case, first: str, then: str, tmp: Path) -> None:
     error = None
     try:
         value = pipeline.map(
-            list(case.items), resume=db, on_error=failures.append, **run_options(case, then)
+            list(case.items),
+            resume=db,
+            **_on_error(case, failures.append),
+            **run_options(case, then),
         )
         if out is not None:  # every file of the job, those of the first run included
             value = read_back(out, value)

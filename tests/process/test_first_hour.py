@@ -155,7 +155,7 @@ class TestErrorsCarry:
         assert str(error).startswith("waits ran past timeout=1")
 
 
-SCRIPT = '''\
+SCRIPT = """\
 import linecache
 import sys
 
@@ -178,7 +178,7 @@ exec(compile(SOURCE, CELL, "exec"))
 if __name__ == "__main__":
     stage = producer(in_cell) if sys.argv[1] == "cell" else predict
     stage.map(range(6), devices=sys.argv[2] if sys.argv[2] == "inline" else int(sys.argv[2]))
-'''
+"""
 
 
 @pytest.mark.parametrize("devices", ["2", "inline"])
@@ -211,3 +211,29 @@ def test_an_uncaught_error_shows_the_users_line_once(tmp_path, where, devices):
     library = os.path.dirname(easycore.__file__)
     shown = out[out.index("Remote traceback:") :] if devices == "2" else out.split("\n\n")[0]
     assert library not in shown, shown
+
+
+class TestRefused:
+    """Options that would do nothing are refused, naming what to do instead."""
+
+    def test_devices_where_every_pool_has_its_own(self):
+        p = double.on(1) >> parse.on(1)
+        with pytest.raises(ValueError, match=r"devices=4 describes no pool.*own \.on"):
+            p.map(range(6), devices=4)
+        with pytest.raises(ValueError, match="describes no pool"):
+            p.open(devices=["cpu", "cpu"])
+        assert p.map(range(3)) == [0, 2, 4]  # (its own devices; "auto" says nothing)
+        assert (double >> parse.on(1)).map(range(3), devices=2) == [0, 2, 4]
+
+    def test_on_error_without_errors_skip(self):
+        with pytest.raises(ValueError, match="add errors='skip'"):
+            parse.map(range(6), devices=2, on_error=print)
+        failures = []
+        assert parse.map(range(6), devices=2, errors="skip", on_error=failures.append) == [
+            0,
+            1,
+            2,
+            4,
+            5,
+        ]
+        assert [f.index for f in failures] == [3]

@@ -224,6 +224,10 @@ def plan_chain(
 
     ``parse`` turns a ``devices`` argument into device strings (an engine's own meaning);
     ``concurrency`` is the run's, for the pool of ``devices`` (an ``.on`` pool has its own).
+
+    Raises:
+        ValueError: a device that cannot be; ``devices`` given (other than ``"auto"``, or
+            ``"inline"``) where every pool has its own ``.on(...)``: it would describe none.
     """
     cache: list[tuple[str, ...]] = []
 
@@ -237,6 +241,16 @@ def plan_chain(
     if not groups:
         return Chain((Hop(0, () if sink is None else (sink,), run_devices(), None, 1),))
     inline = isinstance(devices, str) and devices == INLINE
+    if all(binding is not None for _, binding in groups) and not (
+        inline or (isinstance(devices, str) and devices == "auto")
+    ):
+        pools = ", ".join(repr(" >> ".join(s.name for s in stages)) for stages, _ in groups)
+        msg = (
+            f"devices={devices!r} describes no pool: every pool of this pipeline ({pools}) "
+            "has its own .on(...) devices; leave devices out, or remove .on from the pool "
+            "it should describe"
+        )
+        raise ValueError(msg)
     hops: list[Hop] = []
     slot, unit = 0, 1
     for i, (stages, binding) in enumerate(groups):
