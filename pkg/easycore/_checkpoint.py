@@ -155,7 +155,8 @@ def load_checkpoint(
         except ValueError as err:
             if not left:
                 raise
-            warnings.warn(f"{err}; loading the checkpoint saved before it", stacklevel=2)
+            previous = os.path.basename(found[left - 1][2])
+            warnings.warn(f"{err}; loading {previous}, saved before it", stacklevel=2)
     return None  # a directory without a checkpoint yet (or not made yet)
 
 
