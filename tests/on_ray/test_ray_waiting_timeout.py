@@ -24,9 +24,9 @@ async def sleepy(x):
 
 @producer
 async def blocks_2(x):
-    """Item 2 holds the event loop 2 s (a sync call); the others await meanwhile."""
+    """Item 2 holds the event loop 1.6 s (a sync call); the others await meanwhile."""
     if x == 2:
-        time.sleep(2)
+        time.sleep(1.6)
     else:
         await asyncio.sleep(0.3)
     return x, os.getpid()
