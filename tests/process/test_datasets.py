@@ -146,3 +146,20 @@ class TestHuggingFace:
         it.close()
         rest = list(row_x.imap(ds, devices=devices, seed=0, state=state))
         assert first + rest == EXPECTED
+
+
+def test_a_torch_dataset_with_an_iter_of_its_own_is_still_indexed():
+    """DataLoader indexes every torch Dataset that is not an IterableDataset, whatever its
+    ``__iter__`` does; so does easycore."""
+
+    class WithIter(torch.utils.data.Dataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return i * 10
+
+        def __iter__(self):  # what DataLoader never calls on a map-style dataset
+            return iter(range(100))
+
+    assert producer(lambda x: x).map(WithIter(), devices="inline") == [0, 10, 20, 30, 40]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,9 +38,20 @@ def items_of(data: Any) -> Any:
     ``IndexError``); anything else is iterated as it iterates (a dict yields its keys).
     """
     kind = type(data)
-    if hasattr(kind, "__iter__") or not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
+    if not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
+        return data
+    if hasattr(kind, "__iter__") and not _torch_map_style(data):
         return data
     return Indexed(data)
+
+
+def _torch_map_style(data: Any) -> bool:
+    """Whether ``data`` is a torch ``Dataset`` that DataLoader indexes (not an
+    ``IterableDataset``), ``__iter__`` of its own or not. (torch is not imported here.)"""
+    torch_data = getattr(sys.modules.get("torch.utils.data"), "Dataset", None)
+    if torch_data is None or not isinstance(data, torch_data):
+        return False
+    return not isinstance(data, sys.modules["torch.utils.data"].IterableDataset)
 
 
 class Indexed:
