@@ -20,6 +20,7 @@ import contextlib
 import gc
 import io
 import json
+import math
 import os
 import posixpath
 import re
@@ -33,6 +34,7 @@ from easycore._protocol import is_cached
 
 __all__ = [
     "TEMP_PREFIX",
+    "RunSchema",
     "Shard",
     "ShardWriter",
     "Sink",
@@ -45,12 +47,12 @@ __all__ = [
     "parse_bytes",
     "recover",
     "sweep",
+    "unify_schemas",
 ]
 
 TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
 # the temporary files easycore writes (sweep removes these only: not a user's own ".part-x")
 _TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|jsonl\.gz|tar)\Z")
-_EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
 _EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
@@ -85,6 +87,7 @@ class Shard(NamedTuple):
     name: str
     rows: int
     nbytes: int
+    schema: bytes | None = None  # a Parquet file's Arrow schema, serialized (None: unknown)
 
 
 class Wrote(NamedTuple):
@@ -251,11 +254,11 @@ class _Files:
             return []
         return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
 
-    def open(self, name: str) -> Any:
+    def open(self, name: str, mode: str = "wb") -> Any:
         try:
             if self.fs is None:
-                return open(self.join(name), "wb")
-            return self.fs.open(self.join(name), "wb")
+                return open(self.join(name), mode)
+            return self.fs.open(self.join(name), mode)
         except OSError as exc:  # the directory's fault, not an item's: the run fails
             msg = f"cannot open {self.join(name)} ({exc}): the sink's directory must be writable"
             raise SinkError(msg) from exc
@@ -320,6 +323,65 @@ def sweep(sink: Sink, files: Any = None) -> None:
     for name in files.names():
         if _TEMP.match(name):
             files.remove(name)
+
+
+class RunSchema:
+    """The caller's view of a Parquet run's files, so that the directory reads back as one
+    dataset (``pyarrow.parquet.read_table(dir)`` takes the first file's schema and casts the
+    others to it): each file's schema is merged into the run's as it is committed (a column
+    of nulls takes the type another file has; arrays of several lengths are variable-length
+    lists), and when the run ends, the files written before their worker knew a column's
+    type are written again in the run's schema. A true conflict fails the run.
+
+    The common case costs nothing: the workers send their schemas serialized, and files of
+    one schema compare as bytes, with no ``pyarrow`` in the calling process.
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.files: dict[str, bytes] = {}  # committed file -> its schema, serialized
+        self.kinds: dict[bytes, None] = {}  # the schemas seen, in order
+        self.schema: Any = None  # the run's, once files of several schemas were seen
+
+    def admit(self, shard: Shard) -> None:
+        """Merge ``shard``'s schema into the run's, before it is committed.
+
+        Raises:
+            ValueError: a column's type in ``shard`` conflicts with another file's.
+        """
+        if shard.schema is None:
+            return
+        self.files[shard.name] = shard.schema
+        if shard.schema in self.kinds:
+            return
+        self.kinds[shard.schema] = None
+        if len(self.kinds) > 1:
+            run = self.schema if self.schema is not None else _schema_of(next(iter(self.kinds)))
+            try:
+                self.schema = unify_schemas([run, _schema_of(shard.schema)])
+            except RowError as exc:
+                msg = f"{self.sink!r}: {shard.name} does not read with the run's other files: {exc}"
+                raise ValueError(msg) from None
+
+    def settle(self) -> None:
+        """When the run has written everything: write again, in the run's schema, each file
+        whose schema differs (the files of an earlier run, with ``resume=``, included)."""
+        if self.sink.kind != "parquet":
+            return
+        import pyarrow.parquet as pq
+
+        files = _Files(self.sink)
+        for name in files.names():
+            if name.startswith("part-") and name.endswith(self.sink.ext) and name not in self.files:
+                with files.open(name, "rb") as f:
+                    schema = pq.read_schema(f).serialize().to_pybytes()
+                self.admit(Shard("", name, 0, 0, schema))
+        if self.schema is None:
+            return
+        stale = {b for b in self.kinds if not _same(_schema_of(b), self.schema)}
+        for name, schema in self.files.items():
+            if schema in stale:
+                _rewrite(files, self.sink, name, self.schema)
 
 
 # -- the worker's side: results to rows, rows to files ---------------------------------------
@@ -467,8 +529,12 @@ def _arrow_column(values: Any) -> Any:
         if arr.ndim == 1:
             return _flat(arr)
         out = _flat(arr.reshape(-1))
-        for size in reversed(arr.shape[1:]):
-            out = pa.FixedSizeListArray.from_arrays(out, int(size))
+        for depth in range(arr.ndim - 1, 0, -1):
+            if arr.shape[depth]:
+                out = pa.FixedSizeListArray.from_arrays(out, int(arr.shape[depth]))
+            else:  # (a fixed-size list may not be empty: lists of no values)
+                offsets = np.zeros(int(np.prod(arr.shape[:depth])) + 1, np.int32)
+                out = pa.ListArray.from_arrays(_flat(offsets), out)
         return out
     plain = _plain_column(values)
     if plain is not None:
@@ -663,7 +729,7 @@ class ShardWriter:
             units.append(_Unit(k, first, cols, n, index))
         if self.sink.key_column is not None:
             for u in units:
-                _add_keys(u.cols, self.sink.key_column, u.keys)
+                _add_keys(u.cols, self.sink.key_column, self._keys(u.keys))
         writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
         shards, bad = writer[self.sink.kind](units)
         errors.extend(bad)
@@ -718,7 +784,7 @@ class ShardWriter:
             _add_keys(
                 cols,
                 self.sink.key_column,
-                firsts if keys is None else [keys[f - origin] for f in firsts],
+                firsts if keys is None else self._keys([keys[f - origin] for f in firsts]),
             )
         try:
             table = self._fit(_table(cols, len(rows)))
@@ -732,6 +798,15 @@ class ShardWriter:
             values[k] = one
         values[at[-1]] = Wrote(1, tuple(shards))
         return True
+
+    def _keys(self, keys: list[Any]) -> Any:
+        """A key column's values: in Parquet, tuple keys (``key=``'s str and int tuples)
+        are structs of fields ``"0"``, ``"1"``, ... (a list column would need one type)."""
+        if self.sink.kind != "parquet" or not any(type(k) is tuple for k in keys):
+            return keys
+        import pyarrow as pa
+
+        return pa.array([{str(i): v for i, v in enumerate(k)} for k in keys])
 
     # -- names -----------------------------------------------------------------------------
     def _names(self, key: int, offset: int) -> tuple[str, str]:
@@ -774,15 +849,18 @@ class ShardWriter:
         try:
             table = self._fit(_together(units)) if units else None
         except Exception:
-            good = []
+            good, tables = [], []
             for u in units:  # find the units that do not fit, naming each
                 try:
-                    self._fit(_table(u.cols, u.n))
+                    tables.append(self._fit(_table(u.cols, u.n)))
                     good.append(u)
                 except Exception as exc:
                     bad.append((u.pos, RowError(f"its rows do not fit the file's schema: {exc}")))
             units = good
-            table = self._fit(_together(units)) if units else None
+            if tables:  # (in the schema the last one widened, if one did)
+                import pyarrow as pa
+
+                table = pa.concat_tables([_conform(t, self.schema) for t in tables])
         if table is None or table.num_rows == 0:
             return [], bad
         per = self._limits(table.num_rows, table.nbytes)
@@ -793,6 +871,7 @@ class ShardWriter:
         import pyarrow.parquet as pq
 
         shards = []
+        schema = table.schema.serialize().to_pybytes()
         for first, end, key, offset in cuts:
             temp, name = self._names(key, offset)
             part = table.slice(first, end - first)
@@ -801,31 +880,29 @@ class ShardWriter:
                     part, f, compression=self.sink.compression or "none", **_parquet_options(table)
                 )
                 nbytes = f.tell()
-            shards.append(Shard(temp, name, part.num_rows, nbytes))
+            shards.append(Shard(temp, name, part.num_rows, nbytes, schema))
         return shards
 
     def _fit(self, table: Any) -> Any:
-        """``table`` in the run's schema (the first table's, when none was given)."""
+        """``table`` in the worker's schema: ``schema=``, else that of the rows it wrote so
+        far, widened to hold these (a column of nulls so far takes a type, arrays of another
+        length make a variable-length list column, a new column is added; the caller writes
+        the files written before again, see :class:`RunSchema`)."""
         if self.schema is None:
             self.schema = table.schema
             return table
         if table.schema.equals(self.schema):
             return table
-        if self.sink.schema is None:  # a column that held only nulls so far takes a type now
-            import pyarrow as pa
-
-            for i, field in enumerate(self.schema):
-                if pa.types.is_null(field.type) and field.name in table.schema.names:
-                    new = table.schema.field(field.name).with_nullable(True)
-                    self.schema = self.schema.set(i, new)
-        if set(table.schema.names) != set(self.schema.names):
-            msg = f"columns {table.schema.names}, where the schema has {self.schema.names}"
-            raise RowError(msg)
-        return table.select(self.schema.names).cast(self.schema)
+        given = self.sink.schema is not None
+        schema = self.schema if given else unify_schemas([self.schema, table.schema], keep=True)
+        table = _conform(table, schema, given)
+        self.schema = schema
+        return table
 
     def _encoded(
         self, units: list[_Unit], encode: Any
-    ) -> tuple[list[tuple[_Unit, list[bytes]]], list[tuple[int, BaseException]]]:
+    ) -> tuple[list[tuple[_Unit, list[Any]]], list[tuple[int, BaseException]]]:
+        """Each unit's rows, encoded (``(name, bytes)`` each), or the unit's error."""
         out = []
         bad: list[tuple[int, BaseException]] = []
         for u in units:
@@ -843,32 +920,52 @@ class ShardWriter:
         return out, bad
 
     def _split(
-        self, encoded: list[tuple[_Unit, list[bytes]]]
-    ) -> list[tuple[int, int, list[bytes]]]:
-        """Encoded rows cut into files: ``(key, offset, rows)``."""
+        self, encoded: list[tuple[_Unit, list[Any]]]
+    ) -> tuple[list[tuple[int, int, list[bytes]]], list[tuple[int, BaseException]]]:
+        """Encoded rows cut into files ``(key, offset, rows)``, and the units whose rows
+        repeat a name (WebDataset's ``__key__``; None: not checked) in their file: those are
+        left out, and the others cut again."""
         per_rows = self.sink.rows_per_file
-        files: list[tuple[int, int, list[bytes]]] = []
-        size = 0
-        for u, rows in encoded:
-            for j, row in enumerate(rows):
-                full = files and (
-                    (per_rows is not None and len(files[-1][2]) >= per_rows)
-                    or size + len(row) > self.sink.bytes_per_file
+        bad: list[tuple[int, BaseException]] = []
+        while True:
+            files: list[tuple[int, int, list[bytes]]] = []
+            size = 0
+            seen: set[Any] = set()
+            repeated: dict[int, Any] = {}
+            for u, rows in encoded:
+                for j, (name, row) in enumerate(rows):
+                    full = files and (
+                        (per_rows is not None and len(files[-1][2]) >= per_rows)
+                        or size + len(row) > self.sink.bytes_per_file
+                    )
+                    if not files or full:
+                        files.append((u.key, j, []))
+                        size = 0
+                        seen = set()
+                    files[-1][2].append(row)
+                    size += len(row)
+                    if name is not None:
+                        if name in seen:
+                            repeated.setdefault(u.pos, name)
+                        seen.add(name)
+            if not repeated:
+                return files, bad
+            for pos, name in repeated.items():
+                msg = (
+                    f"its __key__ {name!r} is repeated in its shard (webdataset would merge "
+                    "or drop those samples): give each sample a __key__ of its own"
                 )
-                if not files or full:
-                    files.append((u.key, j, []))
-                    size = 0
-                files[-1][2].append(row)
-                size += len(row)
-        return files
+                bad.append((pos, RowError(msg)))
+            encoded = [(u, rows) for u, rows in encoded if u.pos not in repeated]
 
     def _jsonl(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
-        def encode(_: _Unit, __: int, row: dict[str, Any]) -> bytes:
-            return (json.dumps(_py(row), ensure_ascii=False) + "\n").encode()
+        def encode(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
+            return None, (_json(_py(row)) + "\n").encode()
 
         encoded, bad = self._encoded(units, encode)
         shards = []
-        for key, offset, rows in self._split(encoded):
+        files, _ = self._split(encoded)
+        for key, offset, rows in files:
             temp, name = self._names(key, offset)
             data = b"".join(rows)
             if self.sink.compression == "gzip":
@@ -883,29 +980,37 @@ class ShardWriter:
     def _tar(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
         import tarfile  # (here: only a WebDataset sink pays for it)
 
-        def encode(u: _Unit, j: int, row: dict[str, Any]) -> bytes:
+        def encode(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
             key = row.pop("__key__", None)
             if key is None:
                 key = u.keys[j]
                 if u.n > 1 and len(set(u.keys)) == 1:
                     key = f"{key}_{j}"
             key = str(key)
-            if "." in key or "/" in key:
-                msg = f"a __key__ may not hold '.' or '/' (webdataset splits on them): {key!r}"
-                raise SinkError(msg)
+            if not key or "." in key or "/" in key:
+                msg = (
+                    f"a __key__ must be a name with no '.' or '/' (webdataset splits member "
+                    f"names on them), got {key!r}"
+                )
+                raise (SinkError if key else RowError)(msg)  # (empty: that item's error)
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
                 for field, value in row.items():
+                    if "/" in field:
+                        msg = f"a field name may not hold '/' (webdataset drops it): {field!r}"
+                        raise RowError(msg)
                     data = _entry_bytes(value)
                     info = tarfile.TarInfo(f"{key}.{field}")
                     info.size = len(data)
                     info.mode = 0o644
                     tar.addfile(info, io.BytesIO(data))
-            return _members(buf)  # one sample's members; the end blocks come once per file
+            return key, _members(buf)  # one sample's members; the end blocks come once per file
 
         encoded, bad = self._encoded(units, encode)
+        files, repeated = self._split(encoded)
+        bad.extend(repeated)
         shards = []
-        for key, offset, rows in self._split(encoded):
+        for key, offset, rows in files:
             temp, name = self._names(key, offset)
             data = b"".join(rows)
             data += b"\0" * (2 * tarfile.BLOCKSIZE)
@@ -915,6 +1020,131 @@ class ShardWriter:
                 f.write(data)
             shards.append(Shard(temp, name, len(rows), len(data)))
         return shards, bad
+
+
+def _merge_type(a: Any, b: Any) -> Any:
+    """The type that holds the values of types ``a`` and ``b``, or None when they conflict:
+    a null type gives way to the other; lists of different lengths (fixed-size or not) are
+    variable-length lists; structs of the same fields merge field by field."""
+    import pyarrow as pa
+
+    t = pa.types
+    if a.equals(b) or t.is_null(b):
+        return a
+    if t.is_null(a):
+        return b
+    lists = (t.is_list, t.is_large_list, t.is_fixed_size_list)
+    if any(f(a) for f in lists) and any(f(b) for f in lists):
+        value = _merge_type(a.value_type, b.value_type)
+        if value is None:
+            return None
+        if t.is_fixed_size_list(a) and t.is_fixed_size_list(b) and a.list_size == b.list_size:
+            return pa.list_(value, a.list_size)
+        return pa.large_list(value) if t.is_large_list(a) or t.is_large_list(b) else pa.list_(value)
+    if t.is_struct(a) and t.is_struct(b) and [f.name for f in a] == [f.name for f in b]:
+        fields = [_merge_type(fa.type, fb.type) for fa, fb in zip(a, b, strict=True)]
+        if None in fields:
+            return None
+        return pa.struct([pa.field(f.name, typ) for f, typ in zip(a, fields, strict=True)])
+    return None
+
+
+def unify_schemas(schemas: Sequence[Any], keep: bool = False) -> Any:
+    """One schema holding the rows of every schema in ``schemas`` (columns in the order
+    first seen; a column some lack is nullable). ``keep``: where a column's types conflict,
+    keep the first (a cast then says whether the values fit: ``3.0`` as an int, not ``0.5``).
+
+    Raises:
+        RowError: a column's types conflict (naming it and both types), unless ``keep``.
+    """
+    import pyarrow as pa
+
+    fields: dict[str, Any] = {}
+    for schema in schemas:
+        for field in schema:
+            have = fields.get(field.name)
+            if have is None:
+                fields[field.name] = field
+                continue
+            typ = _merge_type(have.type, field.type)
+            if typ is None and keep:
+                typ = have.type
+            elif typ is None:
+                msg = (
+                    f"column {field.name!r} holds {field.type} in some rows and {have.type} "
+                    "in others: give the sink a schema= that fits every row "
+                    f"(write.parquet(..., schema=pyarrow.schema(...)))"
+                )
+                raise RowError(msg)
+            fields[field.name] = pa.field(field.name, typ, have.nullable or field.nullable)
+    names = set(fields)
+    for schema in schemas:  # a column some schema lacks: its rows hold nulls there
+        for name in names - set(schema.names):
+            fields[name] = fields[name].with_nullable(True)
+    return pa.schema(list(fields.values()), metadata=schemas[0].metadata)
+
+
+def _schema_of(serialized: bytes) -> Any:
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(serialized))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two schemas have the same columns of the same types (in any order)."""
+    return len(a) == len(b) and all(
+        f.name in b.names and b.field(f.name).type.equals(f.type) for f in a
+    )
+
+
+def _conform(table: Any, schema: Any, given: bool = False) -> Any:
+    """``table`` cast to ``schema``: a column it lacks is nulls where the schema lets it be
+    (else an error), one the schema lacks is an error (``given``: the user's ``schema=``).
+
+    Raises:
+        RowError: naming the column and both types.
+    """
+    import pyarrow as pa
+
+    extra = [n for n in table.schema.names if n not in schema.names]
+    if extra:
+        msg = f"columns {extra} are not in the schema= given (its columns: {schema.names})"
+        raise RowError(msg)
+    cols = []
+    for field in schema:
+        if field.name not in table.schema.names:
+            if not field.nullable:
+                msg = f"column {field.name!r} is missing, and the schema says it is not nullable"
+                raise RowError(msg)
+            cols.append(pa.nulls(table.num_rows, field.type))
+            continue
+        col = table.column(field.name)
+        if col.type.equals(field.type):
+            cols.append(col)
+            continue
+        try:
+            cols.append(col.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            where = "the schema= given has" if given else "this worker's earlier rows have"
+            msg = (
+                f"column {field.name!r} holds {col.type} where {where} {field.type} "
+                f"({exc}): give the sink a schema= that fits every row"
+            )
+            raise RowError(msg) from None
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> None:
+    """Write committed file ``name`` again in ``schema`` (under a temporary name first: a
+    crash meanwhile leaves the file as it was)."""
+    import pyarrow.parquet as pq
+
+    with files.open(name, "rb") as f:
+        table = _conform(pq.read_table(f), schema)
+    temp = TEMP_PREFIX + name
+    with files.open(temp) as f:
+        pq.write_table(table, f, compression=sink.compression or "none", **_parquet_options(table))
+    files.rename(temp, name)
 
 
 def _leaves(name: str, typ: Any) -> Iterator[tuple[str, Any]]:
@@ -970,7 +1200,27 @@ def _entry_bytes(value: Any) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode()
-    return json.dumps(_py(value)).encode()
+    return _json(_py(value)).encode()
+
+
+def _json(value: Any) -> str:
+    """``value`` as strict JSON: NaN and infinities as null (``json.dumps`` writes them as
+    ``NaN`` and ``Infinity``, which JSON readers refuse)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _cell(col: Any, j: int) -> Any:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pyarrow.parquet as pq
 from hypothesis import strategies as st
 from reference import (
     MODULUS,
@@ -31,6 +32,7 @@ from reference import (
     Raised,
     StageSpec,
     reference,
+    sink_row,
 )
 
 from easycore import WorkerError, compose, consumer, item_seed, producer, write
@@ -89,6 +91,7 @@ def cases(draw: Any, resume: bool = False) -> Case:
         fails_at = draw(st.none() | st.integers(0, 5)) if ordered else None
         consumer_spec = ConsumerSpec(kind, fails_at)
     sink = consumer_spec is None and draw(st.sampled_from([False, False, True]))
+    sink_kind = draw(st.sampled_from(["jsonl", "parquet"])) if sink else "jsonl"
     items = draw(st.lists(st.integers(0, 200), unique=True, max_size=40))
     return Case(
         pools=tuple(pools),
@@ -100,6 +103,7 @@ def cases(draw: Any, resume: bool = False) -> Case:
         retries=draw(st.integers(0, 2)),
         consumer=consumer_spec,
         sink=sink,
+        sink_kind=sink_kind,
         interrupt_after=draw(st.integers(0, 12)) if resume else None,
     )
 
@@ -177,8 +181,11 @@ def build(case: Case, calls: Path | None = None, out: Path | None = None) -> Any
         ]
         if case.sink and h == len(case.pools) - 1:
 
-            def row(y: int) -> dict[str, int]:  # (a closure: it travels by value)
-                return {"y": y}
+            def row(y: int) -> dict[str, Any]:  # (a closure: it travels by value)
+                import numpy as np  # (reference.sink_row, with an array of varying length)
+
+                seq = np.arange(y % 4, dtype=np.int64) + y
+                return {"y": y, "seq": seq, "note": None if y % 3 else f"n{y}"}
 
             stages.append(producer(row))  # a sink writes mappings
         p = compose(*stages)
@@ -190,19 +197,25 @@ def build(case: Case, calls: Path | None = None, out: Path | None = None) -> Any
         parts.append(make_consumer(spec))
     if case.sink:
         assert out is not None
-        parts.append(write.jsonl(out))
+        parts.append(write.parquet(out) if case.sink_kind == "parquet" else write.jsonl(out))
     return compose(*parts)
 
 
 def read_back(out: Path, written: Any = None) -> list[int]:
     """The values a sink's files hold, in the order of the files' names (input order), after
-    checking that no file is left half-written and (given ``map``'s ``Written``) that the
-    committed files are the ones on disk."""
+    checking that no file is left half-written, that (given ``map``'s ``Written``) the
+    committed files are the ones on disk, and that each row is ``sink_row`` of its value
+    (Parquet: read as one dataset, with ``pyarrow.parquet.read_table(dir)``)."""
     names = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert not [n for n in names if n.startswith(".")], names
     if written is not None:
         assert sorted(Path(f).name for f in written.files) == names, (written.files, names)
-    values = [json.loads(line)["y"] for n in names for line in (out / n).read_text().splitlines()]
+    if names and names[0].endswith(".parquet"):
+        rows = pq.read_table(out).to_pylist()
+    else:
+        rows = [json.loads(line) for n in names for line in (out / n).read_text().splitlines()]
+    values = [row["y"] for row in rows]
+    assert rows == [sink_row(y) for y in values], rows
     if written is not None:
         assert written.rows == len(values)
     return values

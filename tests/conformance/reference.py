@@ -21,9 +21,11 @@ time, with no process, no chunk and no retry machinery:
   ``"skip"`` the output unit is left out and reported as a ``Failure(index=output unit,
   item=its first-pool unit(s), stage)``, where several of its units failed, the stage of
   the one that failed at the earliest pool (the first in input order among those);
-* a sink (``write.jsonl``, in place of a consumer) writes the output values; its files,
-  read back in the order of their names, hold what a ``map`` without it returns (in input
-  order with ``ordered=True``; unordered, the same values);
+* a sink (``write.jsonl`` or ``write.parquet``, in place of a consumer) writes a row per
+  output value ``y``, :func:`sink_row` (a variable-length array, a column mostly None); its
+  files, read back in the order of their names (Parquet: the directory as one dataset),
+  hold those rows for what a ``map`` without it returns (in input order with
+  ``ordered=True``; unordered, the same values);
 * the consumer folds the output values in order (or, unordered, in any order: the suite's
   unordered consumers are order-free); a consumer that raises on the k-th value is a
   ``WorkerError`` naming output unit k's index.
@@ -39,6 +41,12 @@ import attrs
 from easycore import derive_seed
 
 MODULUS = 7  # a stage's poison is "its input value modulo 7 equals p"
+
+
+def sink_row(y: int) -> dict[str, Any]:
+    """The row a sink writes for output value ``y``, as it reads back (the pipeline's last
+    stage returns ``seq`` as a numpy array: its length varies from row to row)."""
+    return {"y": y, "seq": [y + i for i in range(y % 4)], "note": None if y % 3 else f"n{y}"}
 
 
 def value_of(x: Any) -> int:
@@ -114,7 +122,8 @@ class Case:
     errors: str = "raise"
     retries: int = 0
     consumer: ConsumerSpec | None = None
-    sink: bool = False  # ends in write.jsonl (the values, read back from its files)
+    sink: bool = False  # ends in a sink (the values, read back from its files)
+    sink_kind: str = "jsonl"  # "jsonl" or "parquet"
     interrupt_after: int | None = None  # resume cases: results taken before the stop
 
     @property

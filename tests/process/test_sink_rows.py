@@ -1,0 +1,277 @@
+"""easycore.write (API.md section 10): rows are written as a user reads them back, with each
+format's own reader (pyarrow.parquet.read_table on the directory, json, webdataset)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from easycore import Failure, WorkerError, producer, write
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def schemas(written) -> set[str]:
+    return {str(pq.read_schema(f)) for f in written.files}
+
+
+def lines(written) -> list[str]:
+    out = []
+    for f in written.files:
+        with open(f) as fh:
+            out.extend(fh)
+    return out
+
+
+def strict_json(line: str):
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+@producer
+def late_text(x):
+    """A column of None in the first rows, text in a few later ones."""
+    return {"x": x, "note": f"n{x}" if x % 50 == 49 else None}
+
+
+class TestOneDataset:
+    @pytest.mark.parametrize("devices", ["inline", 1, 2])
+    def test_a_column_null_at_first_reads_back_as_one_dataset(self, tmp_path, devices):
+        """None in the first rows (and in whole files), strings later: read_table(dir) reads
+        every row, and every file has the run's types (none is null where another is
+        string)."""
+        out = tmp_path / "out"
+        sink = write.parquet(str(out), rows_per_file=20)
+        written = (late_text >> sink).map(range(200), devices=devices)
+        table = pq.read_table(out)
+        assert table.schema.field("note").type == pa.string()
+        rows = sorted(table.to_pylist(), key=lambda r: r["x"])
+        assert rows == [late_text.fn(x) for x in range(200)]
+        assert len(written.files) >= 10 and len(schemas(written)) == 1
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_arrays_of_varying_length_are_variable_length_lists(self, tmp_path, devices):
+        """Token sequences: the first rows all of one length, later ones not (some empty);
+        every row is written (none set aside under errors='skip'), as a variable-length
+        list."""
+
+        @producer
+        def tokens(x):
+            n = 4 if x < 30 else x % 7  # (0 included: an empty list)
+            return {"x": x, "ids": torch.arange(n) + x, "mask": np.ones(n, np.int8)}
+
+        failed: list[Failure] = []
+        out = tmp_path / "out"
+        written = (tokens >> write.parquet(str(out), rows_per_file=16)).map(
+            range(80), devices=devices, errors="skip", on_error=failed.append
+        )
+        assert failed == [] and written.rows == 80
+        table = pq.read_table(out)
+        assert pa.types.is_list(table.schema.field("ids").type)
+        by_x = {r["x"]: r for r in table.to_pylist()}
+        for x in range(80):
+            n = 4 if x < 30 else x % 7
+            assert by_x[x]["ids"] == [x + i for i in range(n)]
+            assert by_x[x]["mask"] == [1] * n
+        assert len(schemas(written)) == 1
+
+    def test_arrays_of_one_length_stay_fixed_size(self, tmp_path):
+        @producer
+        def emb(x):
+            return {"x": x, "emb": np.full(3, x, np.float32)}
+
+        out = tmp_path / "out"
+        (emb >> write.parquet(str(out), rows_per_file=5)).map(range(20), devices=2)
+        assert pa.types.is_fixed_size_list(pq.read_table(out).schema.field("emb").type)
+
+    def test_a_true_conflict_names_the_column_and_both_types(self, tmp_path):
+        @producer
+        def typed(x):
+            return {"v": "text" if x == 5 else x}
+
+        with pytest.raises(WorkerError, match=r"'v' holds string .*int64.*schema=") as info:
+            (typed >> write.parquet(str(tmp_path / "out"))).map(range(10), devices="inline")
+        assert info.value.index == 5
+
+    def test_a_conflict_between_runs_files_fails_the_run(self, tmp_path):
+        """A resumed run whose rows have another type than the files of the run it resumes:
+        an error naming the column and both types, not a directory that does not read."""
+        out, db, flag = tmp_path / "out", tmp_path / "run.db", tmp_path / "as-text"
+
+        @producer
+        def typed(x):
+            if x == 30 and not flag.exists():
+                raise RuntimeError("stop here")
+            return {"v": str(x) if flag.exists() else x}
+
+        pipeline = typed >> write.parquet(str(out), rows_per_file=4)
+        with pytest.raises(WorkerError):
+            pipeline.map(range(40), devices="inline", resume=str(db))
+        flag.touch()
+        with pytest.raises(
+            ValueError, match=r"'v' holds .*(string|int64).*(int64|string).*schema="
+        ):
+            pipeline.map(range(40), devices="inline", resume=str(db))
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_a_nullable_schema_column_may_be_missing(self, tmp_path, devices):
+        schema = pa.schema([("x", pa.int64(), False), ("note", pa.string())])
+
+        @producer
+        def sparse(x):
+            return {"x": x, "note": "n"} if x % 2 else {"x": x}
+
+        failed: list[Failure] = []
+        out = tmp_path / "out"
+        written = (sparse >> write.parquet(str(out), schema=schema)).map(
+            range(20), devices=devices, errors="skip", on_error=failed.append
+        )
+        assert failed == [] and written.rows == 20
+        table = pq.read_table(out)
+        assert table.schema == schema
+        notes = {r["x"]: r["note"] for r in table.to_pylist()}
+        assert notes == {x: "n" if x % 2 else None for x in range(20)}
+
+    def test_a_column_that_is_not_nullable_may_not_be_missing(self, tmp_path):
+        schema = pa.schema([("x", pa.int64()), ("y", pa.int64(), False)])
+
+        @producer
+        def sparse(x):
+            return {"x": x, "y": x} if x != 3 else {"x": x}
+
+        failed: list[Failure] = []
+        written = (sparse >> write.parquet(str(tmp_path / "o"), schema=schema)).map(
+            range(6), devices="inline", errors="skip", on_error=failed.append
+        )
+        assert [f.index for f in failed] == [3] and written.rows == 5
+
+
+class TestRowsPerFile:
+    def test_files_hold_the_rows_asked_for(self, tmp_path):
+        """rows_per_file=2000 over 20,000 rows: about 10 files, not ~40 of a few rows."""
+
+        @producer
+        def tiny(x):
+            return {"x": x}
+
+        out = tmp_path / "out"
+        written = (tiny >> write.parquet(str(out), rows_per_file=2000)).map(
+            range(20_000), devices=2
+        )
+        sizes = [pq.ParquetFile(f).metadata.num_rows for f in written.files]
+        assert sum(sizes) == 20_000 and max(sizes) <= 2000
+        assert len(sizes) <= 14 and sizes[0] == 2000
+
+
+class TestKeysAndJson:
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_tuple_keys_with_key_column(self, tmp_path, devices):
+        @producer
+        def double(x):
+            return {"v": 2 * x}
+
+        def key(x):
+            return (f"shard{x % 3}", x)
+
+        pq_out, js_out = tmp_path / "pq", tmp_path / "js"
+        written = (double >> write.parquet(str(pq_out), key_column="key")).map(
+            range(12), devices=devices, key=key
+        )
+        assert written.rows == 12
+        rows = pq.read_table(pq_out).to_pylist()
+        assert [(r["key"], r["v"]) for r in rows] == [
+            ({"0": f"shard{x % 3}", "1": x}, 2 * x) for x in range(12)
+        ]
+        written = (double >> write.jsonl(str(js_out), key_column="key")).map(
+            range(12), devices=devices, key=key
+        )
+        assert [json.loads(ln) for ln in lines(written)] == [
+            {"v": 2 * x, "key": [f"shard{x % 3}", x]} for x in range(12)
+        ]
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_jsonl_writes_nan_and_infinities_as_null(self, tmp_path, devices):
+        @producer
+        def odd(x):
+            return {
+                "x": x,
+                "f": float("nan") if x % 2 else 0.5,
+                "g": [1.0, math.inf, -math.inf],
+                "a": np.array([np.nan, 2.0], np.float32),
+                "t": torch.tensor([float("inf")]),
+            }
+
+        written = (odd >> write.jsonl(str(tmp_path / "o"))).map(range(6), devices=devices)
+        rows = [strict_json(ln) for ln in lines(written)]
+        assert rows == [
+            {
+                "x": x,
+                "f": None if x % 2 else 0.5,
+                "g": [1.0, None, None],
+                "a": [None, 2.0],
+                "t": [None],
+            }
+            for x in range(6)
+        ]
+
+
+# (webdataset leaves its shard's file object to the garbage collector)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+class TestWebDataset:
+    @staticmethod
+    def read(written) -> list[tuple[str, bytes]]:
+        wds = pytest.importorskip("webdataset")
+        ds = wds.WebDataset(list(written.files), shardshuffle=False, empty_check=False)
+        got = [(s["__key__"], s["txt"]) for s in ds]
+        del ds
+        gc.collect()
+        return got
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_an_empty_or_repeated_key_or_a_field_with_a_slash_is_its_items_error(
+        self, tmp_path, devices
+    ):
+        """Every shard reads back with webdataset, holding every other sample."""
+
+        @producer
+        def sample(x):
+            if x == 2:
+                return {"__key__": "", "txt": "empty"}
+            if x == 5:  # two samples of one key in one shard
+                return [{"__key__": "k5", "txt": "a"}, {"__key__": "k5", "txt": "b"}]
+            if x == 7:
+                return {"__key__": f"k{x}", "txt": "t", "a/b": "slash"}
+            return {"__key__": f"k{x}", "txt": f"t{x}"}
+
+        failed: list[Failure] = []
+        written = (sample >> write.webdataset(str(tmp_path / "o"))).map(
+            range(10), devices=devices, errors="skip", on_error=failed.append
+        )
+        assert sorted(f.index for f in failed) == [2, 5, 7]
+        got = self.read(written)
+        want = [(f"k{x}", f"t{x}".encode()) for x in range(10) if x not in (2, 5, 7)]
+        assert sorted(got) == sorted(want)
+        with pytest.raises(WorkerError, match="__key__") as info:
+            (sample >> write.webdataset(str(tmp_path / "r"))).map(range(4), devices=devices)
+        assert info.value.index == 2
+
+    def test_a_key_repeated_in_other_shards_is_written(self, tmp_path):
+        @producer
+        def same(x):
+            return {"__key__": "same", "txt": f"t{x}"}
+
+        written = (same >> write.webdataset(str(tmp_path / "o"), samples_per_file=1)).map(
+            range(4), devices="inline"
+        )
+        assert len(written.files) == 4
+        assert self.read(written) == [("same", f"t{x}".encode()) for x in range(4)]
