@@ -6,6 +6,7 @@ does not depend on the item is refused before any worker starts or fails the who
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,6 +207,14 @@ def test_a_sink_path_that_is_a_file_is_refused_before_any_worker_starts(tmp_path
             (started(marker) >> write.jsonl(str(path))).map(range(4), devices=2, errors="skip")
     assert not marker.exists()
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_an_open_runner_makes_its_directory_again_for_its_next_run(tmp_path):
+    out = tmp_path / "out"
+    with (row >> write.parquet(str(out))).open(devices=2) as runner:
+        assert rows_of(runner.map(range(3))) == [0, 1, 2]
+        shutil.rmtree(out)  # (the workers made it when they started)
+        assert rows_of(runner.map(range(3, 6))) == [3, 4, 5]
 
 
 @pytest.mark.parametrize("devices", ["inline", 2])

@@ -89,6 +89,7 @@ class DirLock:
             ValueError: a live run holds it (naming the directory and that run), or the
                 directory cannot be written.
         """
+        self.make_dir()
         for _ in range(5):
             try:
                 if self._create():
@@ -103,6 +104,32 @@ class DirLock:
                 self._take_over(other)
         msg = f"{self.sink!r}: could not lock {self.path} (runs keep taking it over)"
         raise ValueError(msg)
+
+    def make_dir(self) -> None:
+        """Create the directory when it is missing.
+
+        Raises:
+            ValueError: the path is a file, or the directory cannot be made or written.
+        """
+        fs, sink = self.fs, self.sink
+        root = os.path.dirname(self.path) if fs is None else posixpath.dirname(self.path)
+        try:
+            if fs is None:
+                if os.path.exists(root) and not os.path.isdir(root):
+                    msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
+                    raise ValueError(msg)
+                os.makedirs(root, exist_ok=True)
+                if not os.access(root, os.W_OK | os.X_OK):
+                    msg = f"{sink!r}: the directory {root} cannot be written"
+                    raise ValueError(msg)
+            else:
+                if fs.isfile(root):
+                    msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
+                    raise ValueError(msg)
+                fs.makedirs(root, exist_ok=True)
+        except OSError as exc:
+            msg = f"{sink!r}: the directory {root} cannot be made ({exc})"
+            raise ValueError(msg) from exc
 
     def end(self) -> None:
         """The run is over: remove its temporary files, then let go of the directory
@@ -221,8 +248,7 @@ def check_sink(sink: Sink, in_caller: bool) -> None:
             cannot be made or written, or one another live run is writing.
     """
     lock = DirLock(sink)
-    fs, root = lock.fs, os.path.dirname(lock.path)
-    protocol = getattr(fs, "protocol", "")
+    protocol = getattr(lock.fs, "protocol", "")
     if not in_caller and "memory" in (protocol if isinstance(protocol, tuple) else (protocol,)):
         msg = (
             f"{sink!r}: a memory:// filesystem lives in one process, and the workers (other "
@@ -230,23 +256,7 @@ def check_sink(sink: Sink, in_caller: bool) -> None:
             "directory or URL every worker reaches"
         )
         raise ValueError(msg)
-    try:
-        if fs is None:
-            if os.path.exists(root) and not os.path.isdir(root):
-                msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
-                raise ValueError(msg)
-            os.makedirs(root, exist_ok=True)
-            if not os.access(root, os.W_OK | os.X_OK):
-                msg = f"{sink!r}: the directory {root} cannot be written"
-                raise ValueError(msg)
-        else:
-            if fs.isfile(root):
-                msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
-                raise ValueError(msg)
-            fs.makedirs(root, exist_ok=True)
-    except OSError as exc:
-        msg = f"{sink!r}: the directory {root} cannot be made ({exc})"
-        raise ValueError(msg) from exc
+    lock.make_dir()
     other = lock.read()
     if other is not None:
         lock.refuse(other)
