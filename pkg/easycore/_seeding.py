@@ -126,8 +126,8 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
         ValueError: ``value`` is below ``minimum``.
     """
     number = None
-    if not isinstance(value, bool) and type(value).__name__ not in ("bool", "bool_"):
-        with contextlib.suppress(TypeError):
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):  # (numpy's bool has no __index__ either)
             number = operator.index(value)
     if number is None:
         msg = f"{name} must be an int, got {value!r} of type {type(value).__name__}"

@@ -22,6 +22,7 @@ class TestDeriveSeed:
             (("a", 1), {}, TypeError, "seed"),
             ((1.0, 1), {}, TypeError, "seed"),
             ((True, 1), {}, TypeError, "seed"),
+            ((np.bool_(True), 1), {}, TypeError, "seed"),
             ((0, None), {}, TypeError, "index"),
             ((0, "3"), {}, TypeError, "index"),
             ((0, 1, "x"), {}, TypeError, "pool"),
