@@ -74,6 +74,20 @@ def test_another_runner_of_this_process_is_refused(tmp_path):
         assert b.is_active  # a refused run leaves the runner as it was
 
 
+def test_an_fsspec_directory_is_locked_too():
+    fsspec = pytest.importorskip("fsspec")
+    url = "memory://guard/locked"
+    first = (row >> write.jsonl(url, rows_per_file=2)).imap(range(6), devices="inline")
+    assert next(first).rows == 2
+    with pytest.raises(ValueError, match="another run"):
+        (row >> write.jsonl(url)).map(range(3), devices="inline")
+    assert sum(part.rows for part in first) == 4
+    names = [
+        p.rsplit("/", 1)[-1] for p in fsspec.filesystem("memory").ls("/guard/locked", detail=False)
+    ]
+    assert len(names) == 3 and not [n for n in names if n.startswith(".")]
+
+
 JOB = textwrap.dedent(
     """
     import os, sys, time

@@ -69,9 +69,9 @@ class DirLock:
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.fs, root = sink.filesystem()
+        self.fs, self.root = sink.filesystem()
         join = os.path.join if self.fs is None else posixpath.join
-        self.path = join(root, LOCK_NAME)
+        self.path = join(self.root, LOCK_NAME)
         self.text = json.dumps(
             {
                 "pid": os.getpid(),
@@ -111,8 +111,7 @@ class DirLock:
         Raises:
             ValueError: the path is a file, or the directory cannot be made or written.
         """
-        fs, sink = self.fs, self.sink
-        root = os.path.dirname(self.path) if fs is None else posixpath.dirname(self.path)
+        fs, sink, root = self.fs, self.sink, self.root
         try:
             if fs is None:
                 if os.path.exists(root) and not os.path.isdir(root):
@@ -149,7 +148,7 @@ class DirLock:
             if self.fs is None:
                 with open(self.path) as f:
                     return f.read()
-            self.fs.invalidate_cache(posixpath.dirname(self.path))
+            self.fs.invalidate_cache(self.root)
             return bytes(self.fs.cat_file(self.path)).decode()
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -191,7 +190,7 @@ class DirLock:
         except FileExistsError:
             return False
         except (ValueError, NotImplementedError):  # no exclusive create: look, then write
-            self.fs.invalidate_cache(posixpath.dirname(self.path))
+            self.fs.invalidate_cache(self.root)
             if self.fs.exists(self.path):
                 return False
             self.fs.pipe_file(self.path, data)
