@@ -1024,8 +1024,9 @@ class ShardWriter:
 
 def _merge_type(a: Any, b: Any) -> Any:
     """The type that holds the values of types ``a`` and ``b``, or None when they conflict:
-    a null type gives way to the other; lists of different lengths (fixed-size or not) are
-    variable-length lists; structs of the same fields merge field by field."""
+    a null type gives way to the other; ints and floats make floats (signed ints, the wider
+    ints); lists of different lengths (fixed-size or not) are variable-length lists;
+    structs of the same fields merge field by field."""
     import pyarrow as pa
 
     t = pa.types
@@ -1033,6 +1034,11 @@ def _merge_type(a: Any, b: Any) -> Any:
         return a
     if t.is_null(a):
         return b
+    signed = t.is_signed_integer
+    if (signed(a) or t.is_floating(a)) and (signed(b) or t.is_floating(b)):
+        if signed(a) and signed(b):
+            return a if a.bit_width >= b.bit_width else b
+        return pa.float64()
     lists = (t.is_list, t.is_large_list, t.is_fixed_size_list)
     if any(f(a) for f in lists) and any(f(b) for f in lists):
         value = _merge_type(a.value_type, b.value_type)

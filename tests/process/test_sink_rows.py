@@ -84,6 +84,43 @@ class TestOneDataset:
             assert by_x[x]["mask"] == [1] * n
         assert len(schemas(written)) == 1
 
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_ints_then_floats_make_a_float_column(self, tmp_path, devices):
+        @producer
+        def score(x):
+            return {"x": x, "s": x if x < 30 else x / 2}
+
+        out = tmp_path / "out"
+        written = (score >> write.parquet(str(out), rows_per_file=10)).map(
+            range(60), devices=devices
+        )
+        table = pq.read_table(out)
+        assert table.schema.field("s").type == pa.float64()
+        assert {r["x"]: r["s"] for r in table.to_pylist()} == {
+            x: score.fn(x)["s"] for x in range(60)
+        }
+        assert len(schemas(written)) == 1
+
+    def test_a_resumed_run_gives_the_first_runs_files_its_types(self, tmp_path):
+        """The first run wrote only None in a column; the run that resumes it writes strings
+        there: the whole directory reads back as one dataset."""
+        out, db, go = tmp_path / "out", tmp_path / "run.db", tmp_path / "go"
+
+        @producer
+        def late(x):
+            if x == 30 and not go.exists():
+                raise RuntimeError("stop here")
+            return {"x": x, "note": f"n{x}" if x >= 30 else None}
+
+        pipeline = late >> write.parquet(str(out), rows_per_file=4)
+        with pytest.raises(WorkerError):
+            pipeline.map(range(40), devices="inline", resume=str(db))
+        go.touch()
+        written = pipeline.map(range(40), devices="inline", resume=str(db))
+        table = pq.read_table(out)
+        assert sorted(table.to_pylist(), key=lambda r: r["x"]) == [late.fn(x) for x in range(40)]
+        assert len(schemas(written)) == 1
+
     def test_arrays_of_one_length_stay_fixed_size(self, tmp_path):
         @producer
         def emb(x):
