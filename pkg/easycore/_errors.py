@@ -121,8 +121,13 @@ class WorkerError(EasycoreError):
         self.item = item
 
     def concerns(self, stage: str, item: Any) -> None:
-        """Name the ``stage`` (where none is named) and the ``item`` of the unit this error
-        failed."""
+        """Name the stage and the item of the unit this error failed (the run does, once
+        it knows them: a worker knows an item's index, not what the caller gave).
+
+        Args:
+            stage: the pool the unit failed in, kept only where no stage is named yet.
+            item: the unit's item (a batch: the list of its items).
+        """
         if self.stage is None:
             self.stage = stage
         self.item = item

@@ -28,7 +28,11 @@ __all__ = [
     "run_options",
 ]
 
-# Chunks each worker may hold: queued, running, or finished and waiting for the caller.
+# prefetch: chunks each worker may hold, queued, running, or finished and waiting for the
+# caller (a chunk: about 50 ms of work, at most about 1 MiB of results or one unit's; a
+# worker with concurrency=k counts k units as one chunk); the run takes about prefetch + 1
+# chunks per worker from the input (2 x prefetch of single units) before the caller takes
+# results (docs/guide/performance.md gives the memory this bounds).
 DEFAULT_PREFETCH = 2
 
 
@@ -221,7 +225,7 @@ class RunOptions:
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     retries: int = attrs.field(default=0, validator=_check_retries)
     seed: int | None = attrs.field(default=None, validator=_check_seed)
-    # chunks each worker may hold, queued, running or done and waiting (None: the runner's)
+    # chunks each worker may hold (see DEFAULT_PREFETCH; None: the runner's)
     prefetch: int | None = attrs.field(default=None, validator=_check_prefetch)
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
     # long jobs (contract section 8)
@@ -284,7 +288,9 @@ class RunKwargs(TypedDict, total=False):
         seed: seed ``random``, numpy and torch per item from ``(seed, index)``.
         timeout: seconds an item may run in its worker; past it the worker is killed.
         retries: how many times a failed item (or a dead worker's items) runs again.
-        prefetch: chunks each worker may hold, queued, running or done (default 2).
+        prefetch: chunks each worker may hold, queued, running or finished and waiting for
+            the caller (default 2; a worker with ``concurrency=k`` counts ``k`` items as
+            one chunk).
         errors: ``"raise"`` (default: the first failure in input order is raised once the
             results before it are delivered) or ``"skip"`` (set failed items aside).
         on_error: with ``errors="skip"``, called in this process with each ``Failure``.

@@ -192,7 +192,8 @@ class RunBooks:
         self.options = options
         self.policy = policy
         self.bars = bars
-        # chunks each worker may hold: queued, running, or done and waiting (prefetch)
+        # chunks each worker may hold: queued, running, or done and waiting (prefetch; a
+        # worker with concurrency=k counts k units as one)
         self.depth = options.prefetch or DEFAULT_PREFETCH
         n = options.numbering
         self.numbering = (0, 1) if n is None else (n.first, n.step)
@@ -282,9 +283,10 @@ class RunBooks:
     # -- what goes out -----------------------------------------------------------------------
     def window(self, n_workers: int) -> int:
         """First-hop units that may be taken and not yet yielded (backpressure): what the
-        workers may hold (``depth`` chunks each, or ``depth x k`` units for slots that wait),
-        and as much again per worker, so new work goes out while results just received still
-        wait to be yielded."""
+        workers may hold (``depth`` chunks each, a chunk at least ``k`` units for slots that
+        wait), and a chunk more per worker, so new work goes out while results just
+        received still wait to be yielded (``2 x depth`` chunks of a unit each, at least):
+        the bound docs/guide/performance.md gives."""
         depth = self.depth
         per = max(self.chunk_size, self.slots)
         return max((depth + 1) * n_workers * per, 2 * depth * n_workers * self.align)

@@ -285,7 +285,8 @@ class Runner:
         chunks, queued, running, or finished and waiting for the caller, so a caller busy
         elsewhere (a training step, a checkpoint) finds up to ``k`` chunks per worker ready
         when it comes back. A chunk is one item when items take 50 ms or more, else as many
-        items as take about 50 ms or make about 1 MiB of results; at most about
+        items as take about 50 ms or make about 1 MiB of results (a worker with
+        ``concurrency=c`` counts ``c`` items as one chunk); at most about
         ``n_workers * (k + 1)`` chunks are in flight or waiting, and with tensors or arrays
         the waiting results stay in shared memory (they are not copied again when taken).
 
