@@ -229,11 +229,12 @@ class RunBooks:
         self.least = -(-most // 16 // self.align) * self.align if most > 1 else 1
         if fixed is not None:
             self.least = fixed * self.align
-        # a sink given rows_per_file: chunks of that many output units (a file holds one
-        # chunk's rows, so chunks sized by the clock alone made files of a few rows)
+        # a sink given rows_per_file: chunks of that many output units, the last ones too
+        # (a file holds one chunk's rows: chunks sized by the clock made files of a few rows)
         rows = sink.rows_per_file if sink is not None else None
-        self.file_units = rows * self.align if rows else 0
-        self.chunk_size = max(self.align, self.least, self.file_units)
+        if rows:
+            self.least = max(self.least, rows * self.align)
+        self.chunk_size = max(self.align, self.least)
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
@@ -361,7 +362,7 @@ class RunBooks:
         if any(s.per_item is None for s in self.sizers):
             return  # a hop not yet measured may be the slow one: no big chunks before then
         size = min(s.size for s in self.sizers)
-        self.chunk_size = max(self.align, size - size % self.align, self.least, self.file_units)
+        self.chunk_size = max(self.align, size - size % self.align, self.least)
 
     def count(
         self,
