@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, WorkerError, after_retries, user_frames
+from easycore._errors import EasycoreError, WorkerError, after_retries
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import (
@@ -229,11 +229,13 @@ class RunBooks:
         self.least = -(-most // 16 // self.align) * self.align if most > 1 else 1
         if fixed is not None:
             self.least = fixed * self.align
-        # a sink given rows_per_file: chunks of that many output units, the last ones too
-        # (a file holds one chunk's rows: chunks sized by the clock made files of a few rows)
+        # a sink given rows_per_file: chunks of that many items (a row each, as a rule), the
+        # last ones too (a file holds one chunk's rows: chunks sized by the clock made files
+        # of a few rows)
         rows = sink.rows_per_file if sink is not None else None
         if rows:
-            self.least = max(self.least, rows * self.align)
+            units = rows // (options.batch_size or 1)  # (first-hop units: items or batches)
+            self.least = max(self.least, units - units % self.align, self.align)
         self.chunk_size = max(self.align, self.least)
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
@@ -434,10 +436,9 @@ class RunBooks:
                 what = f"while {doing} {self.label(hop, index, within=work)}"
                 what += f"{after_retries(self.options.retries)}{where}"
                 at = self.index(hop, index)
-                if isinstance(report, StageFailure):  # (its traceback: from the user's code)
-                    cause = report.error.with_traceback(user_frames(report.error))
+                if isinstance(report, StageFailure):
                     error = report.to_error(what, at)
-                    error.__cause__ = cause
+                    error.__cause__ = report.error
                 else:
                     device, worker = place(hop)
                     error = report.to_error(what=what, device=device, worker=worker, index=at)
