@@ -285,8 +285,9 @@ class Easycore:
             pipeline = pipeline >> consumer(init=0)(_add)
         if "stream" in opts:  # W3/W3b streamed: the README's way, a consumer folds each result
             pipeline = pipeline >> consumer(init=wl.FOLD_INIT)(wl.FOLDS[opts["stream"]])
-        self.pipeline, self.workers = pipeline, workers
-        self.runner = pipeline.open(devices=workers) if keep else None
+        self.pipeline = pipeline
+        self.where = {} if self.flatten else {"devices": workers}  # (pools: their own .on)
+        self.runner = pipeline.open(**self.where) if keep else None
         # "resume=1": a run ledger in a fresh SQLite file per run (its overhead is measured)
         self.ledger = "resume" in opts
         self.kwargs: dict[str, Any] = {}
@@ -300,7 +301,7 @@ class Easycore:
         if self.runner is not None:
             out = self.runner.map(items, **self.kwargs)
         else:
-            out = self.pipeline.map(items, devices=self.workers, **self.kwargs)
+            out = self.pipeline.map(items, **self.where, **self.kwargs)
         if self.sum:
             return sum(out)
         return [y for batch in out for y in batch] if self.flatten else out

@@ -302,12 +302,12 @@ def user_error(
     remote: bool = True,
     cls: type[WorkerError] = WorkerError,
 ) -> WorkerError:
-    """The one place a ``WorkerError`` message is written: what raised, where, and the
-    remote traceback.
+    """The one place a ``WorkerError`` message is written: what raised, where, and its
+    traceback (the user's frames: :func:`user_traceback`), shown once: the original
+    exception, which the caller chains as ``__cause__``, carries no frames of its own.
 
-    ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run:
-    the message leaves the traceback to the original exception, which the caller chains as
-    ``__cause__`` (Python prints it once, above the error).
+    ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run,
+    whose traceback is local.
     """
     if device is None:
         where = "in the calling process"
@@ -318,7 +318,6 @@ def user_error(
     if issubclass(cls, ItemTimeout):  # (an async item, cancelled: no user code raised)
         return cls(f"{stage} {text}\n  {what} {where}", stage, device, worker, index)
     short = type_name.rsplit(".", 1)[-1]
-    msg = f"{stage} raised {short}: {text}\n  {what} {where}"
-    if remote:
-        msg += f"\n\nRemote traceback:\n{traceback}"
+    heading = "Remote traceback" if remote else "Traceback"
+    msg = f"{stage} raised {short}: {text}\n  {what} {where}\n\n{heading}:\n{traceback}"
     return cls(msg, stage, device, worker, index, traceback)

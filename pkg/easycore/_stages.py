@@ -27,12 +27,11 @@ import functools
 import inspect
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
-from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error
+from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error, user_traceback
 from easycore._inject import call_with, injected, is_async_fn
 from easycore._protocol import (
     AT_INDEX,
@@ -118,9 +117,12 @@ class StageFailure(NamedTuple):
 
     def to_error(self, what: str, index: int | None, device: str | None = "cpu") -> WorkerError:
         """The ``WorkerError`` for a failure in this process: an inline stage (``device``
-        ``"cpu"``, worker 0) or the consumer (``device=None``). Raise it ``from`` ``error``."""
+        ``"cpu"``, worker 0) or the consumer (``device=None``). Raise it ``from`` ``error``:
+        its traceback moves into the message (from the user's code on), so that Python
+        does not print it twice."""
         exc = self.error
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = user_traceback(exc)
+        exc.with_traceback(None)
         return user_error(
             self.stage,
             type(exc).__name__,

@@ -329,11 +329,12 @@ class TestPickling:
         here = os.getpid()
         make = producer(lambda x: HomeSick(here, x) if x == 3 else x)
         pipeline = make if pools == 1 else producer(lambda x: x).on(1) >> make.on(2)
+        where = {"devices": 2} if pools == 1 else {}  # (pools have their own .on devices)
         with pytest.raises(SerializationError, match="cannot be unpickled") as info:
-            pipeline.map(range(8), devices=2)
+            pipeline.map(range(8), **where)
         assert info.value.index == 3
         failures = []
-        got = pipeline.map(range(8), devices=2, errors="skip", on_error=failures.append)
+        got = pipeline.map(range(8), **where, errors="skip", on_error=failures.append)
         assert got == [0, 1, 2, 4, 5, 6, 7]
         assert [(f.index, f.item) for f in failures] == [(3, 3)]
 
