@@ -98,13 +98,13 @@ def save_checkpoint(
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
+        if others:
+            _come_last(temp, others[-1][0])  # before it takes its name: no torn order either
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    if others:
-        _come_last(path, others[-1][0])
     _sync_dir(directory)
     if keep is not None:
         for *_, old in others[: max(0, len(others) - keep + 1)]:
