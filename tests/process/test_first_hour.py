@@ -139,6 +139,16 @@ class TestErrorsCarry:
         assert isinstance(error, WorkerDied)
         assert (error.stage, error.index, error.item, error.exitcode) == ("crash", 3, 3, 3)
 
+    def test_a_worker_that_dies_starting(self):
+        """A death in ``init`` concerns no item, and names its pool."""
+
+        def start():
+            os._exit(3)
+
+        with pytest.raises(WorkerDied) as info:
+            producer(init=start)(parse.fn).map(range(6), devices=2)
+        assert (info.value.stage, info.value.index, info.value.item) == ("parse", None, None)
+
     def test_a_killed_item(self):
         with pytest.raises(ItemTimeout) as info:
             stuck.map(range(6), devices=2, timeout=1)

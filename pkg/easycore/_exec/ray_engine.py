@@ -487,13 +487,14 @@ class RayEngine:
                 f"{START_TIMEOUT:.0f} s (EASYCORE_RAY_START_TIMEOUT); the cluster has "
                 f"{ray.available_resources()} free"
             )
-            raise WorkerDied(msg, late.device, late.index)
+            raise WorkerDied(msg, late.device, late.index, stage=self.chain.hops[late.hop].name)
         for actor, ref in zip(actors, refs, strict=True):
             try:
                 report, actor.where = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
                 msg = f"{actor.describe(self.chain)} died while starting: {first_line(exc)}"
-                raise WorkerDied(msg, actor.device, actor.index) from None
+                stage = self.chain.hops[actor.hop].name
+                raise WorkerDied(msg, actor.device, actor.index, stage=stage) from None
             if report is not None:
                 raise report.to_error(
                     what=f"while starting ({actor.where})",
@@ -572,7 +573,8 @@ class RayEngine:
                     ended = ray.get(ref)
                 except ray.exceptions.RayError as exc:
                     msg = f"{actor.describe(self.chain)} died while ending: {first_line(exc)}"
-                    failure = WorkerDied(msg, actor.device, actor.index)
+                    stage = self.chain.hops[actor.hop].name
+                    failure = WorkerDied(msg, actor.device, actor.index, stage=stage)
                     continue
                 if ended is not None:
                     failure = ended.to_error(

@@ -391,7 +391,8 @@ class WorkerSet:
             when = "ending (it was being replaced)" if w.stopping else "starting (during init)"
             if w.stopping or not w.ready or handler is None:  # (None: only during start-up)
                 msg = f"worker {w.slot} on {w.device} died while {when}: "
-                raise WorkerDied(msg + describe_exitcode(code), w.device, w.slot, code)
+                stage = self.chain.hops[w.hop].name
+                raise WorkerDied(msg + describe_exitcode(code), w.device, w.slot, code, None, stage)
             handler(w, None)
 
     @staticmethod
@@ -578,6 +579,8 @@ class WorkerSet:
                     w.device,
                     w.index,
                     code,
+                    None,
+                    self.chain.hops[w.hop].name,
                 )
             return True, None
         return False, None
