@@ -267,7 +267,8 @@ class _Runs:
 
         Raises:
             WorkerError: user code raised (``__cause__`` is the original exception);
-                ``ItemTimeout`` and ``SerializationError`` are kinds of it.
+                ``ItemTimeout``, ``SerializationError`` and ``WorkerDied`` are kinds of it:
+                catch it for any failure of the items.
             WorkerDied: a worker process died.
             TypeError: an argument of the wrong type (``ordered``, ``concurrency``...),
                 before any process starts.

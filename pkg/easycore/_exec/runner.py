@@ -243,7 +243,8 @@ class Runner:
         Raises:
             RuntimeError: the runner is closed (call ``activate()``) or busy.
             TypeError, ValueError: a bad option, before any item is sent.
-            WorkerError: user code raised (``ItemTimeout``, ``SerializationError`` included).
+            WorkerError: user code raised (``ItemTimeout``, ``SerializationError`` and
+                ``WorkerDied`` are kinds of it: any failure of the items).
             WorkerDied: a worker process died.
         """
         return self.run_map(data, run_options("map", positional, options, self.epoch))
