@@ -9,6 +9,10 @@ bytes). The caller commits a shard by renaming it (:func:`commit_shard`); with `
 the run ledger records the shard with its units first, in one transaction, and a later run
 finishes any rename a crash cut short (:func:`recover`).
 
+A Parquet run's files share its types (:class:`RunSchema`): each shard carries its schema,
+and the files written before a worker knew a column's type are written again as the run
+ends, so that the directory reads back as one dataset.
+
 A file holds units of one chunk only (one reply of one worker), so it is committed exactly
 when its units are: a worker that dies mid-chunk leaves a ``.``-file nobody commits (its
 units run again elsewhere, into a file of their own), and :func:`sweep` removes such files.
