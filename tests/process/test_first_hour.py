@@ -219,6 +219,8 @@ def test_an_uncaught_error_shows_the_users_line_once(tmp_path, where, devices):
     library = os.path.dirname(easycore.__file__)
     shown = out.rsplit("raceback:\n", 1)[1]  # (the error's "Remote traceback:" or "Traceback:")
     assert library not in shown, shown
+    # the caller's side: map and the run's entry points, not the machinery below them
+    assert out.count(f'File "{library}') <= 3, out
 
 
 class TestRefused:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from easycore._devices import INLINE
-from easycore._errors import EasycoreError
+from easycore._errors import EasycoreError, WorkerError
 from easycore._exec.commit import (
     check_sink,
     commit_written,
@@ -269,12 +269,15 @@ class Runner:
         """
         options = self._settle(options)
         stream = self._results(options, data)
-        if self._sink is not None:
-            return total_written(commit_written(stream))
-        consumer = self.pipeline.consumer
-        if consumer is None:
-            return collect(stream)
-        return fold(stream, consumer, self.cfg, options, self._chain, self._abort)
+        try:
+            if self._sink is not None:
+                return total_written(commit_written(stream))
+            consumer = self.pipeline.consumer
+            if consumer is None:
+                return collect(stream)
+            return fold(stream, consumer, self.cfg, options, self._chain, self._abort)
+        except WorkerError as exc:  # (the run's frames below say nothing: its message does)
+            raise exc.with_traceback(None) from exc.__cause__
 
     def imap(
         self, data: Iterable[Any], *positional: Any, **options: Unpack[RunKwargs]
@@ -532,7 +535,10 @@ class _Items:
                     self._position.passed(self._at)
                     self._at += self._align
                 return value
-            self._at, values = next(self._segments)
+            try:
+                self._at, values = next(self._segments)
+            except WorkerError as exc:  # (as in run_map)
+                raise exc.with_traceback(None) from exc.__cause__
             self._values = iter(values)
 
     def state_dict(self) -> dict[str, Any]:
