@@ -372,11 +372,11 @@ class RunSchema:
         whose schema differs (the files of an earlier run, with ``resume=``, included)."""
         if self.sink.kind != "parquet":
             return
-        import pyarrow.parquet as pq
-
         files = _Files(self.sink)
         for name in files.names():
             if name.startswith("part-") and name.endswith(self.sink.ext) and name not in self.files:
+                import pyarrow.parquet as pq
+
                 with files.open(name, "rb") as f:
                     schema = pq.read_schema(f).serialize().to_pybytes()
                 self.admit(Shard("", name, 0, 0, schema))
