@@ -447,9 +447,7 @@ class PreparedStages:
         if not expired and spent.total < timeout:
             return done
         how = "it was cancelled" if expired else "it held the event loop: its result was dropped"
-        error = TimedOutItem(
-            f"ran past timeout={timeout}s in {where[0]!r}; {how} and its worker went on"
-        )
+        error = TimedOutItem(f"ran past timeout={timeout}s; {how} and its worker went on")
         return None, StageFailure(where[0], error)
 
     async def _achain(self, item: Any, where: list[str]) -> tuple[Any, StageFailure | None]:

@@ -163,6 +163,7 @@ class TestErrorsCarry:
         assert (error.stage, error.index, error.item) == ("waits", 3, 3)
         assert "raised" not in str(error) and "TimedOutItem" not in str(error)
         assert str(error).startswith("waits ran past timeout=1")
+        assert str(error).count("waits") == 1  # (the stage named once)
 
 
 SCRIPT = """\
