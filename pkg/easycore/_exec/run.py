@@ -263,7 +263,7 @@ class Run:
         def lone(out: int) -> BaseException:
             first, last = out * books.align // per, ((out + 1) * books.align - 1) // per
             return msg.error.to_error(
-                what=f"while unpickling {books.label(w.hop, first, last)} in the worker",
+                what=f"while unpickling {books.label(w.hop, first, last, chunk)} in the worker",
                 device=w.device,
                 worker=w.index,
                 index=books.index(w.hop, first),
