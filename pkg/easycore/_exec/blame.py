@@ -303,7 +303,8 @@ def unpicklable(
         hop, device, worker = at if at is not None else (len(books.hops) - 1, None, None)
         unit = out * books.align // books.hops[hop].unit
         where = f" on {device} (worker {worker})" if at is not None else ""
-        msg = f"{books.label(hop, unit)} or its result cannot be pickled (or unpickled here)"
+        label = books.label(hop, unit, within=work)
+        msg = f"{label} or its result cannot be pickled (or unpickled here)"
         error = SerializationError(
             f"{msg}{where}: {exc}", "<result pickling>", device, worker, books.index(hop, unit)
         )
