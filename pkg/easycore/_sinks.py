@@ -367,11 +367,12 @@ class RunSchema:
                 msg = f"{self.sink!r}: {shard.name} does not read with the run's other files: {exc}"
                 raise ValueError(msg) from None
 
-    def settle(self) -> None:
+    def settle(self) -> int:
         """When the run has written everything: write again, in the run's schema, each file
-        whose schema differs (the files of an earlier run, with ``resume=``, included)."""
+        whose schema differs (the files of an earlier run, with ``resume=``, included).
+        Returns by how many bytes the files rewritten grew (``Written.bytes`` counts them)."""
         if self.sink.kind != "parquet":
-            return
+            return 0
         files = _Files(self.sink)
         for name in files.names():
             if name.startswith("part-") and name.endswith(self.sink.ext) and name not in self.files:
@@ -381,11 +382,13 @@ class RunSchema:
                     schema = pq.read_schema(f).serialize().to_pybytes()
                 self.admit(Shard("", name, 0, 0, schema))
         if self.schema is None:
-            return
+            return 0
         stale = {b for b in self.kinds if not _same(_schema_of(b), self.schema)}
-        for name, schema in self.files.items():
-            if schema in stale:
-                _rewrite(files, self.sink, name, self.schema)
+        return sum(
+            _rewrite(files, self.sink, name, self.schema)
+            for name, schema in self.files.items()
+            if schema in stale
+        )
 
 
 # -- the worker's side: results to rows, rows to files ---------------------------------------
@@ -1144,17 +1147,21 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> None:
+def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> int:
     """Write committed file ``name`` again in ``schema`` (under a temporary name first: a
-    crash meanwhile leaves the file as it was)."""
+    crash meanwhile leaves the file as it was); returns by how many bytes it grew."""
     import pyarrow.parquet as pq
 
     with files.open(name, "rb") as f:
+        old = f.seek(0, 2)
+        f.seek(0)
         table = _conform(pq.read_table(f), schema)
     temp = TEMP_PREFIX + name
     with files.open(temp) as f:
         pq.write_table(table, f, compression=sink.compression or "none", **_parquet_options(table))
+        new = f.tell()
     files.rename(temp, name)
+    return int(new - old)
 
 
 def _leaves(name: str, typ: Any) -> Iterator[tuple[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -59,6 +60,8 @@ class TestOneDataset:
         rows = sorted(table.to_pylist(), key=lambda r: r["x"])
         assert rows == [late_text.fn(x) for x in range(200)]
         assert len(written.files) >= 10 and len(schemas(written)) == 1
+        # files written again in the run's schema are counted at their size on disk
+        assert written.bytes == sum(os.path.getsize(f) for f in written.files)
 
     @pytest.mark.parametrize("devices", ["inline", 2])
     def test_arrays_of_varying_length_are_variable_length_lists(self, tmp_path, devices):

@@ -309,7 +309,9 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
                         path = commit_shard(sink, shard)
                         written.append(Written((path,), shard.rows, shard.nbytes))
             yield start, written
-        schema.settle()
+        grew = schema.settle()  # (files rewritten in the run's schema: their new sizes)
+        if grew:
+            yield None, [Written((), 0, grew)]
     finally:
         try:
             stream.close()  # type: ignore[attr-defined]

@@ -564,7 +564,9 @@ class _Files:
         return self
 
     def __next__(self) -> Any:
-        return next(self._written)
+        while not (written := next(self._written)).files:  # (map's byte count only)
+            pass
+        return written
 
     def close(self) -> None:
         self._written.close()  # type: ignore[attr-defined]
