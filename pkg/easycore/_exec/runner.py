@@ -266,6 +266,9 @@ class Runner:
 
         Returns:
             As :meth:`map`.
+
+        Raises:
+            WorkerError: as :meth:`map` (and every error :meth:`map` lists).
         """
         options = self._settle(options)
         stream = self._results(options, data)
