@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from easycore import ItemTimeout, WorkerDied, WorkerError, producer
+from easycore import ItemTimeout, WorkerDied, WorkerError, consumer, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,6 +82,26 @@ class TestNames:
         p = double.on(1) >> fails_on_short.on(1, batch_size=8)
         with pytest.raises(WorkerError, match=r"batch 3 \(items 24\.\.29\) of stage"):
             p.map(range(30))
+
+    def test_a_consumers_error_names_the_items_of_the_last_batch(self):
+        """The consumer folding the last batch's result names the items that batch holds,
+        for map's batches and for a later pool's."""
+
+        @consumer(init=0)
+        def picky(acc, y):
+            if y is None:
+                raise ValueError("no")
+            return acc + 1
+
+        @producer
+        def short_is_none(batch):
+            return None if len(batch) < 8 else len(batch)
+
+        with pytest.raises(WorkerError, match=r"batch 3 \(items 24\.\.29\)") as info:
+            (short_is_none >> picky).map(range(30), devices=2, batch_size=8)
+        assert info.value.index == 3
+        with pytest.raises(WorkerError, match=r"batch 3 \(items 24\.\.29\)"):
+            (double.on(1) >> short_is_none.on(1, batch_size=8) >> picky).map(range(30))
 
     def test_a_death_names_the_items_of_the_last_batch(self):
         with pytest.raises(WorkerDied, match=r"batch 3 \(items 24\.\.29\)"):

@@ -33,8 +33,10 @@ def fold(
     options: RunOptions,
     chain: Chain,
     abort: Callable[[], None],
+    total: int | None = None,
 ) -> Any:
-    """Fold ``stream`` with ``consumer`` (``init``, the fold, ``end``) and return the result.
+    """Fold ``stream`` with ``consumer`` (``init``, the fold, ``end``) and return the result
+    (``total``: the input's length when known, to name the items of a failing last batch).
 
     A failure of the consumer closes the runner (``abort``) before its error is raised.
 
@@ -72,7 +74,7 @@ def fold(
         abort()
         stream.close()  # type: ignore[attr-defined]
         error, unit = failure
-        label, index = chain.name_output(unit, options)
+        label, index = chain.name_output(unit, options, total)
         failed = StageFailure(consumer.name, error)
         raise failed.to_error(f"while folding {label}", index, device=None) from error
     if consumer.end is None:

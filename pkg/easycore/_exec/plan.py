@@ -192,11 +192,21 @@ class Chain:
             text = f"{text} of stage {self.hops[hop].name!r}"
         return text
 
-    def name_output(self, unit: int, options: RunOptions) -> tuple[str, int]:
-        """Output unit ``unit`` as the consumer's errors name it: (label, index)."""
+    def name_output(
+        self, unit: int, options: RunOptions, total: int | None = None
+    ) -> tuple[str, int]:
+        """Output unit ``unit`` as the consumer's errors name it: (label, index); ``total``,
+        the input's length when known, names the items of its last batch exactly."""
+        size = None
+        if total is not None and options.batch_size is not None and self.last.index == 0:
+            size = min(options.batch_size, total - unit * options.batch_size)
+        elif total is not None and self.last.index > 0:
+            units = total if options.batch_size is None else -(-total // options.batch_size)
+            first, per = unit * self.last.unit, self.hops[-2].unit
+            size = -(-(min(first + self.last.unit, units) - first) // per)
         if self.last.index == 0:
-            return options.label(unit), options.global_index(unit)
-        return item_label(unit, self.last.batch), unit
+            return options.label(unit, size), options.global_index(unit)
+        return item_label(unit, self.last.batch, size), unit
 
     def who(self, hop: int, index: int) -> str:
         """Name a worker in messages: ``"worker 1"``, with its stage when there are hops."""

@@ -12,7 +12,7 @@ import concurrent.futures
 import contextlib
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -278,7 +278,8 @@ class Runner:
             consumer = self.pipeline.consumer
             if consumer is None:
                 return collect(stream)
-            return fold(stream, consumer, self.cfg, options, self._chain, self._abort)
+            total = len(data) if isinstance(data, Sized) else None
+            return fold(stream, consumer, self.cfg, options, self._chain, self._abort, total)
         except WorkerError as exc:  # (the run's frames below say nothing: its message does)
             raise exc.with_traceback(None) from exc.__cause__
 
