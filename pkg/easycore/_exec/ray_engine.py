@@ -17,7 +17,8 @@ Ray object references instead of pipes::
   one: replies of finished chunks can die with the actor. Then none is charged and each
   runs again *solo* (alone on every actor of its path), where a death names it (with no
   retries and ``errors="raise"``, all are charged, and the error names them all).
-  The dead actor is replaced (its ``init`` runs) before more work goes to its pool.
+  The dead actor is replaced (its ``init`` runs) when its pool next needs it, not at once:
+  a run that the death fails raises without waiting for a fresh actor.
 * An actor runs the user's code on its main thread, one task at a time, as a local worker
   does (``signal.signal`` works there; an actor with a second concurrency group would run
   every task on other threads). An actor of a pool that waits (``concurrency=k``, async
@@ -539,7 +540,7 @@ class RayEngine:
 
         for pool in self.pools:
             for actor in list(pool):
-                if actor.retiring and not actor.queue:
+                if actor.retiring and not (actor.queue or actor.dead):
                     report = None
                     with contextlib.suppress(ray.exceptions.RayError):
                         report = ray.get(actor.handle.finish.remote())
@@ -560,7 +561,8 @@ class RayEngine:
         """
         ray = ray_module()
 
-        actors = [a for pool in self.pools for a in pool if a.task is None]
+        every = [a for pool in self.pools for a in pool if a.task is None]
+        actors = [a for a in every if not a.dead]
         self.pools = []
         failure: BaseException | None = None
         try:
@@ -584,7 +586,7 @@ class RayEngine:
                         index=None,
                     )
         finally:
-            _kill(actors)
+            _kill(every)
             if self.clock is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(self.clock, no_restart=True)
@@ -616,7 +618,7 @@ class RayEngine:
             return
         self.timeout = timeout
         told = []
-        for a in [a for pool in self.pools for a in pool if a.task is None]:
+        for a in [a for pool in self.pools for a in pool if a.task is None and not a.dead]:
             ref = a.handle.watch.remote(timeout, self.clock)
             if self.waits[a.hop]:
                 told.append(ref)

@@ -48,6 +48,7 @@ class Actor:
     ran: int = 0  # units it ran since it started (max_items_per_worker)
     retiring: bool = False  # finishes what it has, then a fresh actor takes its place
     cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
+    dead: bool = False  # died: replaced when its pool next needs it (a failing run: never)
     # Not an actor but a slot of Ray tasks (an init-less pool; see ray_actor.run_task): sends
     # ``run``'s arguments as a task; its chunks run independently of each other.
     task: Callable[..., Any] | None = None

@@ -112,13 +112,16 @@ class RayRun:
             free = [
                 a
                 for a in pool
-                if not (a.retiring or any(c.work.solo for c in a.queue))
+                if not (a.dead or a.retiring or any(c.work.solo for c in a.queue))
                 and not (a.queue and (work.solo or a.task is not None))
                 and self.room(a) > 0
             ]
             if not free:
-                books.redo.appendleft(work)
-                return False
+                dead = next((a for a in pool if a.dead), None)
+                if dead is None:
+                    books.redo.appendleft(work)
+                    return False
+                free = [self.engine.replace(dead)]  # (only now: see on_death)
             picks.append(min(free, key=lambda a: len(a.queue)))
             fits = min(fits, self.room(picks[-1]) * hop.unit)
         if fits < len(work.items):  # no actor takes more than it may still run (as a worker)
@@ -210,7 +213,10 @@ class RayRun:
         return chunk.actors[-1]
 
     def on_death(self, actor: Actor, exc: BaseException, culprit: int | None) -> None:
-        """``actor`` is gone: blame the chunk it was running, re-run the rest, replace it.
+        """``actor`` is gone: blame the chunk it was running, re-run the rest; it is
+        replaced once its pool needs it (:meth:`send`), not here: a run that the death fails
+        raises without waiting for a fresh actor's start and ``init`` (many seconds on a
+        busy machine: Ray starts workers at a low priority).
 
         ``culprit``: the unit (of ``actor``'s hop) known to be in hand (a timeout).
         """
@@ -228,7 +234,7 @@ class RayRun:
             again = [Work(work.start, work.items, solo=True) for work in lost]
         elif lost:
             again = self.blame(actor, lost, exc, culprit)  # (may raise)
-        self.engine.replace(actor)
+        actor.dead = True
         self.books.again(again)
 
     def blame(
