@@ -198,7 +198,8 @@ def left_by(since: int, keep: Iterable[int] = ()) -> list[int]:
     Adopted children are told from this process's own by what the kernel shows: they
     started after that child did, and stand outside this process's group (they were in the
     dead child's group, or left it). ``keep``: children of this process's own that may look
-    alike (its live workers, and other processes it started through multiprocessing).
+    alike (those it had before that child, its live workers, what it started through
+    multiprocessing).
     """
     me, group, keep = os.getpid(), os.getpgrp(), set(keep)
     found = []

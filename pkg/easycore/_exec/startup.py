@@ -28,6 +28,7 @@ from typing import Any
 
 from easycore._reaping import (
     become_subreaper,
+    children,
     descendants,
     end_processes,
     left_by,
@@ -52,7 +53,8 @@ _START_LOCK = threading.Lock()
 _PRELOAD_SET = False
 _LIGHT_SERVER: Any = None  # the forkserver without torch (see light_wanted)
 _TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fork with it
-_OWN: dict[int, int] = {}  # spawned or forked workers alive: pid -> start time (see adopt_for)
+# spawned or forked workers alive: pid -> (start time, this process's children before it)
+_OWN: dict[int, tuple[int, frozenset[int]]] = {}
 _OWN_LOCK = threading.Lock()
 
 
@@ -208,11 +210,12 @@ def adopt_for(method: str) -> Iterator[Callable[[int], None]]:
         return
     with _OWN_LOCK:
         adopting = become_subreaper()  # before the start: the worker may die at once
+        before = frozenset(children(os.getpid()))  # (the clock's ticks are coarse)
 
         def started(pid: int) -> None:
             since = start_time(pid)
             if adopting and since is not None:
-                _OWN[pid] = since
+                _OWN[pid] = (since, before)
 
         try:
             yield started
@@ -230,11 +233,12 @@ def kill_group(pid: int | None, code: int | None = None) -> None:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
         with _OWN_LOCK:
-            since = _OWN.pop(pid, None)
-            if since is not None and code != 0:
+            own = _OWN.pop(pid, None)
+            if own is not None and code != 0:
+                since, before = own
                 keep = [p.pid for p in mp.active_children()]
-                end_processes(left_by(since, keep=[*keep, *_OWN]))
-            if since is not None and not _OWN:
+                end_processes(left_by(since, keep=[*keep, *before, *_OWN]))
+            if own is not None and not _OWN:
                 become_subreaper(on=False)
         remove_mp_tempdir(pid)
 
