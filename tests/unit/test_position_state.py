@@ -72,3 +72,19 @@ def test_a_sinks_imap_points_to_resume(tmp_path):
         with pytest.raises(TypeError, match="resume="):
             it.state_dict()
         assert sum(w.rows for w in it) == 4
+
+
+def test_a_sinks_imap_refuses_a_state_before_any_worker_starts(tmp_path):
+    """A state taken from an imap without a sink is not a sink's position: given to a sink's
+    imap it would skip the items before it and leave them unwritten."""
+    state = state_after(double, range(6), 3)
+    started = []
+    rows = producer(lambda x: {"x": x}, init=lambda: started.append(1))
+    with pytest.raises(TypeError, match=r"sink's imap.*resume="):
+        (rows >> write.jsonl(tmp_path / "one-shot")).imap(range(6), devices="inline", state=state)
+    assert started == []
+    assert not (tmp_path / "one-shot").exists() or not any((tmp_path / "one-shot").iterdir())
+    with (rows >> write.jsonl(tmp_path / "open")).open(devices="inline") as runner:
+        with pytest.raises(TypeError, match=r"sink's imap.*resume="):
+            runner.imap(range(6), state=state)
+        assert sum(w.rows for w in runner.imap(range(6))) == 6

@@ -91,6 +91,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from easycore._exec.plan import PipelineDef, StageStats
+from easycore._exec.position import check_state
 from easycore._exec.resume import RunIdentity, check_ledger
 from easycore._exec.runner import OwnedResults, Runner
 from easycore._options import RunOptions
@@ -200,6 +201,7 @@ def _one_shot(
     """The runner of one ``map``/``imap`` call: a ``resume`` path that is no ledger, or
     another run's, is refused before any worker starts; work goes to each worker as soon as
     it is ready (init errors surface in the run)."""
+    check_state(options, getattr(pipeline, "sink", None))
     if options.resume is not None:
         check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
     return Runner(

@@ -1,5 +1,5 @@
 """Where an ``imap`` stream stands: what the caller has received, as a small dict, and a
-stream that starts from there (API.md section 12).
+stream that starts from there (docs/contract.md section 12).
 
 Engine-neutral, like the run core: positions are counted in *first-hop units* (items, or
 ``batch_size`` batches), the numbering every engine already shares, so a resumed run's
@@ -41,6 +41,7 @@ from easycore._protocol import CACHED, is_cached
 __all__ = [
     "STATE_KIND",
     "Position",
+    "check_state",
     "drop_passed",
     "length_of",
     "mark_passed",
@@ -68,16 +69,34 @@ def run_identity(
     }
 
 
+def check_state(options: RunOptions, sink: Any) -> None:
+    """Refuses ``state=`` for a run that writes to a sink (``sink`` not None): its files are
+    its position, and a state would skip the items before it, leaving them unwritten.
+
+    Raises:
+        TypeError: ``state`` with a sink, pointing to ``resume=``.
+    """
+    if options.state is not None and sink is not None:
+        msg = (
+            "state= continues an imap's position, but a sink's imap has no position of its "
+            "own: its committed files are; to resume it after a crash, run it with "
+            "resume='run.db' (a ledger beside the output) and give the same resume= again"
+        )
+        raise TypeError(msg)
+
+
 def start_at(
-    options: RunOptions, data: Iterable[Any], align: int
+    options: RunOptions, data: Iterable[Any], align: int, sink: Any = None
 ) -> tuple[RunOptions, Iterable[Any], Position]:
     """An ``imap``'s beginning: its options (with ``first``/``passed`` from ``state``), its
     input (from the position on) and the :class:`Position` that will count what it yields.
 
     Raises:
+        TypeError: ``state`` with a ``sink`` (see :func:`check_state`).
         ValueError: ``state`` with ``resume``, a state of another run, or an input that
             cannot start in the middle.
     """
+    check_state(options, sink)
     data = items_of(data)
     identity = run_identity(options.seed, options.epoch, options.batch_size, align, length_of(data))
     position = Position(identity, align)

@@ -344,7 +344,9 @@ class Runner:
         Raises:
             ValueError: ``state`` with ``resume``, or a ``state`` that does not fit.
         """
-        options, data, position = start_at(self._settle(options), data, self._chain.align)
+        options, data, position = start_at(
+            self._settle(options), data, self._chain.align, self._sink
+        )
         stream = self._results(options, data, position)
         if self._sink is not None:
             return _Files(commit_written(stream))
