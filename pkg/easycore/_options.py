@@ -237,7 +237,7 @@ class RunOptions:
     accept_changed_code: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
     max_worker_memory: int | None = attrs.field(default=None, converter=parse_bytes)
-    # training that resumes (API.md section 12)
+    # training that resumes (docs/contract.md section 12)
     epoch: int = attrs.field(default=0, validator=_check_epoch)
     state: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_state)
     # set by the runner from ``state``: the stream begins at first-hop unit ``first``, and
@@ -328,7 +328,7 @@ class RunKwargs(TypedDict, total=False):
 
 
 # Options that may also be given by position, after ``data`` (and ``devices``, ``cfg``), in
-# the order API.md section 2 lists them: ``summer.map(data, "inline", None, False)``.
+# the order docs/contract.md section 2 lists them: ``summer.map(data, "inline", None, False)``.
 POSITIONAL = ("ordered", "batch_size", "progress", "seed", "timeout", "retries")
 
 

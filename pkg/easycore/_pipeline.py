@@ -74,7 +74,7 @@ def _fn_name(fn: Any) -> str:
 
 
 def _refuse_waiting(f: Any, kind: str) -> None:
-    """What cannot wait (API.md section 11), refused at decoration: an ``async def``
+    """What cannot wait (docs/contract.md section 11), refused at decoration: an ``async def``
     consumer, an async generator as a producer."""
     name = _fn_name(f)
     if kind == "consumer" and _inject.is_async_fn(f):

@@ -9,7 +9,7 @@ with retries, and :meth:`~PreparedStages.finish` runs every ``end``. Failures co
 :class:`~easycore._protocol.Broken` in the failed unit's place); the caller turns them into
 errors.
 
-Stages that wait (API.md section 11): a producer, ``init`` or ``end`` may be ``async def``;
+Stages that wait (docs/contract.md section 11): producers, ``init``, ``end`` may be ``async def``;
 they run on one event loop per place (a worker, an actor, the caller for ``"inline"``). A
 hop with ``concurrency=k`` runs up to ``k`` units at once (:meth:`~PreparedStages.start_many`):
 as tasks of that loop when a stage is async, else on ``k`` threads. The ``k`` slots belong to
