@@ -17,6 +17,7 @@ fall back to the step.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import re
@@ -61,6 +62,7 @@ def save_checkpoint(
 
     Raises:
         ValueError: ``step`` or ``keep`` is not an int >= 0 (>= 1 for ``keep``).
+        TypeError: an object cannot be saved (pickled): the message names its keyword.
         OSError: the directory or file cannot be written (no partial file is left).
 
     >>> import tempfile
@@ -95,7 +97,7 @@ def save_checkpoint(
     temp = os.path.join(directory, f".checkpoint-{step}.{os.getpid()}.tmp")
     try:
         with open(temp, "wb") as f:
-            torch.save(payload, f)
+            _save(torch, payload, f)
             f.flush()
             os.fsync(f.fileno())
         if others:
@@ -111,6 +113,24 @@ def save_checkpoint(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old)
     return path
+
+
+def _save(torch: Any, payload: dict[str, Any], f: Any) -> None:
+    """``torch.save(payload, f)``; an object pickle refuses is a ``TypeError`` naming it."""
+    try:
+        torch.save(payload, f)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        for name, obj in payload.items():
+            try:
+                torch.save(obj, io.BytesIO())
+            except (pickle.PicklingError, TypeError, AttributeError):
+                msg = (
+                    f"save_checkpoint: the object {name!r} (a {type(obj).__name__}) cannot be "
+                    f"saved ({exc}); save what it holds instead: tensors, state dicts, "
+                    "numbers, strings, and lists, tuples and dicts of them"
+                )
+                raise TypeError(msg) from exc
+        raise
 
 
 def load_checkpoint(

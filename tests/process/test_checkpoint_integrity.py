@@ -161,3 +161,28 @@ class TestDamaged:
         torch.save([1, 2], tmp_path / "checkpoint-3")
         with pytest.raises(ValueError, match="checkpoint-3 is not a checkpoint"):
             load_checkpoint(tmp_path / "checkpoint-3")
+
+
+def local_function():
+    def inner():
+        return 1
+
+    return inner
+
+
+class TestUnsavable:
+    @pytest.mark.parametrize(
+        "thing",
+        [lambda: 1, {"inner": local_function()}, (i for i in [1])],
+        ids=["lambda", "local function inside", "generator"],
+    )
+    def test_an_object_that_cannot_be_saved_is_a_type_error_naming_it(self, tmp_path, thing):
+        """The error names the keyword; no file is left behind, and the checkpoint saved
+        before is still the newest and loads."""
+        save_checkpoint(tmp_path, 10, x=10)
+        before = sorted(os.listdir(tmp_path))
+        with pytest.raises(TypeError, match=r"'bad'.*cannot be saved") as caught:
+            save_checkpoint(tmp_path, 20, ok=1, bad=thing)
+        assert "'ok'" not in str(caught.value)
+        assert sorted(os.listdir(tmp_path)) == before
+        assert load_checkpoint(tmp_path) == {"x": 10, "step": 10}
