@@ -47,6 +47,8 @@ LIB_MODULES: dict[str, tuple[str, ...]] = {
     # for it): imported here as the rest of the library is, before any clock starts
     "easycore": ("easycore", "easycore._exec"),
     "dataloader": ("torch",),
+    "spdl": ("spdl.pipeline", "concurrent.futures"),
+    "torchdata": ("torchdata.nodes",),
     "raydata": ("ray", "ray.data"),
     "raytasks": ("ray",),
     "reference": (),
@@ -311,6 +313,80 @@ class Easycore:
             self.runner.close()
 
 
+class Spdl:
+    """SPDL (``spdl.pipeline.PipelineBuilder``), as its docs advise for Python code that
+    holds the GIL: the stage on a ``ProcessPoolExecutor(workers)`` (``pipe(fn,
+    executor=..., concurrency=2 * workers, output_order="input")``: two tasks per worker in
+    flight, so a worker never waits for its next item), ``build(num_threads=1)`` (the
+    event loop's own thread pool has nothing to run). W5 (``stages=1``): items aggregated
+    into batches of 64 before they cross to the decode processes (SPDL's advice on the cost
+    of crossing a process boundary), then the model per batch on the pipeline's thread in
+    the caller: 2 + 1 processes, as easycore's ``decode.on(2) >> model.on(1)``."""
+
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
+        from concurrent.futures import ProcessPoolExecutor
+
+        del total, keep
+        self.fn, self.workers, self.stages = fn, workers, "stages" in opts
+        self.ex = ProcessPoolExecutor(workers)
+
+    def run(self, items: Sequence[int]) -> Any:
+        from spdl.pipeline import PipelineBuilder
+
+        b = PipelineBuilder().add_source(items)
+        kw: dict[str, Any] = {"executor": self.ex, "output_order": "input"}
+        if self.stages:
+            b = b.aggregate(wl.W5_BATCH, drop_last=False)
+            b = b.pipe(_w5_decode_batch, concurrency=2 * self.workers, **kw)
+            b = b.pipe(wl.w5_predict_batch, output_order="input")
+        else:
+            b = b.pipe(self.fn, concurrency=2 * self.workers, **kw)
+        pipeline = b.add_sink(2 * self.workers).build(num_threads=1)
+        with pipeline.auto_stop():
+            out = list(pipeline.get_iterator())
+        return [y for batch in out for y in batch] if self.stages else out
+
+    def close(self) -> None:
+        self.ex.shutdown()
+
+
+class TorchData:
+    """``torchdata.nodes`` as its docs build a loader: ``IterableWrapper(items)`` ->
+    ``ParallelMapper(fn, num_workers=workers, method="process", in_order=True)`` (processes:
+    the work holds the GIL; its default of 2 x workers items in flight) -> ``Loader``. W5
+    (``stages=1``): ``Batcher(64)`` before the decode workers, then ``Mapper`` running the
+    model per batch in the caller (2 + 1 processes)."""
+
+    def __init__(
+        self, fn: Callable[[int], Any], total: bool, workers: int, opts: dict[str, str], keep: bool
+    ) -> None:
+        del total, keep
+        self.fn, self.workers, self.stages = fn, workers, "stages" in opts
+
+    def run(self, items: Sequence[int]) -> Any:
+        from torchdata import nodes
+
+        node: Any = nodes.IterableWrapper(items)
+        fn = self.fn
+        if self.stages:
+            node, fn = nodes.Batcher(node, wl.W5_BATCH, drop_last=False), _w5_decode_batch
+        node = nodes.ParallelMapper(node, fn, self.workers, in_order=True, method="process")
+        if self.stages:
+            node = nodes.Mapper(node, wl.w5_predict_batch)
+        out = list(nodes.Loader(node))
+        return [y for batch in out for y in batch] if self.stages else out
+
+    def close(self) -> None:
+        pass
+
+
+def _w5_decode_batch(xs: Sequence[int]) -> list[Any]:
+    """W5's decode over a batch (SPDL and torchdata batch before crossing to a process)."""
+    return [wl.w5_decode(x) for x in xs]
+
+
 def _w5_model_batch(vs: Sequence[Any], *, state: Any) -> list[float]:
     """W5's model stage in its own pool: one call per batch, the model is the worker's state."""
     return wl.w5_predict_batch(vs, state)
@@ -328,6 +404,8 @@ SESSIONS: dict[str, Callable[..., Session]] = {
     "joblib": Joblib,
     "mpire": Mpire,
     "easycore": Easycore,
+    "spdl": Spdl,
+    "torchdata": TorchData,
 }
 
 
@@ -359,6 +437,10 @@ def measure(
         import bench_waiting
 
         return bench_waiting.measure(lib, opts, n, workers)
+    if workload == "W10":  # an image pipeline: its own harness
+        import bench_images
+
+        return bench_images.measure(lib, opts, n, workers)
     if lib in ("raydata", "raytasks") or opts.get("engine") == "ray":  # on a local Ray
         import bench_ray
 

@@ -142,6 +142,8 @@ GROUPS: dict[str, Group] = {
             "requests answered after exponential waits (mean 20 ms), nothing else",
             "items/s",
         ),
+        Group("W10 1k", "W10", "JPEGs: decode, crop 224, flip, float; batches of 32", "items/s"),
+        Group("W10 4k", "W10", "JPEGs: decode, crop 224, flip, float; batches of 32", "items/s"),
     ]
 }
 
@@ -194,6 +196,8 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
         Case("W2", "futures", "default", "peer", "concurrent.futures, default chunksize=1"),
         Case("W2", "joblib", "default", "peer", "joblib.Parallel (loky), batch_size=auto"),
         Case("W2", "mpire", "default", "peer", "mpire.WorkerPool, default chunk_size"),
+        Case("W2", "spdl", "default", "peer", f"SPDL pipe, ProcessPoolExecutor({workers})"),
+        Case("W2", "torchdata", "default", "peer", f"torchdata ParallelMapper(process, {workers})"),
         Case("W2", "easycore", "default", "easycore", ec),
         Case("W2", "easycore", "resume=1", "easycore", f"{ec}, resume= (a run ledger)"),
     ]
@@ -290,6 +294,20 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
         Case("W5", "easycore", f"procs={procs}", "peer", f"easycore fused .map(devices={procs})"),
         Case(
             "W5",
+            "spdl",
+            "stages=1",
+            "peer",
+            f"SPDL batches of 64 -> decode ProcessPoolExecutor({workers}) -> model",
+        ),
+        Case(
+            "W5",
+            "torchdata",
+            "stages=1",
+            "peer",
+            f"torchdata Batcher(64) -> ParallelMapper(decode, {workers}) -> model",
+        ),
+        Case(
+            "W5",
             "easycore",
             f"pools={workers}+1",
             "easycore",
@@ -345,6 +363,18 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
                 f"case={case},prefetch=32",
                 "peer",
                 "DataLoader, prefetch_factor=32",
+            ),
+            Case(g, "spdl", f"case={case}", "peer", "SPDL, ProcessPoolExecutor, sink 3 (default)"),
+            Case(
+                g, "spdl", f"case={case},prefetch=32", "peer", "SPDL, ProcessPoolExecutor, sink 64"
+            ),
+            Case(g, "torchdata", f"case={case}", "peer", "torchdata ParallelMapper, Prefetcher(4)"),
+            Case(
+                g,
+                "torchdata",
+                f"case={case},prefetch=32",
+                "peer",
+                "torchdata ParallelMapper, Prefetcher(64)",
             ),
             Case(g, "easycore", f"case={case}", "easycore", "easycore imap, prefetch=2 (default)"),
             Case(
@@ -434,6 +464,8 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             "context",
             "fetch stage alone, c=1 (1/10 of it, open runner, x10)",
         ),
+        Case("W8", "spdl", "default", "peer", "SPDL async fetch (concurrency 128), step"),
+        Case("W8", "torchdata", "default", "peer", "torchdata ParallelMapper(thread, 128)"),
         Case("W8", "raydata", "batch_size=64", "peer", "Ray Data async class, 2+1 actors"),
         Case("W8", "easycore", "concurrency=64,engine=ray", "context", ec8.format(64) + ", Ray"),
     ]
@@ -443,6 +475,8 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
     cases += [
         Case("W8 uneven", "limit", u8, "reference", "limit: asyncio.gather (sem. 128)", n=4000),
         Case("W8 uneven", "threads", u8, "peer", "ThreadPoolExecutor(128)", n=4000),
+        Case("W8 uneven", "spdl", u8, "peer", "SPDL async fetch (concurrency 128)", n=4000),
+        Case("W8 uneven", "torchdata", u8, "peer", "torchdata ParallelMapper(thread, 128)", n=4000),
         Case("W8 uneven", "easycore", f"{u8},concurrency=64,runner=1", "easycore", ecu, n=4000),
         Case(
             "W8 uneven",
@@ -453,6 +487,24 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             n=4000,
         ),
     ]
+    # W10: a real image pipeline, one-shot, each row in a fresh process (bench_images.py)
+    for g, n10 in (("W10 1k", 1024), ("W10 4k", 4096)):
+        n10 = n10 // 8 if quick else n10
+        cases += [
+            Case(g, "sequential", "default", "baseline", "one process (in-process loop)", n=n10),
+            Case(g, "dataloader", "default", "peer", f"DataLoader(num_workers={workers})", n=n10),
+            Case(g, "spdl", "default", "peer", f"SPDL, ProcessPoolExecutor({workers})", n=n10),
+            Case(g, "spdl", "threads=1", "peer", f"SPDL, {workers} threads (MT)", n=n10),
+            Case(
+                g,
+                "spdl",
+                "loader=1",
+                "peer",
+                f"SPDL get_pytorch_dataloader(num_workers={workers})",
+                n=n10,
+            ),
+            Case(g, "easycore", "default", "easycore", f"easycore imap(devices={workers})", n=n10),
+        ]
     return cases
 
 
@@ -743,7 +795,8 @@ def targets(rows: list[Row]) -> list[Target]:
             out.append(Target(g, what, extra, 0.5, False))
         elif g == "W5":
             pools = next((r for r in ecs if "resume" not in r.case.variant), None)
-            rat = ratio(group, pools, best) if pools else None
+            fused = best_peer(group, [r for r in rs if "procs=" in r.case.variant])
+            rat = ratio(group, pools, fused) if pools else None
             out.append(Target(g, "pools / best fused run, items/s", rat, 1.0, True))
             out += _ledger_targets(g, ecs)
         elif g == "W8":
@@ -821,7 +874,7 @@ def targets(rows: list[Row]) -> list[Target]:
             out.append(
                 Target(
                     g,
-                    "best easycore epoch / best DataLoader's",
+                    "best easycore epoch / best peer's (DataLoader, SPDL, torchdata)",
                     (best_ec.median / best.median if best_ec and best else None),
                     1.0,
                     False,

@@ -242,3 +242,25 @@ class TestWriteRows:
         assert vs_ray.value == pytest.approx(2.0) and vs_ray.passed
         cost = got[("W7 write", "easycore write time / compute-only time")]
         assert cost.value == pytest.approx(1.15) and cost.passed
+
+
+class TestSpdlAndTorchdataRows:
+    def test_w10_selects_its_two_sizes_each_with_every_candidate(self):
+        picked = run.select(CASES, "W10")
+        assert {c.group for c in picked} == {"W10 1k", "W10 4k"}
+        for g in ("W10 1k", "W10 4k"):
+            libs = {c.lib for c in picked if c.group == g}
+            assert libs == {"sequential", "dataloader", "spdl", "easycore"}
+
+    def test_the_w5_target_compares_pools_with_the_fused_runs_only(self):
+        """SPDL's and torchdata's rows run two stages too: the best peer of the table, but
+        the pools target stays against the best fused run."""
+        rows = [
+            _row("W5", "easycore", "pools=2+1", "easycore", [1.0]),
+            _row("W5", "easycore", "procs=3", "peer", [2.0]),
+            _row("W5", "spdl", "stages=1", "peer", [0.5]),
+        ]
+        run.finish_group(run.GROUPS["W5"], rows)
+        assert run.best_peer(run.GROUPS["W5"], rows) is rows[2]
+        got = {(t.group, t.what): t.value for t in run.targets(rows)}
+        assert got[("W5", "pools / best fused run, items/s")] == pytest.approx(2.0)
