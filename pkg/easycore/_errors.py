@@ -23,12 +23,16 @@ Every class here pickles with its message and attributes: errors cross process b
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
 import traceback as tb_module
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = [
     "EasycoreError",
@@ -45,6 +49,7 @@ __all__ = [
     "describe_exitcode",
     "item_label",
     "short_repr",
+    "surfaced",
     "user_error",
     "user_frames",
     "user_traceback",
@@ -150,7 +155,8 @@ class ItemTimeout(WorkerError):
 
 class TimedOutItem(TimeoutError):
     """An async item (``async def`` producer) ran past ``timeout`` and was cancelled; its
-    worker went on. The ``__cause__`` of the :class:`ItemTimeout` the caller gets."""
+    worker went on. The caller gets an :class:`ItemTimeout` (no ``__cause__``, as a killed
+    item): nothing of the user's raised."""
 
 
 class SerializationError(WorkerError, TypeError):
@@ -273,6 +279,21 @@ def short_repr(obj: Any, limit: int = 80) -> str:
     except Exception:
         text = f"<{type(obj).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def surfaced(method: _F) -> _F:
+    """A public entry point (``map``, ``imap``, a results iterator's ``__next__``) that
+    raises a run's ``WorkerError`` without easycore's frames below it: the message says what
+    they knew (stage, item, the user's traceback), so the caller sees their own line once."""
+
+    @functools.wraps(method)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except WorkerError as exc:
+            raise exc.with_traceback(None) from exc.__cause__  # (the message says where)
+
+    return entry  # type: ignore[return-value]
 
 
 def user_frames(exc: BaseException) -> TracebackType | None:

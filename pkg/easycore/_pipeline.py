@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, overload
 import attrs
 
 from easycore import _inject
+from easycore._errors import surfaced
 from easycore._options import RunKwargs, check_concurrency, run_options
 
 if TYPE_CHECKING:
@@ -73,23 +74,32 @@ def _fn_name(fn: Any) -> str:
     return str(name)
 
 
-def _refuse_waiting(f: Any, kind: str) -> None:
-    """What cannot wait (docs/contract.md section 11), refused at decoration: an ``async def``
-    consumer, an async generator as a producer."""
-    name = _fn_name(f)
-    if kind == "consumer" and _inject.is_async_fn(f):
-        msg = (
-            f"consumer {name!r} is `async def`: a consumer folds results in the calling "
-            "process and cannot wait; make it a plain `def` and do the waiting in an "
-            "`async def` producer before it"
-        )
-        raise TypeError(msg)
-    if kind == "producer" and _inject.is_async_fn(f, inspect.isasyncgenfunction):
-        msg = (
-            f"producer {name!r} is an async generator: a producer returns one result per "
-            "item; make it `async def` and `return` the result (a list, to give several)"
-        )
-        raise TypeError(msg)
+def _refuse_waiting(kind: str, **fns: Any) -> None:
+    """What cannot wait (docs/contract.md section 11), refused at decoration: a consumer or
+    its ``init``/``end`` that is ``async def`` or an async generator (the consumer folds in
+    the calling process), an async generator as a producer or its ``init``/``end``."""
+    for role, f in fns.items():
+        if not callable(f):
+            continue
+        what = f"{kind} {_fn_name(f)!r}" if role == "fn" else f"{kind} {role} {_fn_name(f)!r}"
+        asyncgen = _inject.is_async_fn(f, inspect.isasyncgenfunction)
+        if kind == "consumer" and (asyncgen or _inject.is_async_fn(f)):
+            msg = (
+                f"{what} is {'an async generator' if asyncgen else '`async def`'}: a consumer "
+                "folds results in the calling process and cannot wait; make it a plain `def` "
+                "and do the waiting in an `async def` producer before it"
+            )
+            raise TypeError(msg)
+        if asyncgen:
+            fix = (
+                "a producer returns one result per item; make it `async def` and `return` "
+                "the result (a list, to give several)"
+                if role == "fn"
+                else "it runs once per worker; make it `async def` (or a plain `def`) "
+                "without `yield`"
+            )
+            msg = f"{what} is an async generator: {fix}"
+            raise TypeError(msg)
 
 
 def _import_stage(module: str, qualname: str) -> Stage:
@@ -115,6 +125,7 @@ class _Runs:
         """The pipeline to run: the pipeline itself, or a stage as a one-stage pipeline."""
         raise NotImplementedError
 
+    @surfaced
     def open(
         self,
         devices: Any = "auto",
@@ -170,6 +181,7 @@ class _Runs:
             concurrency=concurrency,
         )
 
+    @surfaced
     def map(
         self,
         data: Iterable[Any],
@@ -297,6 +309,7 @@ class _Runs:
             concurrency=concurrency,
         )
 
+    @surfaced
     def imap(
         self,
         data: Iterable[Any],
@@ -504,7 +517,7 @@ def producer(
         if isinstance(f, Stage):
             msg = f"{f!r} is already a stage; decorate the plain function once"
             raise TypeError(msg)
-        _refuse_waiting(f, "producer")
+        _refuse_waiting("producer", fn=f, init=init, end=end)
         fn_names = _inject.injected_names(
             f, role="producer", positional=1, allowed=_inject.PRODUCER_WORK
         )
@@ -570,7 +583,7 @@ def consumer(
         if isinstance(f, Stage):
             msg = f"{f!r} is already a stage; decorate the plain function once"
             raise TypeError(msg)
-        _refuse_waiting(f, "consumer")
+        _refuse_waiting("consumer", fn=f, init=init, end=end)
         fn_names = _inject.injected_names(
             f, role="consumer", positional=2, allowed=_inject.CONSUMER_WORK
         )

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, WorkerError, after_retries
+from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import (
@@ -442,6 +442,8 @@ class RunBooks:
                 else:
                     device, worker = place(hop)
                     error = report.to_error(what=what, device=device, worker=worker, index=at)
+                if isinstance(error, ItemTimeout):  # (cancelled: no cause, as a killed item)
+                    error.__cause__ = None
                 item = self.unit_items(
                     work.items, work.start, index * self.hops[hop].unit // self.align
                 )

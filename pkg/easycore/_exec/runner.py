@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from easycore._devices import INLINE
-from easycore._errors import EasycoreError, WorkerError
+from easycore._errors import EasycoreError, surfaced
 from easycore._exec.commit import (
     check_sink,
     commit_written,
@@ -222,6 +222,7 @@ class Runner:
         return self._active and self._generation == generation
 
     # -- running -----------------------------------------------------------------------------
+    @surfaced
     def map(self, data: Iterable[Any], *positional: Any, **options: Unpack[RunKwargs]) -> Any:
         """Run ``data`` through the pipeline on this runner's workers.
 
@@ -257,6 +258,7 @@ class Runner:
             prefetch=options.prefetch or self.prefetch,
         )
 
+    @surfaced
     def run_map(self, data: Iterable[Any], options: RunOptions) -> Any:
         """:meth:`map` with its options as one value (for easycore's own callers).
 
@@ -272,17 +274,15 @@ class Runner:
         """
         options = self._settle(options)
         stream = self._results(options, data)
-        try:
-            if self._sink is not None:
-                return total_written(commit_written(stream))
-            consumer = self.pipeline.consumer
-            if consumer is None:
-                return collect(stream)
-            total = len(data) if isinstance(data, Sized) else None
-            return fold(stream, consumer, self.cfg, options, self._chain, self._abort, total)
-        except WorkerError as exc:  # (the run's frames below say nothing: its message does)
-            raise exc.with_traceback(None) from exc.__cause__
+        if self._sink is not None:
+            return total_written(commit_written(stream))
+        consumer = self.pipeline.consumer
+        if consumer is None:
+            return collect(stream)
+        total = len(data) if isinstance(data, Sized) else None
+        return fold(stream, consumer, self.cfg, options, self._chain, self._abort, total)
 
+    @surfaced
     def imap(
         self, data: Iterable[Any], *positional: Any, **options: Unpack[RunKwargs]
     ) -> Iterator[Any]:
@@ -331,6 +331,7 @@ class Runner:
             raise TypeError(msg)
         return self.run_imap(data, run_options("imap", positional, options, self.epoch))
 
+    @surfaced
     def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
         """:meth:`imap` with its options as one value (for easycore's own callers).
 
@@ -534,6 +535,7 @@ class _Items:
     def __iter__(self) -> _Items:
         return self
 
+    @surfaced
     def __next__(self) -> Any:
         while True:
             for value in self._values:
@@ -541,10 +543,7 @@ class _Items:
                     self._position.passed(self._at)
                     self._at += self._align
                 return value
-            try:
-                self._at, values = next(self._segments)
-            except WorkerError as exc:  # (as in run_map)
-                raise exc.with_traceback(None) from exc.__cause__
+            self._at, values = next(self._segments)
             self._values = iter(values)
 
     def state_dict(self) -> dict[str, Any]:
@@ -569,6 +568,7 @@ class _Files:
     def __iter__(self) -> _Files:
         return self
 
+    @surfaced
     def __next__(self) -> Any:
         while not (written := next(self._written)).files:  # (map's byte count only)
             pass
@@ -607,6 +607,7 @@ class OwnedResults:
         result: dict[str, Any] = state_dict()
         return result
 
+    @surfaced
     def __next__(self) -> Any:
         try:
             return next(self._results)
