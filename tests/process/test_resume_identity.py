@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from contextlib import closing
 
 import pytest
@@ -85,6 +87,87 @@ class TestModuleConstants:
         versioned(1).map(range(2), devices="inline", resume=db)
         with pytest.raises(ValueError, match=r"stage 'work': its function changed"):
             versioned(2).map(range(2), devices="inline", resume=db)
+
+
+DATA_SOURCE = """
+import numpy as np
+
+L = {items!r}
+D = {table!r}
+A = np.arange(4) * {scale!r}
+
+class C:
+    K = {k!r}
+    NAMES = ("a", "b")
+
+    @staticmethod
+    def bump(x):
+        return x + {bump!r}
+
+def work(x):
+    return [L[x % 2], D["k"], int(A[x % 4]), C.K, C.bump(x)]
+"""
+DEFAULTS = {"items": [1, 2], "table": {"k": 2}, "scale": 1, "k": 2, "bump": 0}
+
+
+def reading_data(**changed):
+    """A producer ``work`` reading a list ``L``, a dict ``D``, an array ``A`` and a class
+    ``C`` (its attribute ``K`` and its method ``bump``) of its module."""
+    namespace = {"__name__": "resume_identity_data"}
+    exec(DATA_SOURCE.format(**{**DEFAULTS, **changed}), namespace)
+    return producer(namespace["work"])
+
+
+class TestModuleData:
+    """Module-level data a stage reads (containers, arrays, the attributes and methods of a
+    class of its module) is part of its identity: a change is refused, naming it."""
+
+    @pytest.mark.parametrize(
+        ("changed", "named"),
+        [
+            ({"items": [1, 5]}, r"the global L it reads changed \(\[1, 2\] -> \[1, 5\]\)"),
+            ({"table": {"k": 5}}, r"the global D it reads changed \(\{'k': 2\} -> \{'k': 5\}\)"),
+            ({"table": {"k": [5]}}, r"the global D it reads changed"),
+            ({"scale": 3}, r"the global A it reads changed"),
+            ({"k": 5}, r"the global C.K it reads changed \(2 -> 5\)"),
+            ({"bump": 1}, r"stage 'work': its function changed"),
+        ],
+        ids=["list", "dict", "nested", "array", "class attribute", "method"],
+    )
+    def test_a_change_is_refused_naming_it(self, tmp_path, changed, named):
+        db = tmp_path / "run.db"
+        assert reading_data().map(range(2), devices="inline", resume=db) == [
+            [1, 2, 0, 2, 0],
+            [2, 2, 1, 2, 1],
+        ]
+        assert reading_data().map(range(2), devices="inline", resume=db)[0] == [1, 2, 0, 2, 0]
+        with pytest.raises(ValueError, match=named):
+            reading_data(**changed).map(range(2), devices="inline", resume=db)
+
+    def test_main_module_data_is_covered(self, tmp_path):
+        """A script's ``OPTS["mode"]`` (in ``__main__``) changed between two runs."""
+        script = tmp_path / "job.py"
+        script.write_text(
+            "import sys\n"
+            "from easycore import producer\n"
+            "OPTS = {'mode': sys.argv[1]}\n"
+            "@producer\n"
+            "def work(x):\n"
+            "    return OPTS['mode'] + str(x)\n"
+            "if __name__ == '__main__':\n"
+            "    print(work.map(range(2), devices='inline', resume=sys.argv[2]))\n"
+        )
+
+        def run(mode):
+            db = str(tmp_path / "run.db")
+            cmd = [sys.executable, str(script), mode, db]
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+        assert run("a").stdout.strip() == "['a0', 'a1']"
+        assert run("a").stdout.strip() == "['a0', 'a1']"
+        failed = run("b")
+        assert failed.returncode != 0
+        assert "the global OPTS it reads changed ({'mode': 'a'} -> {'mode': 'b'})" in failed.stderr
 
 
 class TestKeyFunction:

@@ -25,10 +25,12 @@ containers or objects refer to themselves. Types are part of the encoding: ``1``
 ``True`` and ``"1"`` differ, and so do ``(1, 2)`` and ``[1, 2]``.
 
 A function's digest is its code (bytecode, constants, names, nested code objects), its
-defaults, the values its closure holds, and the module-level helpers and constants of its
-own module that it names; not where it sits in its file, nor ``id``/``hash``. Bytecode is
-the interpreter's, so another Python version makes another digest. :func:`code_digest`
-leaves those constants' values out and returns them, so that a message can name them.
+defaults, the values its closure holds, and what of its own module it names: functions
+(by their digest), plain data (numbers, strings, arrays, tensors, and lists, tuples, dicts
+and sets of them: by value) and classes (their methods, and data attributes as ``C.K``);
+not where it sits in its file, nor ``id``/``hash``. Bytecode is the interpreter's, so
+another Python version makes another digest. :func:`code_digest` leaves the data's values
+out and returns them by name, so that a message can name them.
 """
 
 from __future__ import annotations
@@ -336,23 +338,48 @@ class _FunctionHasher:
                 h.update(b"e")
                 continue
             self._member(h, value)
-        # helpers and constants of its own module that it names: a change there changes
-        # what it computes (names of other modules, and mutable globals, are left out)
-        module = fn.__module__
-        scope = fn.__globals__
+        # helpers, data and classes of its own module that it names: a change there changes
+        # what it computes (names of other modules, and other objects, are left out)
         for name in sorted(_names(code)):
-            if name not in scope:
-                continue
-            value = scope[name]
-            if isinstance(value, types.FunctionType) and value.__module__ == module:
-                h.update(b"g" + name.encode() + b"\0")
-                self.feed(h, value)
-            elif type(value) in _ATOMS or (type(value) in (tuple, frozenset) and _flat(value)):
-                h.update(b"k" + name.encode() + b"\0")
-                if self.constants is None:
-                    self._value(h, value)
-                else:  # (a name two modules use: the first one's value; the digest tells)
-                    self.constants.setdefault(name, value)
+            if name in fn.__globals__:
+                self._global(h, name, fn.__globals__[name], fn.__module__)
+
+    def _global(self, h: Any, name: str, value: Any, module: str) -> None:
+        """A global ``name`` of ``module`` that a function names: a function of the module
+        by its digest, plain data (:func:`_is_data`) as a constant, a class of the module
+        by its methods and data attributes (``C.K``)."""
+        if isinstance(value, types.FunctionType) and value.__module__ == module:
+            h.update(b"g" + name.encode() + b"\0")
+            self.feed(h, value)
+        elif _is_data(value):
+            h.update(b"k" + name.encode() + b"\0")
+            if self.constants is None:
+                self._value(h, value)
+            else:  # (a name two modules use: the first one's value; the digest tells)
+                self.constants.setdefault(name, value)
+        elif isinstance(value, type) and value.__module__ == module:
+            self._class(h, name, value, module)
+
+    def _class(self, h: Any, name: str, cls: type, module: str) -> None:
+        """A class of the function's module: its methods and data attributes, its own and
+        those of its bases in the module, by their names (``C.K``)."""
+        if id(cls) in self.active:  # (a method that names its own class)
+            return
+        self.active.add(id(cls))
+        try:
+            members: dict[str, Any] = {}
+            for klass in reversed(cls.__mro__):  # (as attribute lookup finds them)
+                if klass.__module__ == module:
+                    members.update(vars(klass))
+            for attr, member in sorted(members.items()):
+                if isinstance(member, staticmethod | classmethod):
+                    member = member.__func__
+                elif isinstance(member, property):
+                    member = member.fget
+                if not attr.startswith("__") or isinstance(member, types.FunctionType):
+                    self._global(h, f"{name}.{attr}", member, module)
+        finally:
+            self.active.discard(id(cls))
 
     def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
         h.update(b"c")
@@ -403,8 +430,21 @@ def _names(code: types.CodeType) -> set[str]:
     return out
 
 
-def _flat(value: tuple[Any, ...] | frozenset[Any]) -> bool:
-    return all(type(x) in _ATOMS for x in value)
+def _is_data(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain data: ``None``, a bool, number, str or bytes, a numpy array
+    or torch tensor, or a tuple, list, dict, set or frozenset of plain data."""
+    if type(value) in _ATOMS:
+        return True
+    if depth > 20:  # (deeper, or a container that holds itself: not data)
+        return False
+    if isinstance(value, dict):
+        return all(_is_data(k, depth + 1) and _is_data(v, depth + 1) for k, v in value.items())
+    if isinstance(value, tuple | list | set | frozenset):
+        return all(_is_data(x, depth + 1) for x in value)
+    np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    return (np is not None and type(value) is np.ndarray and not value.dtype.hasobject) or (
+        torch is not None and isinstance(value, torch.Tensor)
+    )
 
 
 def function_digest(fn: Callable[..., Any]) -> str:
