@@ -22,9 +22,10 @@ import os
 import pickle
 import re
 import struct
-import warnings
 import zipfile
 from typing import Any
+
+from easycore._errors import warn
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -176,7 +177,7 @@ def load_checkpoint(
             if not left:
                 raise
             previous = os.path.basename(found[left - 1][2])
-            warnings.warn(f"{err}; loading {previous}, saved before it", stacklevel=2)
+            warn(f"{err}; loading {previous}, saved before it")
     return None  # a directory without a checkpoint yet (or not made yet)
 
 
@@ -245,7 +246,7 @@ def _warn_lower_step(directory: str, step: int, others: list[tuple[int, int, str
             "the ones saved first, whatever their steps; give each run its own directory to "
             "keep them apart"
         )
-        warnings.warn(msg, stacklevel=3)
+        warn(msg)
 
 
 def _remove_stale_temps(directory: str) -> None:

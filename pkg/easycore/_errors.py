@@ -27,7 +27,9 @@ import functools
 import os
 import pickle
 import signal
+import sys
 import traceback as tb_module
+import warnings
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -53,6 +55,7 @@ __all__ = [
     "user_error",
     "user_frames",
     "user_traceback",
+    "warn",
 ]
 
 _LIBRARY = os.path.dirname(os.path.abspath(__file__)) + os.sep  # easycore's own files
@@ -294,6 +297,15 @@ def surfaced(method: _F) -> _F:
             raise exc.with_traceback(None) from exc.__cause__  # (the message says where)
 
     return entry  # type: ignore[return-value]
+
+
+def warn(msg: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` at the user's line: the first frame outside easycore (the
+    ``skip_file_prefixes`` of Python 3.12, counted by hand)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(msg, category, stacklevel=level)
 
 
 def user_frames(exc: BaseException) -> TracebackType | None:

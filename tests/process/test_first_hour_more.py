@@ -8,11 +8,12 @@ import asyncio
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
 import easycore
-from easycore import ItemTimeout, producer
+from easycore import ItemTimeout, SkippedItemsWarning, load_checkpoint, producer, save_checkpoint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,3 +114,44 @@ def test_an_uncaught_error_on_ray_shows_one_frame_of_easycore(tmp_path):
     script, out = run_script(tmp_path, "map", "ray")
     assert out.count(f'File "{script}", line 10, in predict') == 1, out
     assert out.count(f'File "{os.path.dirname(easycore.__file__)}') <= 1, out
+
+
+@producer
+def fails_on_two(x):
+    if x == 2:
+        raise ValueError("bad item")
+    return x
+
+
+def versioned(version):
+    def work(x):
+        return x * version
+
+    return producer(work)
+
+
+@pytest.mark.parametrize("devices", [2, "inline"])
+def test_the_skip_summary_points_at_the_callers_line(devices):
+    with pytest.warns(SkippedItemsWarning) as caught:
+        assert fails_on_two.map(range(4), devices=devices, errors="skip") == [0, 1, 3]
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_accepting_changed_code_warns_at_the_callers_line(tmp_path):
+    db = tmp_path / "run.db"
+    versioned(1).map(range(2), devices="inline", resume=db)
+    with pytest.warns(UserWarning, match="accept_changed_code=True") as caught:
+        versioned(2).map(range(3), devices="inline", resume=db, accept_changed_code=True)
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_checkpoint_warnings_point_at_the_callers_line(tmp_path):
+    save_checkpoint(tmp_path, 5, model={"w": 1})
+    with pytest.warns(UserWarning, match="holds checkpoint-5") as caught:
+        save_checkpoint(tmp_path, 3, model={"w": 2})
+    newest = tmp_path / "checkpoint-5"
+    newest.write_bytes(newest.read_bytes()[:10])  # (cut short: unreadable)
+    with warnings.catch_warnings(record=True) as more:
+        warnings.simplefilter("always")
+        assert load_checkpoint(tmp_path)["step"] == 3
+    assert [w.filename for w in [*caught, *more]] == [__file__, __file__]

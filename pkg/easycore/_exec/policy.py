@@ -9,11 +9,10 @@ once per run with the count and the first failure.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from easycore._errors import Failure, SkippedItemsWarning
+from easycore._errors import Failure, SkippedItemsWarning, warn
 from easycore._exec.outcomes import Failed, without
 from easycore._options import RunOptions
 
@@ -58,7 +57,7 @@ def set_aside(
                 f"{count} item(s) failed and were left out of the results (errors='skip'); "
                 f"the first: {first!r}. Pass on_error= to see every one."
             )
-            warnings.warn(msg, SkippedItemsWarning, stacklevel=2)
+            warn(msg, SkippedItemsWarning)
 
 
 def _failed(value: Any) -> bool:

@@ -34,14 +34,13 @@ import json
 import os
 import pickle
 import sqlite3
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 import cloudpickle
 
-from easycore._errors import WorkerError, short_repr
+from easycore._errors import WorkerError, short_repr, warn
 from easycore._exec.digest import cfg_digests, code_digest, function_digest, item_digest
 from easycore._exec.outcomes import Failed
 from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
@@ -433,7 +432,7 @@ class RunLedger:
                         f"code ({'; '.join(changed)}); they are kept (accept_changed_code=True), "
                         "and what it lacks runs with the new code"
                     )
-                    warnings.warn(msg, UserWarning, stacklevel=2)
+                    warn(msg)
                 self.db.execute(_FILES)
             except BaseException:
                 self.db.execute("ROLLBACK")
