@@ -66,6 +66,7 @@ __all__ = [
     "Ran",
     "StageDef",
     "StageFailure",
+    "call_key",
     "cancel_grace",
     "is_async_fn",
 ]
@@ -135,6 +136,18 @@ class StageFailure(NamedTuple):
             remote=False,
             cls=ItemTimeout if isinstance(exc, TimedOutItem) else WorkerError,
         )
+
+
+def call_key(key: Callable[[Any], Any], unit: Any, index: int, label: str) -> Any:
+    """``key(unit)``, the run's ``key=`` for unit ``index`` (``label`` names it), called in the
+    calling process: what it raises is a ``WorkerError`` as a consumer's (stage ``"key="``,
+    the unit's index and item, ``__cause__`` the original)."""
+    try:
+        return key(unit)
+    except Exception as exc:
+        error = StageFailure("key=", exc).to_error(f"while keying {label}", index, device=None)
+        error.item = unit
+        raise error from exc
 
 
 class Finished(RuntimeError):

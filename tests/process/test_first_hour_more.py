@@ -13,7 +13,14 @@ import warnings
 import pytest
 
 import easycore
-from easycore import ItemTimeout, SkippedItemsWarning, load_checkpoint, producer, save_checkpoint
+from easycore import (
+    ItemTimeout,
+    SkippedItemsWarning,
+    WorkerError,
+    load_checkpoint,
+    producer,
+    save_checkpoint,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,3 +162,17 @@ def test_checkpoint_warnings_point_at_the_callers_line(tmp_path):
         warnings.simplefilter("always")
         assert load_checkpoint(tmp_path)["step"] == 3
     assert [w.filename for w in [*caught, *more]] == [__file__, __file__]
+
+
+def key_of(x):
+    return 1 // (x - 2)
+
+
+@pytest.mark.parametrize("devices", [2, "inline"])
+def test_a_key_function_that_raises_names_key_and_the_item(tmp_path, devices):
+    with pytest.raises(WorkerError, match=r"key= raised ZeroDivisionError") as info:
+        fails_on_two.map(range(4), devices=devices, resume=tmp_path / "run.db", key=key_of)
+    error = info.value
+    assert (error.stage, error.index, error.item) == ("key=", 2, 2)
+    assert "item 2" in str(error) and "return 1 // (x - 2)" in str(error)
+    assert isinstance(error.__cause__, ZeroDivisionError)

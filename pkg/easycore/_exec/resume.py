@@ -47,6 +47,7 @@ from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._options import RunOptions
 from easycore._protocol import CACHED
 from easycore._sinks import Shard, Wrote
+from easycore._stages import call_key
 
 __all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
 
@@ -455,7 +456,9 @@ class RunLedger:
     def _key(self, index: int, items: Any) -> str:
         if self.key_fn is None:
             return f"i:{self.options.global_index(index)}"
-        return f"k:{key_text(self.key_fn(items), self.options.label(index))}"
+        label = self.options.label(index)
+        key = call_key(self.key_fn, items, self.options.global_index(index), label)
+        return f"k:{key_text(key, label)}"
 
     def _check_unique(self, keyed: list[tuple[int, str]]) -> None:
         """Raises ValueError when a key of ``keyed`` ((unit, key) pairs) came before in this
