@@ -57,6 +57,9 @@ __all__ = [
 TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
 # the temporary files easycore writes (sweep removes these only: not a user's own ".part-x")
 _TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|jsonl\.gz|tar)\Z")
+# what webdataset adds to each sample it reads (a member so named makes a shard unreadable)
+_READ_FIELDS = ("__url__", "__local_path__")
+_ROWS = "easycore.rows"  # a Parquet file of rows with no columns: their count
 _EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
@@ -356,7 +359,7 @@ class RunSchema:
         if shard.schema is None:
             return
         self.files[shard.name] = shard.schema
-        if shard.schema in self.kinds:
+        if not shard.schema or shard.schema in self.kinds:  # (b"": rows of no columns)
             return
         self.kinds[shard.schema] = None
         if len(self.kinds) > 1:
@@ -379,11 +382,21 @@ class RunSchema:
                 import pyarrow.parquet as pq
 
                 with files.open(name, "rb") as f:
-                    schema = pq.read_schema(f).serialize().to_pybytes()
-                self.admit(Shard("", name, 0, 0, schema))
+                    schema = pq.read_schema(f)
+                self.admit(Shard("", name, 0, 0, _serialized(schema)))
+        bare = b"" in self.files.values()  # files of rows with no columns (results {})
+        if bare and not self.kinds:
+            msg = (
+                f"{self.sink!r}: every row of the run is empty (results {{}}), and a Parquet "
+                "file cannot hold rows with no columns: give the rows a column, or write "
+                "them with write.jsonl"
+            )
+            raise ValueError(msg)
+        if self.schema is None and bare:
+            self.schema = _schema_of(next(iter(self.kinds)))
         if self.schema is None:
             return 0
-        stale = {b for b in self.kinds if not _same(_schema_of(b), self.schema)}
+        stale = {b for b in self.kinds if not _same(_schema_of(b), self.schema)} | {b""}
         return sum(
             _rewrite(files, self.sink, name, self.schema)
             for name, schema in self.files.items()
@@ -531,6 +544,15 @@ def _arrow_column(values: Any) -> Any:
             shapes = {v.shape for v in values}
             if len(shapes) == 1:  # (np.array: the same as np.stack here, 2.5x as fast)
                 values = np.array(values) if kinds == {np.ndarray} else np.stack(values)
+            elif len({len(s) for s in shapes}) == 1 and len({v.dtype for v in values}) == 1:
+                # arrays of one dtype whose lengths differ: each row as a file of it alone
+                # would hold it, in the type that holds them all (a variable-length list
+                # where lengths differ, fixed-size lists inside where they do not)
+                rows = [_arrow_column(v[None]) for v in values]
+                typ = rows[0].type
+                for row in rows[1:]:
+                    typ = _merge_type(typ, row.type)
+                return pa.concat_arrays([row.cast(typ) for row in rows])
     if _is_array(values) and len(values.shape) >= 1:
         arr = np.ascontiguousarray(values)
         if arr.ndim == 1:
@@ -631,14 +653,17 @@ def _table(cols: Mapping[str, Any], n: int) -> Any:
     if not cols:
         empty = pa.Table.from_arrays([pa.nulls(n)], names=["__empty__"])
         return empty.drop_columns(["__empty__"])
-    return pa.Table.from_arrays([_arrow_column(v) for v in cols.values()], names=list(cols))
+    arrays = [_arrow_column(v) for v in cols.values()]
+    for i, a in enumerate(arrays):  # (Parquet holds no struct of no fields: a column of nulls)
+        if pa.types.is_struct(a.type) and a.type.num_fields == 0:
+            arrays[i] = pa.nulls(len(a))
+    return pa.Table.from_arrays(arrays, names=list(cols))
 
 
 def _together(units: list[_Unit]) -> Any:
     """The units' rows as one table: columns joined first when every unit has the same
     names and column kinds (one conversion for the chunk), else a table per unit."""
     import numpy as np
-    import pyarrow as pa
 
     names = list(units[0].cols)
     merged: dict[str, Any] = {}
@@ -654,7 +679,17 @@ def _together(units: list[_Unit]) -> Any:
             break
     if merged and len(merged) == len(names):
         return _table(merged, sum(u.n for u in units))
-    return pa.concat_tables([_table(u.cols, u.n) for u in units])
+    return _concat([_table(u.cols, u.n) for u in units])
+
+
+def _concat(tables: list[Any]) -> Any:
+    """Tables of one schema as one (rows of no columns too: ``pa.concat_tables`` drops
+    those)."""
+    import pyarrow as pa
+
+    if not tables[0].num_columns:
+        return _table({}, sum(t.num_rows for t in tables))
+    return pa.concat_tables(tables)
 
 
 class _Unit(NamedTuple):
@@ -686,22 +721,26 @@ class ShardWriter:
         values: list[Any],
         inputs: Sequence[Any],
         skip: Iterable[int],
-        keys: Sequence[Any] | None = None,
+        keys: tuple[bool, Sequence[Any] | None] | None = None,
     ) -> list[tuple[int, BaseException]]:
         """Write units ``base + k`` (``values[k]``) that did not fail (``skip``): each is
         replaced by a :class:`Wrote`, the last written one carrying the shards. Returns the
         ``(position, error)`` of the units that could not be written (their value: None).
 
-        ``keys``: the ``key=`` value of each first-hop unit of the chunk (from its first),
-        when the run has one; rows are keyed by their item's index otherwise.
+        ``keys``: ``(batched, keys)`` from the run (None: ``(False, None)``): whether the
+        units are batches (the pool's ``batch_size``: a mapping of columns is then many rows,
+        whatever the units' types), and the ``key=`` value of each first-hop unit of the
+        chunk (from its first) when the run has one; rows are keyed by their item's index
+        otherwise.
 
         The cyclic garbage collector is paused meanwhile: turning a chunk into columns makes
         a few small containers per row and no cycles, and the collections their count
         triggers (walking every result of the chunk) cost a third of the write."""
         collect = gc.isenabled()
         gc.disable()
+        batched, by = keys if keys is not None else (False, None)
         try:
-            return self._write(base, values, inputs, skip, keys)
+            return self._write(base, values, skip, by, batched)
         finally:
             if collect:
                 gc.enable()
@@ -710,19 +749,22 @@ class ShardWriter:
         self,
         base: int,
         values: list[Any],
-        inputs: Sequence[Any],
         skip: Iterable[int],
         keys: Sequence[Any] | None,
+        batched: bool,
     ) -> list[tuple[int, BaseException]]:
         skipped = set(skip)
-        if self.sink.kind == "parquet" and self._single_rows(base, values, inputs, skipped, keys):
+        if (
+            self.sink.kind == "parquet"
+            and not batched
+            and self._single_rows(base, values, skipped, keys)
+        ):
             return []
         units: list[_Unit] = []
         errors: list[tuple[int, BaseException]] = []
         for k, value in enumerate(values):
             if k in skipped or _passes(value):
                 continue
-            batched = k < len(inputs) and type(inputs[k]) is list
             try:
                 cols, n = rows_of(value, batched)
             except Exception as exc:
@@ -735,8 +777,15 @@ class ShardWriter:
                 index = [keys[i - origin] for i in index]
             units.append(_Unit(k, first, cols, n, index))
         if self.sink.key_column is not None:
+            keyed = []
             for u in units:
-                _add_keys(u.cols, self.sink.key_column, self._keys(u.keys))
+                try:
+                    _add_keys(u.cols, self.sink.key_column, self._keys(u.keys))
+                except RowError as exc:
+                    errors.append((u.pos, exc))
+                    continue
+                keyed.append(u)
+            units = keyed
         writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
         shards, bad = writer[self.sink.kind](units)
         errors.extend(bad)
@@ -755,7 +804,6 @@ class ShardWriter:
         self,
         base: int,
         values: list[Any],
-        inputs: Sequence[Any],
         skipped: set[int],
         keys: Sequence[Any] | None,
     ) -> bool:
@@ -767,14 +815,9 @@ class ShardWriter:
         if not at or type(values[at[0]]) is not dict or not values[at[0]]:
             return False
         names = values[at[0]].keys()
-        n_in = len(inputs)
         rows = [values[k] for k in at]
-        for k, row in zip(at, rows, strict=True):
-            if (
-                type(row) is not dict
-                or row.keys() != names
-                or (k < n_in and type(inputs[k]) is list)
-            ):
+        for row in rows:
+            if type(row) is not dict or row.keys() != names:
                 return False
         cols: dict[str, Any] = {}
         for name in names:
@@ -786,14 +829,11 @@ class ShardWriter:
             _named(rows[0])  # (raises, naming the names that are one)
         align = self.sink.align
         firsts = [(base + k) * align for k in at]
-        if self.sink.key_column is not None:
-            origin = base * align
-            _add_keys(
-                cols,
-                self.sink.key_column,
-                firsts if keys is None else self._keys([keys[f - origin] for f in firsts]),
-            )
         try:
+            if self.sink.key_column is not None:
+                origin = base * align
+                by = firsts if keys is None else self._keys([keys[f - origin] for f in firsts])
+                _add_keys(cols, self.sink.key_column, by)
             table = self._fit(_table(cols, len(rows)))
         except Exception:
             return False
@@ -808,12 +848,24 @@ class ShardWriter:
 
     def _keys(self, keys: list[Any]) -> Any:
         """A key column's values: in Parquet, tuple keys (``key=``'s str and int tuples)
-        are structs of fields ``"0"``, ``"1"``, ... (a list column would need one type)."""
+        are structs of fields ``"0"``, ``"1"``, ... (a list column would need one type; a
+        key of fewer places is null in the others).
+
+        Raises:
+            RowError: keys whose places hold different types (naming the column)."""
         if self.sink.kind != "parquet" or not any(type(k) is tuple for k in keys):
             return keys
         import pyarrow as pa
 
-        return pa.array([{str(i): v for i, v in enumerate(k)} for k in keys])
+        try:
+            return pa.array([{str(i): v for i, v in enumerate(k)} for k in keys])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, AttributeError) as exc:
+            msg = (
+                f"key_column {self.sink.key_column!r}: the keys {short_repr(keys)} hold "
+                f"different types in one place ({exc}): key= must give tuples of the same "
+                "types at each place"
+            )
+            raise RowError(msg) from None
 
     # -- names -----------------------------------------------------------------------------
     def _names(self, key: int, offset: int) -> tuple[str, str]:
@@ -865,9 +917,7 @@ class ShardWriter:
                     bad.append((u.pos, RowError(f"its rows do not fit the file's schema: {exc}")))
             units = good
             if tables:  # (in the schema the last one widened, if one did)
-                import pyarrow as pa
-
-                table = pa.concat_tables([_conform(t, self.schema) for t in tables])
+                table = _concat([_conform(t, self.schema) for t in tables])
         if table is None or table.num_rows == 0:
             return [], bad
         per = self._limits(table.num_rows, table.nbytes)
@@ -878,16 +928,18 @@ class ShardWriter:
         import pyarrow.parquet as pq
 
         shards = []
-        schema = table.schema.serialize().to_pybytes()
+        schema = _serialized(table.schema)
         for first, end, key, offset in cuts:
             temp, name = self._names(key, offset)
             part = table.slice(first, end - first)
+            if not table.num_columns:  # (Parquet keeps no count of rows of no columns)
+                part = _table({}, end - first).replace_schema_metadata({_ROWS: str(end - first)})
             with self.files.open(temp) as f:
                 pq.write_table(
                     part, f, compression=self.sink.compression or "none", **_parquet_options(table)
                 )
                 nbytes = f.tell()
-            shards.append(Shard(temp, name, part.num_rows, nbytes, schema))
+            shards.append(Shard(temp, name, end - first, nbytes, schema))
         return shards
 
     def _fit(self, table: Any) -> Any:
@@ -989,6 +1041,14 @@ class ShardWriter:
 
         def encode(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
             key = row.pop("__key__", None)
+            for name in _READ_FIELDS:  # (a sample read back: webdataset adds them again)
+                row.pop(name, None)
+            if not row:
+                msg = (
+                    "its sample has no entries (a tar holds a sample as its files: one with "
+                    "none is not there when read back): give it a field besides __key__"
+                )
+                raise RowError(msg)
             if key is None:
                 key = u.keys[j]
                 if u.n > 1 and len(set(u.keys)) == 1:
@@ -1033,7 +1093,8 @@ def _merge_type(a: Any, b: Any) -> Any:
     """The type that holds the values of types ``a`` and ``b``, or None when they conflict:
     a null type gives way to the other; ints and floats make floats (signed ints, the wider
     ints); lists of different lengths (fixed-size or not) are variable-length lists;
-    structs of the same fields merge field by field."""
+    structs merge field by field (a field one lacks is null there: an empty struct, or a
+    tuple key of fewer places)."""
     import pyarrow as pa
 
     t = pa.types
@@ -1054,11 +1115,13 @@ def _merge_type(a: Any, b: Any) -> Any:
         if t.is_fixed_size_list(a) and t.is_fixed_size_list(b) and a.list_size == b.list_size:
             return pa.list_(value, a.list_size)
         return pa.large_list(value) if t.is_large_list(a) or t.is_large_list(b) else pa.list_(value)
-    if t.is_struct(a) and t.is_struct(b) and [f.name for f in a] == [f.name for f in b]:
-        fields = [_merge_type(fa.type, fb.type) for fa, fb in zip(a, b, strict=True)]
-        if None in fields:
+    if t.is_struct(a) and t.is_struct(b):
+        fields = {f.name: f.type for f in a}
+        for f in b:
+            fields[f.name] = f.type if f.name not in fields else _merge_type(fields[f.name], f.type)
+        if None in fields.values():
             return None
-        return pa.struct([pa.field(f.name, typ) for f, typ in zip(a, fields, strict=True)])
+        return pa.struct(list(fields.items()))
     return None
 
 
@@ -1095,6 +1158,11 @@ def unify_schemas(schemas: Sequence[Any], keep: bool = False) -> Any:
         for name in names - set(schema.names):
             fields[name] = fields[name].with_nullable(True)
     return pa.schema(list(fields.values()), metadata=schemas[0].metadata)
+
+
+def _serialized(schema: Any) -> bytes:
+    """A Parquet file's schema as workers send it (b"": no columns)."""
+    return schema.serialize().to_pybytes() if len(schema) else b""
 
 
 def _schema_of(serialized: bytes) -> Any:
@@ -1155,7 +1223,11 @@ def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> int:
     with files.open(name, "rb") as f:
         old = f.seek(0, 2)
         f.seek(0)
-        table = _conform(pq.read_table(f), schema)
+        file = pq.ParquetFile(f)
+        table = file.read()
+        if not table.num_columns:  # (rows of no columns: read back as none)
+            table = _table({}, int((file.schema_arrow.metadata or {}).get(_ROWS.encode(), 0)))
+        table = _conform(table, schema)
     temp = TEMP_PREFIX + name
     with files.open(temp) as f:
         pq.write_table(table, f, compression=sink.compression or "none", **_parquet_options(table))

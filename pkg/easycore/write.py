@@ -69,7 +69,8 @@ def parquet(
         A sink: end a pipeline with it (``pipeline >> write.parquet("out")``).
 
     Raises:
-        ValueError: a limit that is not positive, or an unknown compression.
+        ValueError: a limit that is not positive, an unknown compression, or
+            ``key_column=""``.
         TypeError: ``path`` is not a string, or ``key_column`` not a str.
 
     A result whose rows do not fit the schema fails its item (``errors="skip"`` sets it
@@ -116,7 +117,8 @@ def jsonl(
         A sink: end a pipeline with it.
 
     Raises:
-        ValueError: a limit that is not positive, or a compression other than gzip.
+        ValueError: a limit that is not positive, a compression other than gzip, or
+            ``key_column=""``.
         TypeError: ``key_column`` is not a str.
     """
     _check_key_column(key_column)
@@ -177,3 +179,6 @@ def _check_key_column(name: Any) -> None:
     if name is not None and not isinstance(name, str):
         msg = f"key_column must be a column name (a str) or None, got {name!r}"
         raise TypeError(msg)
+    if name == "":
+        msg = "key_column must name a column, got '' (None: no key column)"
+        raise ValueError(msg)

@@ -212,6 +212,22 @@ def test_key_column_must_be_a_str():
         write.jsonl("out", key_column=("a",))
 
 
+def test_key_column_must_name_a_column():
+    for make in (write.parquet, write.jsonl):
+        with pytest.raises(ValueError, match="key_column"):
+            make("out", key_column="")
+
+
+@pytest.mark.parametrize("text", ["", "garbled{", '{"pid": 1}'])
+def test_a_lock_that_cannot_be_read_is_named_with_what_to_do(tmp_path, text):
+    (tmp_path / ".easycore-lock").write_text(text)
+    with pytest.raises(ValueError) as info:
+        (row >> write.parquet(str(tmp_path))).map(range(2), devices="inline")
+    message = str(info.value)
+    assert ".easycore-lock" in message and "cannot be read" in message
+    assert "remove" in message and "pid None" not in message
+
+
 # -- 11. directories that cannot be written, keys that cannot name a member ----------------
 def test_a_sink_path_that_is_a_file_is_refused_before_any_worker_starts(tmp_path):
     marker = tmp_path / "started"

@@ -336,3 +336,155 @@ class TestWebDataset:
         )
         assert len(written.files) == 4
         assert self.read(written) == [("same", f"t{x}".encode()) for x in range(4)]
+
+
+def read_webdataset(written) -> list[dict]:
+    import webdataset as wds
+
+    ds = wds.WebDataset(list(written.files), shardshuffle=False)
+    got = list(ds)
+    del ds
+    gc.collect()
+    return got
+
+
+# (webdataset leaves its shard's file object to the garbage collector)
+webdataset_reads = [
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+]
+
+
+class TestEnginesAgree:
+    """What a result becomes is the same on worker processes and inline, and Written.rows is
+    what the format's own reader reads back."""
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_a_list_item_without_batch_size_is_one_row(self, tmp_path, devices):
+        """Whether a result is a batch's comes from batch_size, never from the item's type:
+        an item that is a list, and a result mapping to an array, is one row."""
+        embed = producer(lambda words: {"vec": np.ones(4, dtype=np.float32)})
+        written = (embed >> write.parquet(str(tmp_path))).map([["a", "b"], ["c"]], devices=devices)
+        table = pq.read_table(tmp_path)
+        assert written.rows == table.num_rows == 2
+        assert table.column("vec").to_pylist() == [[1.0] * 4] * 2
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_with_batch_size_a_mapping_of_columns_is_that_many_rows(self, tmp_path, devices):
+        batch = producer(lambda b: {"x": b})
+        written = (batch >> write.parquet(str(tmp_path))).map(
+            range(5), devices=devices, batch_size=2
+        )
+        table = pq.read_table(tmp_path)
+        assert written.rows == table.num_rows == 5
+        assert sorted(table.column("x").to_pylist()) == [0, 1, 2, 3, 4]
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_float32_tensors_of_varying_shape_keep_one_type(self, tmp_path, devices):
+        """2-D tensors whose first length varies: one type in every file, float32 kept."""
+        one = producer(lambda x: {"t": torch.zeros(x + 1, 2)})
+        many = producer(lambda x: [{"t": torch.zeros(x + 1, 2)}, {"t": torch.zeros(x + 3, 2)}])
+        want = pa.list_(pa.list_(pa.float32(), 2))
+        for i, stage in enumerate((one, many)):
+            out = tmp_path / str(i)
+            written = (stage >> write.parquet(str(out))).map(range(3), devices=devices)
+            table = pq.read_table(out)
+            assert written.rows == table.num_rows
+            assert table.schema.field("t").type == want
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_an_empty_result_is_a_row_of_nulls(self, tmp_path, devices):
+        odd = producer(lambda x: {} if x % 2 else {"v": x})
+        written = (odd >> write.parquet(str(tmp_path))).map(range(4), devices=devices)
+        table = pq.read_table(tmp_path)
+        assert written.rows == table.num_rows == 4
+        assert sorted(table.column("v").to_pylist(), key=str) == [0, 2, None, None]
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_a_parquet_run_of_empty_results_only_fails(self, tmp_path, devices):
+        """Parquet cannot hold rows with no columns: the run says so (no Written counting
+        rows that read back as none)."""
+        with pytest.raises((ValueError, WorkerError), match="no columns"):
+            (producer(lambda x: {}) >> write.parquet(str(tmp_path))).map(range(3), devices=devices)
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_an_empty_struct_merges_with_a_later_struct(self, tmp_path, devices):
+        fn = producer(lambda x: {"s": {}} if x == 0 else {"s": {"a": x}})
+        written = (fn >> write.parquet(str(tmp_path))).map(range(3), devices=devices)
+        table = pq.read_table(tmp_path)
+        assert written.rows == table.num_rows == 3
+        assert table.schema.field("s").type == pa.struct([("a", pa.int64())])
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_tuple_keys_of_different_lengths_are_one_struct(self, tmp_path, devices):
+        """A key of fewer places is null in the others: every file has the one type."""
+        one = producer(lambda x: {"v": 1})
+        sink = write.parquet(str(tmp_path), key_column="k")
+        written = (one >> sink).map([(1,), (1, 2)], devices=devices, key=lambda x: x)
+        table = pq.read_table(tmp_path)
+        assert written.rows == table.num_rows == 2
+        assert sorted(table.column("k").to_pylist(), key=str) == [
+            {"0": 1, "1": 2},
+            {"0": 1, "1": None},
+        ]
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_a_batch_rows_carry_the_batch_tuple_key(self, tmp_path, devices):
+        """With batch_size, key= is given the batch, and its rows carry that key."""
+        rows = producer(lambda b: [{"v": 1} for _ in b])
+        sink = write.parquet(str(tmp_path), key_column="k")
+        written = (rows >> sink).map(
+            [(1, "a"), (2, "b"), (3, "c")], devices=devices, key=lambda b: b[0], batch_size=2
+        )
+        table = pq.read_table(tmp_path)
+        assert written.rows == table.num_rows == 3
+        assert sorted(table.column("k").to_pylist(), key=str) == [
+            {"0": 1, "1": "a"},
+            {"0": 1, "1": "a"},
+            {"0": 3, "1": "c"},
+        ]
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_tuple_keys_whose_types_differ_name_the_column(self, tmp_path, devices):
+        one = producer(lambda x: {"v": 1})
+        sink = write.parquet(str(tmp_path), key_column="k")
+        with pytest.raises((ValueError, WorkerError)) as info:
+            (one >> sink).map([(1, "a"), ("x", 2)], devices=devices, key=lambda x: x)
+        text = str(info.value) + str(info.value.__cause__)
+        assert "'k'" in text and "ArrowInvalid" not in type(info.value.__cause__).__name__
+
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    @pytest.mark.parametrize("key", [(1, (2, "a")), (), True])
+    def test_a_key_that_is_no_str_int_or_flat_tuple_is_a_type_error(self, tmp_path, devices, key):
+        one = producer(lambda x: {"v": 1})
+        sink = write.parquet(str(tmp_path), key_column="k")
+        with pytest.raises(TypeError, match="key="):
+            (one >> sink).map([1], devices=devices, key=lambda x: key)
+
+    @webdataset_reads[0]
+    @webdataset_reads[1]
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_webdataset_read_side_fields_are_not_written(self, tmp_path, devices):
+        """__url__ and __local_path__ are what webdataset adds on read: a sample read back
+        and written again leaves them out (a member so named made the shard unreadable)."""
+        fn = producer(lambda x: {"__url__": "s3://x", "__local_path__": "/x", "txt": "a"})
+        written = (fn >> write.webdataset(str(tmp_path))).map(range(2), devices=devices)
+        samples = read_webdataset(written)
+        assert written.rows == len(samples) == 2
+        assert all(s["txt"] == b"a" and s["__url__"] != "s3://x" for s in samples)
+
+    @webdataset_reads[0]
+    @webdataset_reads[1]
+    @pytest.mark.parametrize("devices", ["inline", 2])
+    def test_a_webdataset_sample_with_no_entries_is_its_items_error(self, tmp_path, devices):
+        """No empty shard is committed, and Written.rows counts the samples read back."""
+        fn = producer(
+            lambda x: {"__key__": f"k{x}"} if x == 1 else ({} if x == 2 else {"txt": "a"})
+        )
+        failed: list[Failure] = []
+        written = (fn >> write.webdataset(str(tmp_path))).map(
+            range(3), devices=devices, errors="skip", on_error=failed.append
+        )
+        assert sorted(f.index for f in failed) == [1, 2]
+        assert written.rows == len(read_webdataset(written)) == 1
+        assert len(written.files) == 1

@@ -159,8 +159,14 @@ class DirLock:
             run = json.loads(other)
             pid, host, started = int(run["pid"]), str(run["host"]), run["started"]
         except (ValueError, KeyError, TypeError):
-            pid, host, started = None, "?", "?"
-        if pid is not None and host == socket.gethostname() and not _alive(pid):
+            msg = (
+                f"{self.sink.path!r} holds a lock file that cannot be read ({self.path}: "
+                f"{'empty' if not other.strip() else 'not a lock easycore wrote'}), so "
+                "whether a run is writing the directory is unknown: if no run is writing it, "
+                "remove that file"
+            )
+            raise ValueError(msg) from None
+        if host == socket.gethostname() and not _alive(pid):
             return
         who = "this process" if pid == os.getpid() and host == socket.gethostname() else "it"
         msg = (

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries
+from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries, short_repr
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import (
@@ -221,6 +221,10 @@ class RunBooks:
         sink: Any = last[-1] if self.writes else None
         wants_keys = sink is not None and (sink.key_column is not None or sink.kind == "webdataset")
         self.key_fn = options.key if wants_keys else None
+        # whether the writing pool's units are batches (its batch_size, or the run's for a
+        # first pool): from the run's configuration, never from a result's type
+        hop = self.hops[-1]
+        self.batched = self.writes and (hop.batch if hop.index else options.batch_size) is not None
         # A worker of a hop with concurrency=k holds up to `depth x k` units (its k slots
         # are shared by its chunks, each answered as it ends): chunks of a sixteenth of k or
         # more, so that a chunk held open by one slow unit holds few others' results.
@@ -242,11 +246,23 @@ class RunBooks:
         self.started = time.monotonic()
         self.finished: float | None = None
 
-    def keys_of(self, units: Sequence[Any]) -> list[Any] | None:
-        """``key=`` of each first-hop unit, for a sink that writes keys; else None."""
+    def keys_of(self, units: Sequence[Any]) -> tuple[bool, list[Any] | None] | None:
+        """What the sink's worker is told of a chunk: ``(batched, keys)``, ``keys`` the
+        ``key=`` of each first-hop unit for a sink that writes keys (else None); None when
+        neither matters.
+
+        Raises:
+            TypeError: ``key=`` returned something else than a str, an int or a tuple.
+        """
         if self.key_fn is None:
-            return None
-        return [None if is_cached(u) else self.key_fn(u) for u in units]
+            return (True, None) if self.batched else None
+        from easycore._exec.resume import key_text
+
+        keys = [None if is_cached(u) else self.key_fn(u) for u in units]
+        for u, key in zip(units, keys, strict=True):
+            if not is_cached(u):
+                key_text(key, f"input {short_repr(u)}")
+        return self.batched, keys
 
     # -- names and numbers -------------------------------------------------------------------
     def label(self, hop: int, index: int, last: int | None = None, within: Any = None) -> str:

@@ -351,29 +351,30 @@ def _sink_text(sink: Any) -> str:
 
 def key_text(value: Any, where: str = "an item") -> str:
     """The text a ``key=`` value is kept under: its repr, once it is known to be a str, an
-    int or a tuple of them (bools count as the ints they equal; subclasses as their base).
+    int or a non-empty tuple of them (subclasses as their base; not a bool, nor a tuple in
+    a tuple).
 
     Anything else could not name an item across runs: a plain object's repr holds its
     address (another in every run, and equal keys for different items are possible too), a
     float's or a list's equality is not what a repr shows.
 
-    >>> key_text(("a", 1)), key_text(True)
+    >>> key_text(("a", 1)), key_text(1)
     ("('a', 1)", '1')
 
     Raises:
         TypeError: ``value`` is not such a key.
     """
 
-    def plain(v: Any) -> Any:
+    def plain(v: Any, top: bool = True) -> Any:
         if isinstance(v, str):
             return str.__str__(v)
-        if isinstance(v, int):
+        if isinstance(v, int) and not isinstance(v, bool):
             return int(v)
-        if isinstance(v, tuple):
-            return tuple(plain(x) for x in v)
+        if isinstance(v, tuple) and v and top:
+            return tuple(plain(x, False) for x in v)
         msg = (
-            f"key= must return a str, an int or a tuple of them; for {where} it returned "
-            f"{short_repr(value)} (of type {type(value).__name__}), which cannot name an "
+            f"key= must return a str, an int or a non-empty tuple of them; for {where} it "
+            f"returned {short_repr(value)} (of type {type(value).__name__}), which cannot name an "
             "item across runs"
         )
         raise TypeError(msg)
