@@ -20,6 +20,7 @@ from easycore import (
     load_checkpoint,
     producer,
     save_checkpoint,
+    write,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,6 +169,11 @@ def key_of(x):
     return 1 // (x - 2)
 
 
+@producer
+def as_row(x):
+    return {"x": x}
+
+
 @pytest.mark.parametrize("devices", [2, "inline"])
 def test_a_key_function_that_raises_names_key_and_the_item(tmp_path, devices):
     with pytest.raises(WorkerError, match=r"key= raised ZeroDivisionError") as info:
@@ -175,4 +181,17 @@ def test_a_key_function_that_raises_names_key_and_the_item(tmp_path, devices):
     error = info.value
     assert (error.stage, error.index, error.item) == ("key=", 2, 2)
     assert "item 2" in str(error) and "return 1 // (x - 2)" in str(error)
+    assert isinstance(error.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("devices", [2, "inline"])
+def test_a_key_function_that_raises_for_a_sinks_key_column_names_key_and_the_item(
+    tmp_path, devices
+):
+    """Without resume=, a sink's key_column asks key= too: the same error."""
+    sink = write.jsonl(str(tmp_path / "out"), key_column="k")
+    with pytest.raises(WorkerError, match=r"key= raised ZeroDivisionError") as info:
+        (as_row >> sink).map(range(4), devices=devices, key=key_of)
+    error = info.value
+    assert (error.stage, error.index, error.item) == ("key=", 2, 2)
     assert isinstance(error.__cause__, ZeroDivisionError)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries, short_repr
+from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries
 from easycore._exec.outcomes import Failed, Segment
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.sizing import (
@@ -47,7 +47,7 @@ from easycore._exec.sources import Source, source_of
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 from easycore._protocol import UNREADABLE, Broken, is_cached
 from easycore._sinks import SinkError
-from easycore._stages import StageFailure
+from easycore._stages import StageFailure, call_key
 
 __all__ = [
     "PRIMED",
@@ -246,22 +246,27 @@ class RunBooks:
         self.started = time.monotonic()
         self.finished: float | None = None
 
-    def keys_of(self, units: Sequence[Any]) -> tuple[bool, list[Any] | None] | None:
-        """What the sink's worker is told of a chunk: ``(batched, keys)``, ``keys`` the
-        ``key=`` of each first-hop unit for a sink that writes keys (else None); None when
-        neither matters.
+    def keys_of(self, units: Sequence[Any], start: int) -> tuple[bool, list[Any] | None] | None:
+        """What the sink's worker is told of a chunk (its first-hop units ``units``, the
+        first numbered ``start``): ``(batched, keys)``, ``keys`` the ``key=`` of each unit
+        for a sink that writes keys (else None); None when neither matters.
 
         Raises:
             TypeError: ``key=`` returned something else than a str, an int or a tuple.
+            WorkerError: ``key=`` raised (stage ``"key="``, naming the unit).
         """
         if self.key_fn is None:
             return (True, None) if self.batched else None
         from easycore._exec.resume import key_text
 
-        keys = [None if is_cached(u) else self.key_fn(u) for u in units]
-        for u, key in zip(units, keys, strict=True):
-            if not is_cached(u):
-                key_text(key, f"input {short_repr(u)}")
+        keys: list[Any] = []
+        for k, u in enumerate(units, start):
+            if is_cached(u):
+                keys.append(None)
+                continue
+            label = self.options.label(k)
+            keys.append(call_key(self.key_fn, u, self.options.global_index(k), label))
+            key_text(keys[-1], label)
         return self.batched, keys
 
     # -- names and numbers -------------------------------------------------------------------

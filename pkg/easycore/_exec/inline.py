@@ -151,7 +151,7 @@ class InlineEngine:
             )
             books.count(hop.index, n, time.perf_counter() - t0)
         if self.sink is not None:
-            keys = books.keys_of(work.items)
+            keys = books.keys_of(work.items, work.start)
             write_units(self.prepared[-1], work.start // books.align, units, units, keys)
         books.outputs(work, units, _here)
 

@@ -132,6 +132,7 @@ class RayRun:
         chunk = RayChunk(work, picks)
         spent = books.charges.spent(work.start, work.end)
         arg: Any = work.items
+        keys = books.keys_of(work.items, work.start)  # (key= raising is its own error)
         for hop, actor in zip(self.hops, picks, strict=True):
             try:
                 if hop.index == 0 and self.options.timeout is not None:
@@ -144,7 +145,7 @@ class RayRun:
                     self.options.retries,
                     {i: k for (h, i), k in spent.items() if h == hop.index},
                     books.numbering if hop.index == 0 else (0, 1),
-                    books.keys_of(work.items) if hop is self.hops[-1] else None,
+                    keys if hop is self.hops[-1] else None,
                 )
             except Exception as exc:  # an item that cannot be pickled
                 unpicklable(books, work, exc)

@@ -135,7 +135,7 @@ class Run:
                 books.numbering,
                 self.options.markers,
                 self.options.timeout,
-                books.keys_of(work.items),
+                books.keys_of(work.items, work.start),
             )
             try:
                 frame = w.chan.encode(task)
