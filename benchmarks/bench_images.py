@@ -9,6 +9,10 @@ it to 224 x 224 bilinear, flips half of them, then a ``3 x 224 x 224`` float ten
 makes the same tensors), stacked into batches of 32 in the workers (:func:`load_batch`); the
 caller's loop sums each batch. One-shot: the clock covers starting the workers, the epoch and
 shutting them down (imports and the images before it), one candidate per fresh process.
+The transform pins torch to one thread in whichever process runs it (DataLoader's and
+easycore's workers do that anyway): the small per-image tensor operations on torch's 2
+threads took 6x as long on the busy 2-core machine here, in the caller (one process, SPDL's
+threads) and in SPDL's process-pool workers alike.
 
 Rows: the in-process loop; easycore ``producer(load_batch).imap(range(n), devices=2,
 batch_size=32)``; ``DataLoader(dataset, batch_size=32, num_workers=2)`` (its default
@@ -87,6 +91,10 @@ def load(path: str, index: int) -> Any:
     import torch
     from PIL import Image
 
+    global _ONE_THREAD
+    if not _ONE_THREAD:  # one torch thread wherever the transform runs (see above)
+        torch.set_num_threads(1)
+        _ONE_THREAD = True
     rng = random.Random(index)
     with Image.open(path) as img:
         img = img.convert("RGB")
@@ -102,11 +110,11 @@ class Loader:
 
     __name__ = "load_batch"
 
-    def __init__(self, where: Path) -> None:
-        self.where = str(where)
+    def __init__(self, where: Path, n: int) -> None:
+        self.where, self.n = str(where), n
 
     def __len__(self) -> int:  # (DataLoader's map-style dataset)
-        return len(list(Path(self.where).glob("*.jpg")))
+        return self.n
 
     def __getitem__(self, i: int) -> Any:
         return load(f"{self.where}/{i}.jpg", i)
@@ -116,14 +124,6 @@ class Loader:
         import torch
 
         return torch.stack([self[i] for i in indices])
-
-
-def _one_thread() -> None:
-    """A process-pool worker's initializer: one torch thread (DataLoader and easycore do it
-    for their workers; a careful user of a plain process pool does it too)."""
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def batches(n: int) -> list[list[int]]:
@@ -136,7 +136,7 @@ def _spdl(work: Loader, n: int, workers: int, threads: bool) -> Iterator[Any]:
     from spdl.pipeline import PipelineBuilder
 
     # (work.__call__: SPDL reads an op with __getitem__ as a container to index)
-    ex = None if threads else ProcessPoolExecutor(workers, initializer=_one_thread)
+    ex = None if threads else ProcessPoolExecutor(workers)
     try:
         pipeline = (
             PipelineBuilder()
@@ -159,9 +159,7 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
 
     PIL.Image.init()  # Pillow's format plugins, imported before the clock (forks inherit them)
 
-    if lib == "sequential":  # one torch thread: the per-image tensor ops on torch's 2
-        torch.set_num_threads(1)  # threads took 6x as long on the busy 2-core machine here
-    work = Loader(folder(n))
+    work = Loader(folder(n), n)
     sums: list[float] = []
     gc.collect()  # (as bench_libs._settle does for every other workload)
     t0 = time.perf_counter()

@@ -874,7 +874,7 @@ def targets(rows: list[Row]) -> list[Target]:
             out.append(
                 Target(
                     g,
-                    "best easycore epoch / best peer's (DataLoader, SPDL, torchdata)",
+                    "best easycore epoch / best peer's",
                     (best_ec.median / best.median if best_ec and best else None),
                     1.0,
                     False,
