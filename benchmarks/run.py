@@ -18,7 +18,8 @@ Workloads (see ``bench_workloads.py``): W1 200,000 ints ``x*x`` summed; W2 400 i
 pure Python; W3 200 float32 tensors of 4 MiB returned by the workers; W3b the same as numpy
 arrays; W4 create 2 workers, run 1 item, shut down, cold (first time in a fresh process) and
 warm (second time); W5 two unbalanced stages (Python decode, then a model) fused on 3
-processes against a pool per stage on the same 3 processes. Peers run with their defaults
+processes against a pool per stage on the same 3 processes; W10 a real JPEG pipeline
+(``bench_images.py``) against DataLoader, SPDL and one process. Peers run with their defaults
 and with the tuning a careful user would apply (chunk sizes, one torch thread per worker);
 easycore runs untuned. ``bench_libs.py``
 says exactly what each library runs and what is timed.
@@ -1039,7 +1040,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="comma-separated groups or workloads: W1,W2,W3,W3b,'W3 stream',W4,'W4 warm',W5,"
-        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, 'W7 write', W8, 'W8 uneven'",
+        "W6 ('W6 fast', 'W6 slow', 'W6 pause'), W7, 'W7 write', W8, 'W8 uneven', "
+        "W10 ('W10 1k', 'W10 4k')",
     )
     p.add_argument("--json", type=Path, help="also write every sample and the verdict here")
     p.add_argument(
