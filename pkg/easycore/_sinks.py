@@ -1204,6 +1204,9 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
             cols.append(col)
             continue
         try:
+            kinds = {_kind(col.type), _kind(field.type)}
+            if not given and len(kinds) > 1 and "other" not in kinds:  # (no silent 1 -> "1")
+                raise pa.ArrowTypeError("values of another kind")
             cols.append(col.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             where = "the schema= given has" if given else "this worker's earlier rows have"
@@ -1213,6 +1216,19 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
             )
             raise RowError(msg) from None
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _kind(typ: Any) -> str:
+    """Text, a bool, a number, or another type: values that a cast turns into another of
+    the first three (``1`` into ``"1"``, ``True`` into ``"true"``) conflict rather than fit."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_string(typ) or t.is_large_string(typ) or t.is_binary(typ) or t.is_large_binary(typ):
+        return "text"
+    if t.is_boolean(typ):
+        return "bool"
+    return "number" if t.is_integer(typ) or t.is_floating(typ) or t.is_decimal(typ) else "other"
 
 
 def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> int:

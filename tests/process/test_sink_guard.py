@@ -297,3 +297,16 @@ def test_a_ledger_inside_the_sink_directory_is_refused(tmp_path):
     ):
         runner.map(range(3), resume=str(db))
     assert not db.exists()
+
+
+@pytest.mark.parametrize("what", ["binary", "directory"])
+def test_a_lock_of_binary_garbage_or_a_directory_is_named(tmp_path, what):
+    """Whatever stands at the lock's name, the error names it (no UnicodeDecodeError)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if what == "binary":
+        (out / ".easycore-lock").write_bytes(b"\xff\xfe garbage")
+    else:
+        (out / ".easycore-lock").mkdir()
+    with pytest.raises(ValueError, match=r"lock file that cannot be read.*remove that file"):
+        (producer(lambda x: {"x": x}) >> write.parquet(str(out))).map(range(3), devices="inline")

@@ -488,3 +488,13 @@ class TestEnginesAgree:
         assert sorted(f.index for f in failed) == [1, 2]
         assert written.rows == len(read_webdataset(written)) == 1
         assert len(written.files) == 1
+
+
+@pytest.mark.parametrize("devices", ["inline", 1])
+@pytest.mark.parametrize("later", [1, True, 2.5])
+def test_text_then_another_kind_is_a_conflict_not_a_conversion(tmp_path, devices, later):
+    """A column of text whose later rows hold numbers or bools is a conflict naming the
+    column and both types, as the other order is: never 1 written as "1"."""
+    rows = producer(lambda x: {"a": "s"} if x == 0 else {"a": later})
+    with pytest.raises(WorkerError, match=r"column 'a' holds .* where .*string.*schema="):
+        (rows >> write.parquet(str(tmp_path / "out"))).map(range(3), devices=devices)

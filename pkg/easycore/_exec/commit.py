@@ -146,12 +146,16 @@ class DirLock:
         """The text of the lock in the directory, or None when there is none."""
         try:
             if self.fs is None:
-                with open(self.path) as f:
-                    return f.read()
-            self.fs.invalidate_cache(self.root)
-            return bytes(self.fs.cat_file(self.path)).decode()
+                with open(self.path, "rb") as f:
+                    data = f.read()
+            else:
+                self.fs.invalidate_cache(self.root)
+                data = bytes(self.fs.cat_file(self.path))
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except IsADirectoryError:
+            return "(a directory)"  # (refused as a lock easycore did not write)
+        return data.decode(errors="replace")
 
     def refuse(self, other: str) -> None:
         """Raises ValueError unless the run that wrote lock text ``other`` is dead."""
