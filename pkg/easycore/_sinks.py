@@ -852,7 +852,8 @@ class ShardWriter:
         key of fewer places is null in the others).
 
         Raises:
-            RowError: keys whose places hold different types (naming the column)."""
+            SinkError: keys whose places hold different types (naming the column): the
+                run's keys conflict, whichever item came first."""
         if self.sink.kind != "parquet" or not any(type(k) is tuple for k in keys):
             return keys
         import pyarrow as pa
@@ -865,7 +866,7 @@ class ShardWriter:
                 f"different types in one place ({exc}): key= must give tuples of the same "
                 "types at each place"
             )
-            raise RowError(msg) from None
+            raise SinkError(msg) from None
 
     # -- names -----------------------------------------------------------------------------
     def _names(self, key: int, offset: int) -> tuple[str, str]:
@@ -913,6 +914,8 @@ class ShardWriter:
                 try:
                     tables.append(self._fit(_table(u.cols, u.n)))
                     good.append(u)
+                except SinkError as exc:  # (fails the run: kept as it is)
+                    bad.append((u.pos, exc))
                 except Exception as exc:
                     bad.append((u.pos, RowError(f"its rows do not fit the file's schema: {exc}")))
             units = good
@@ -1183,7 +1186,9 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
     (else an error), one the schema lacks is an error (``given``: the user's ``schema=``).
 
     Raises:
-        RowError: naming the column and both types.
+        RowError: naming the column and both types, where the rows do not fit ``schema=``.
+        SinkError: the same, where the run's own rows conflict (no ``schema=``): which of
+            them came first decides nothing, so the run fails rather than one item.
     """
     import pyarrow as pa
 
@@ -1204,8 +1209,7 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
             cols.append(col)
             continue
         try:
-            kinds = {_kind(col.type), _kind(field.type)}
-            if not given and len(kinds) > 1 and "other" not in kinds:  # (no silent 1 -> "1")
+            if not given and _converts(col.type, field.type):  # (no silent 1 -> "1")
                 raise pa.ArrowTypeError("values of another kind")
             cols.append(col.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -1214,8 +1218,24 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
                 f"column {field.name!r} holds {col.type} where {where} {field.type} "
                 f"({exc}): give the sink a schema= that fits every row"
             )
-            raise RowError(msg) from None
+            raise (RowError if given else SinkError)(msg) from None
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _converts(a: Any, b: Any) -> bool:
+    """Whether a cast from type ``a`` to ``b`` would turn values into another kind (text,
+    bool, number: ``1`` into ``"1"``), at the top or inside lists and structs."""
+    import pyarrow as pa
+
+    t = pa.types
+    lists = (t.is_list, t.is_large_list, t.is_fixed_size_list)
+    if any(f(a) for f in lists) and any(f(b) for f in lists):
+        return _converts(a.value_type, b.value_type)
+    if t.is_struct(a) and t.is_struct(b):
+        theirs = {f.name: f.type for f in b}
+        return any(_converts(f.type, theirs[f.name]) for f in a if f.name in theirs)
+    kinds = {_kind(a), _kind(b)}
+    return len(kinds) > 1 and "other" not in kinds
 
 
 def _kind(typ: Any) -> str:

@@ -498,3 +498,31 @@ def test_text_then_another_kind_is_a_conflict_not_a_conversion(tmp_path, devices
     rows = producer(lambda x: {"a": "s"} if x == 0 else {"a": later})
     with pytest.raises(WorkerError, match=r"column 'a' holds .* where .*string.*schema="):
         (rows >> write.parquet(str(tmp_path / "out"))).map(range(3), devices=devices)
+
+
+@pytest.mark.parametrize("devices", ["inline", 2])
+@pytest.mark.parametrize("case", ["values", "keys"])
+def test_a_type_conflict_fails_the_run_under_skip_on_every_engine(tmp_path, devices, case):
+    """Which item came first decides nothing in a conflict of the run's own types (values
+    of a column, or key= places): the run fails, under errors='skip' too, wherever the
+    conflicting rows land (one worker's file, or two workers' files)."""
+    failed: list[Failure] = []
+    if case == "values":
+        rows = producer(lambda x: {"a": "s" if x % 2 else x})
+        sink, key = write.parquet(str(tmp_path / "out")), None
+    else:
+        rows = producer(lambda x: {"a": x})
+        sink = write.parquet(str(tmp_path / "out"), key_column="k")
+
+        def key(x):
+            return (x,) if x % 2 else (str(x),)
+
+    # (a WorkerError caused by the sink's SinkError where one worker met both types; the
+    # commit's ValueError where two workers' files did)
+    with pytest.raises(
+        (WorkerError, ValueError), match=r"give the sink a schema=|same types at each place"
+    ):
+        (rows >> sink).map(
+            range(8), devices=devices, errors="skip", on_error=failed.append, key=key
+        )
+    assert failed == []
