@@ -5,9 +5,11 @@ does not depend on the item is refused before any worker starts or fails the who
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -310,3 +312,24 @@ def test_a_lock_of_binary_garbage_or_a_directory_is_named(tmp_path, what):
         (out / ".easycore-lock").mkdir()
     with pytest.raises(ValueError, match=r"lock file that cannot be read.*remove that file"):
         (producer(lambda x: {"x": x}) >> write.parquet(str(out))).map(range(3), devices="inline")
+
+
+def test_a_lock_whose_pid_another_process_reused_is_taken_over(tmp_path):
+    """After a crash the dead run's pid may belong to another process by now: the lock
+    records when its process started, so a live pid of another start time is not a run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = {"pid": other.pid, "since": 1, "host": socket.gethostname(), "started": "?"}
+        (out / ".easycore-lock").write_text(json.dumps(lock))
+        written = (row >> write.parquet(str(out))).map(range(5), devices="inline")
+        assert rows_of(written) == list(range(5))
+        del lock["since"]  # (a lock that does not say: a live pid may be a run)
+        (tmp_path / "again").mkdir()
+        (tmp_path / "again" / ".easycore-lock").write_text(json.dumps(lock))
+        with pytest.raises(ValueError, match=f"pid {other.pid}"):
+            (row >> write.parquet(str(tmp_path / "again"))).map(range(5), devices="inline")
+    finally:
+        other.kill()
+        other.wait()

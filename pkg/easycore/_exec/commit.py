@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from easycore._reaping import start_time
 from easycore._sinks import (
     RunSchema,
     Sink,
@@ -75,6 +76,7 @@ class DirLock:
         self.text = json.dumps(
             {
                 "pid": os.getpid(),
+                "since": start_time(os.getpid()),  # (tells a reused pid from this run's)
                 "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "token": os.urandom(8).hex(),
@@ -170,7 +172,7 @@ class DirLock:
                 "remove that file"
             )
             raise ValueError(msg) from None
-        if host == socket.gethostname() and not _alive(pid):
+        if host == socket.gethostname() and not _alive(pid, run.get("since")):
             return
         who = "this process" if pid == os.getpid() and host == socket.gethostname() else "it"
         msg = (
@@ -231,15 +233,18 @@ class DirLock:
                 self.fs.rm(path)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, since: int | None = None) -> bool:
     """Whether process ``pid`` of this host runs (a zombie, killed and not yet reaped,
-    does not)."""
+    does not; nor does another process that got its pid, when ``since``, the start time
+    the lock recorded, says otherwise)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # (another user's process)
         return True
+    if since is not None and start_time(pid) not in (None, since):
+        return False
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
