@@ -30,7 +30,7 @@ import signal
 import sys
 import traceback as tb_module
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ __all__ = [
     "describe_exitcode",
     "item_label",
     "short_repr",
+    "some",
     "surfaced",
     "user_error",
     "user_frames",
@@ -273,6 +274,13 @@ def after_retries(retries: int) -> str:
     if not retries:
         return ""
     return f" after {retries} retr{'y' if retries == 1 else 'ies'}"
+
+
+def some(names: Sequence[str], shown: int) -> str:
+    """The first ``shown`` of ``names`` for a message, and how many more: ``"a, b and 3
+    more"``."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def short_repr(obj: Any, limit: int = 80) -> str:

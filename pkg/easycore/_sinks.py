@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from easycore._errors import short_repr
+from easycore._errors import short_repr, some
 from easycore._protocol import is_cached
 
 __all__ = [
@@ -314,10 +314,9 @@ def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
     ours = {shard.name for shard in known}
     foreign = sorted(n for n in files.names() if n.startswith("part-") and n not in ours)
     if foreign:
-        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         msg = (
-            f"{sink.path!r} already holds files of another run ({', '.join(foreign[:3])}"
-            f"{more}): a sink writes into a directory of its own. Use another directory, "
+            f"{sink.path!r} already holds files of another run ({some(foreign, 3)}): a "
+            "sink writes into a directory of its own. Use another directory, "
             "remove those files, or resume= the run that wrote them"
         )
         raise ValueError(msg)

@@ -28,6 +28,7 @@ from easycore._errors import (
     after_retries,
     item_label,
     short_repr,
+    some,
 )
 from easycore._exec.core import RunBooks, Work
 from easycore._exec.ledger import Chunk
@@ -254,9 +255,7 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
     if blame.unknown is not None:  # a chunk of several units: which one is not known
         what = f"{blame.doing} {span(blame.unknown)}"
         if blame.later:  # (a pool that waits may hold many: the first few)
-            shown = ", ".join(span(c) for c in blame.later[:8])
-            more = f" and {len(blame.later) - 8} more" if len(blame.later) > 8 else ""
-            what += f" or a later chunk it had ({shown}{more})"
+            what += f" or a later chunk it had ({some([span(c) for c in blame.later], 8)})"
         first = books.index(dead.hop, blame.unknown.start // hop.unit)
         return timed_out(what, first) if dead.timed_out else died(f" while {what}", first)
     if blame.suspect is not None:

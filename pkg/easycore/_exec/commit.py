@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from easycore._errors import some
 from easycore._reaping import start_time
 from easycore._sinks import (
     RunSchema,
@@ -299,10 +300,9 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         known = ledger.committed_shards() if ledger is not None else []
         gone = recover(sink, known)
         if gone:
-            more = f" and {len(gone) - 3} more" if len(gone) > 3 else ""
             msg = (
                 f"{len(gone)} file(s) that resume={ledger.path!r} records as written are gone "
-                f"from {sink.path!r}: {', '.join(sorted(gone)[:3])}{more}. Restore them, or "
+                f"from {sink.path!r}: {some(sorted(gone), 3)}. Restore them, or "
                 "start afresh: a new resume= path, and a directory without that run's files"
             )
             raise ValueError(msg)

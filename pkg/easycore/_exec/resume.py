@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 import cloudpickle
 
-from easycore._errors import WorkerError, short_repr, warn
+from easycore._errors import WorkerError, short_repr, some, warn
 from easycore._exec.digest import cfg_digests, code_digest, function_digest, item_digest
 from easycore._exec.outcomes import Failed
 from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
@@ -266,8 +266,7 @@ class RunIdentity:
         keys += [f"{k} added" for k in sorted(cfg_b.keys() - cfg_a.keys())]
         keys += [f"{k} removed" for k in sorted(cfg_a.keys() - cfg_b.keys())]
         if keys:
-            more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
-            out.append(f"cfg: {', '.join(keys[:6])}{more}")
+            out.append(f"cfg: {some(keys, 6)}")
         if stored.get("sink") != new.get("sink"):
             out.append(f"sink: {_sink_text(stored.get('sink'))} -> {_sink_text(new.get('sink'))}")
         if stored.get("key") != new["key"]:
