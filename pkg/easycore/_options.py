@@ -129,32 +129,34 @@ _UNITS = {
 }
 
 
-def parse_bytes(value: Any) -> int | None:
-    """A size in bytes: an int, or a string with a unit (``"4GiB"``, ``"500 MB"``).
+def parse_bytes(value: Any, what: str = "a size") -> int:
+    """A size in bytes: a positive int, or a string with a unit (``"4GiB"``, ``"500 MB"``);
+    ``what`` names the option in the error.
 
-    >>> parse_bytes("4GiB"), parse_bytes("1.5 kB"), parse_bytes(None)
-    (4294967296, 1500, None)
+    >>> parse_bytes("4GiB"), parse_bytes("1.5 kB"), parse_bytes(7)
+    (4294967296, 1500, 7)
 
     Raises:
         ValueError: not a positive size.
     """
-    if value is None:
-        return None
+    size = 0
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", value)
-        if m is None or m.group(2).lower() not in _UNITS:
-            msg = f"a size must be bytes or a string like '4GiB' or '500MB', got {value!r}"
-            raise ValueError(msg)
-        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if m is not None and m.group(2).lower() in _UNITS:
+            size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     elif isinstance(value, int) and not isinstance(value, bool):
         size = value
-    else:
-        msg = f"a size must be bytes or a string like '4GiB' or '500MB', got {value!r}"
-        raise ValueError(msg)
     if size <= 0:
-        msg = f"a size must be positive, got {value!r}"
+        msg = (
+            f"{what} must be a size: a positive number of bytes or a string such as '4GiB' "
+            f"or '500MB', got {value!r}"
+        )
         raise ValueError(msg)
     return size
+
+
+def _memory(value: Any) -> int | None:
+    return None if value is None else parse_bytes(value, "max_worker_memory")
 
 
 def _check_epoch(_: Any, __: Any, value: Any) -> None:
@@ -236,7 +238,7 @@ class RunOptions:
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)
     accept_changed_code: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
-    max_worker_memory: int | None = attrs.field(default=None, converter=parse_bytes)
+    max_worker_memory: int | None = attrs.field(default=None, converter=_memory)
     # training that resumes (docs/contract.md section 12)
     epoch: int = attrs.field(default=0, validator=_check_epoch)
     state: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_state)

@@ -48,7 +48,6 @@ __all__ = [
     "check_fresh",
     "commit_shard",
     "is_sink",
-    "parse_bytes",
     "recover",
     "sweep",
     "unify_schemas",
@@ -61,29 +60,6 @@ _TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|
 _READ_FIELDS = ("__url__", "__local_path__")
 _ROWS = "easycore.rows"  # a Parquet file of rows with no columns: their count
 _EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
-
-
-def parse_bytes(value: int | str, what: str = "bytes_per_file") -> int:
-    """``value`` in bytes: an int, or a string such as ``"256MiB"`` or ``"1GB"``.
-
-    Raises:
-        ValueError: not a positive size.
-    """
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int) and value > 0:
-        return value
-    elif isinstance(value, str):
-        text = value.strip().upper().replace(" ", "")
-        digits = text.rstrip("KMGTIB")
-        unit = text[len(digits) :]
-        with contextlib.suppress(ValueError):
-            if unit in _UNITS and float(digits) > 0:
-                return int(float(digits) * _UNITS[unit])
-    msg = f"{what} must be a positive number of bytes or a string such as '256MiB', got {value!r}"
-    raise ValueError(msg)
 
 
 class Shard(NamedTuple):

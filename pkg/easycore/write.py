@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from easycore._sinks import Sink, Written, parse_bytes
+from easycore._options import parse_bytes
+from easycore._sinks import Sink, Written
 
 __all__ = ["Sink", "Written", "jsonl", "parquet", "webdataset"]
 
@@ -88,7 +89,7 @@ def parquet(
         "parquet",
         path,
         rows_per_file=rows_per_file,
-        bytes_per_file=parse_bytes(bytes_per_file),
+        bytes_per_file=parse_bytes(bytes_per_file, "bytes_per_file"),
         compression=compression,
         schema=schema,
         key_column=key_column,
@@ -129,7 +130,7 @@ def jsonl(
         "jsonl",
         path,
         rows_per_file=rows_per_file,
-        bytes_per_file=parse_bytes(bytes_per_file),
+        bytes_per_file=parse_bytes(bytes_per_file, "bytes_per_file"),
         compression=compression,
         key_column=key_column,
     )
@@ -171,7 +172,7 @@ def webdataset(
         "webdataset",
         path,
         rows_per_file=samples_per_file,
-        bytes_per_file=parse_bytes(bytes_per_file),
+        bytes_per_file=parse_bytes(bytes_per_file, "bytes_per_file"),
     )
 
 
