@@ -6,6 +6,7 @@ A leaf: it imports torch only to count GPUs, and only where an NVIDIA driver exi
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -34,8 +35,13 @@ def gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
+def _is_torch_device(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # (not imported: no value is a torch.device)
+    return torch is not None and isinstance(value, torch.device)
+
+
 def _one_device(entry: Any, gpus: Callable[[], int]) -> str:
-    text = str(entry) if type(entry).__name__ == "device" else entry
+    text = str(entry) if _is_torch_device(entry) else entry
     if not isinstance(text, str):
         msg = f"a device must be a string like 'cpu' or 'cuda:0' or a torch.device, got {entry!r}"
         raise ValueError(msg)
@@ -138,7 +144,7 @@ def parse_devices(devices: Any) -> list[str]:
                 raise ValueError(msg)
             return [f"cuda:{i}" for i in range(n)]
         return [_one_device(devices, gpus)]
-    if type(devices).__name__ == "device":
+    if _is_torch_device(devices):
         return [_one_device(devices, gpus)]
     if isinstance(devices, Iterable):
         out = [

@@ -28,13 +28,14 @@ import math
 import os
 import posixpath
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
 
 from easycore._errors import short_repr, some
-from easycore._protocol import is_cached
+from easycore._protocol import Broken, is_cached
 
 __all__ = [
     "TEMP_PREFIX",
@@ -425,15 +426,16 @@ def _add_keys(cols: dict[str, Any], name: str, keys: Any) -> None:
     cols[name] = keys
 
 
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+def _types(module: str, *names: str) -> tuple[type, ...]:
+    """Types of a library, for ``isinstance``; none when the process has not imported it (no
+    value of them exists then, and this imports nothing)."""
+    lib = sys.modules.get(module)
+    return () if lib is None else tuple(getattr(lib, name) for name in names)
 
 
 def _to_numpy(value: Any) -> Any:
     """A tensor as a numpy array (on the CPU); anything else as it is."""
-    if type(value) in _PLAIN:
-        return value
-    mod = type(value).__module__
-    if mod.startswith("torch") and hasattr(value, "detach"):
+    if isinstance(value, _types("torch", "Tensor")):
         return value.detach().cpu().numpy()
     return value
 
@@ -446,7 +448,7 @@ def _is_column(value: Any) -> bool:
     value = _to_numpy(value)
     if _is_array(value):
         return len(value.shape) >= 1
-    return isinstance(value, list | tuple) or type(value).__module__.startswith("pyarrow")
+    return isinstance(value, (list, tuple, *_types("pyarrow", "Array", "ChunkedArray")))
 
 
 def _py(value: Any) -> Any:
@@ -511,7 +513,7 @@ def _arrow_column(values: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    if type(values).__module__.startswith("pyarrow"):
+    if isinstance(values, pa.Array | pa.ChunkedArray):
         return values
     if isinstance(values, list | tuple) and values:
         kinds = {type(v) for v in values}  # (one pass, no attribute looked up per value)
@@ -797,7 +799,7 @@ class ShardWriter:
         cols: dict[str, Any] = {}
         for name in names:
             col = [row[name] for row in rows]
-            if any(t.__module__.startswith("torch") for t in {type(v) for v in col}):
+            if any(issubclass(t, _types("torch", "Tensor")) for t in {type(v) for v in col}):
                 col = [_to_numpy(v) for v in col]
             cols[name if type(name) is str else str(name)] = col
         if len(cols) < len(names):
@@ -1339,4 +1341,6 @@ def _row_keys(first: int, n: int, align: int) -> list[int]:
 def _passes(value: Any) -> bool:
     """A unit the sink does not write: the run ledger holds it (CACHED), or it failed
     (a worker's None with an error, a Ray actor's Broken, an inline Failed)."""
-    return is_cached(value) or type(value).__name__ in ("Broken", "Failed")
+    from easycore._exec.outcomes import Failed  # (here: easycore._exec imports this module)
+
+    return is_cached(value) or isinstance(value, Broken | Failed)
