@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import io
 import json
 import math
 import os
@@ -1040,18 +1039,17 @@ class ShardWriter:
                     f"names on them), got {key!r}"
                 )
                 raise (SinkError if key else RowError)(msg)  # (empty: that item's error)
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                for field, value in row.items():
-                    if "/" in field:
-                        msg = f"a field name may not hold '/' (webdataset drops it): {field!r}"
-                        raise RowError(msg)
-                    data = _entry_bytes(value)
-                    info = tarfile.TarInfo(f"{key}.{field}")
-                    info.size = len(data)
-                    info.mode = 0o644
-                    tar.addfile(info, io.BytesIO(data))
-            return key, _members(buf)  # one sample's members; the end blocks come once per file
+            members = []  # one sample's members; the end blocks come once per file
+            for field, value in row.items():
+                if "/" in field:
+                    msg = f"a field name may not hold '/' (webdataset drops it): {field!r}"
+                    raise RowError(msg)
+                data = _entry_bytes(value)
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size, info.mode = len(data), 0o644
+                pad = b"\0" * (-len(data) % tarfile.BLOCKSIZE)
+                members += [info.tobuf(tarfile.USTAR_FORMAT), data, pad]
+            return key, b"".join(members)
 
         encoded, bad = self._encoded(units, encode)
         files, repeated = self._split(encoded)
@@ -1278,23 +1276,6 @@ def _parquet_options(table: Any) -> dict[str, Any]:
         "use_dictionary": [p for p, t in paths if not pa.types.is_floating(t)],
         "write_statistics": [p for p, _ in paths if ".list." not in p],
     }
-
-
-def _members(buf: io.BytesIO) -> bytes:
-    """A tar archive's bytes without its end-of-archive blocks and record padding."""
-    import tarfile
-
-    data = buf.getvalue()
-    end = 0
-    pos = 0
-    while pos + tarfile.BLOCKSIZE <= len(data):
-        header = data[pos : pos + tarfile.BLOCKSIZE]
-        if header == b"\0" * tarfile.BLOCKSIZE:
-            break
-        size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
-        pos += tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-        end = pos
-    return data[:end]
 
 
 def _entry_bytes(value: Any) -> bytes:
