@@ -5,16 +5,8 @@ A ``CfgNode`` is a ``dict`` whose nested dicts (also those inside lists and tupl
 frozen node refuses every mutation with :class:`~easycore.FrozenError`, so a config handed to
 workers cannot drift. (Lists in the tree stay plain lists: only the nodes are guarded.)
 
-YAML goes through a ``SafeLoader`` subclass (no Python objects are ever built from tags) that
-refuses a key given twice in one mapping (PyYAML would keep the last one silently) and adds
-two resolvers for plain (unquoted) scalars only:
-
-* ``(224, 224)`` is a tuple (parsed with ``ast.literal_eval``), and tuples are written back in
-  that form, so ``CfgNode.load(CfgNode.dump(c)) == c``;
-* ``1e-3`` is a float (YAML 1.1 would read a string), the usual learning-rate surprise.
-
-The dumper uses the same resolvers, so any string that would read back as something else
-(``"(1, 2)"``, ``"123"``, ``"true"``, ``"1e-3"``, ``"null"``) is written quoted.
+YAML is read and written by :mod:`easycore._yaml` (safe, tuples as ``(224, 224)``, a key
+given twice refused).
 """
 
 from __future__ import annotations
@@ -23,17 +15,15 @@ import ast
 import contextlib
 import copy as _copy
 import difflib
-import math
 import os
-import re
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import IO, Any, TypeVar
 
-import yaml
-
 from easycore._errors import FrozenError
+from easycore._yaml import dump as yaml_dump
+from easycore._yaml import load as yaml_load
 
 __all__ = ["CfgNode"]
 
@@ -632,34 +622,7 @@ class CfgNode(dict[str, Any]):
 
     @classmethod
     def _load(cls: type[_N], stream: Any, name: str) -> _N:
-        loader = None
-        try:
-            loader = _Loader(stream)
-            node = loader.get_single_node()
-            if node is None or node.tag == "tag:yaml.org,2002:null":  # "", "---", "~"
-                data: Any = {}
-            elif isinstance(node, yaml.MappingNode):
-                data = loader.construct_document(node)
-            else:
-                data = node
-        except yaml.MarkedYAMLError as err:
-            raise ValueError(_describe_yaml_error(err, name)) from err
-        except (yaml.YAMLError, ValueError, OverflowError) as err:
-            # ReaderError (a control character), or a constructor failing on a value such
-            # as the date 2024-13-45: no line is known.
-            msg = f"{name}: invalid YAML: {' '.join(str(err).split())}"
-            raise ValueError(msg) from err
-        finally:
-            if loader is not None:
-                loader.dispose()
-        if isinstance(data, yaml.Node):
-            kind = "a list" if isinstance(data, yaml.SequenceNode) else "a scalar"
-            msg = (
-                f"{name}:{data.start_mark.line + 1}: the top level of a config must be a "
-                f"mapping of KEY: value lines, got {kind}"
-            )
-            raise ValueError(msg)
-        return cls(data, copy=False)
+        return cls(yaml_load(stream, name), copy=False)
 
     def dump(self, stream: IO[Any] | None = None, **yaml_kwargs: Any) -> Any:
         """Write the config as YAML; return it as a string when ``stream`` is None.
@@ -685,21 +648,7 @@ class CfgNode(dict[str, Any]):
         ID: '123'
         """
         data = self if isinstance(self, CfgNode) else CfgNode(self, copy=False)
-        options: dict[str, Any] = {
-            "sort_keys": False,
-            "allow_unicode": True,
-            "default_flow_style": False,
-        }
-        options.update(yaml_kwargs)
-        try:
-            return yaml.dump(data, stream, Dumper=_Dumper, **options)
-        except yaml.representer.RepresenterError as err:
-            value = err.args[1] if len(err.args) > 1 else None
-            msg = (
-                f"cannot write {_show(value)} (type {type(value).__name__}) as YAML; a config "
-                "holds str, int, float, bool, None, lists, tuples and dicts"
-            )
-            raise TypeError(msg) from err
+        return yaml_dump(data, stream, **yaml_kwargs)
 
     def save(
         self,
@@ -798,197 +747,3 @@ def _coerce(key: str, current: Any, raw: Any) -> Any:
         f"{type(value).__name__}, the key holds {_show(current)} of type {type(current).__name__}"
     )
     raise TypeError(msg)
-
-
-# ---------------------------------------------------------------------- YAML machinery
-
-_TUPLE_TAG = "tag:easycore,2020:python/tuple"
-_TUPLE_RE = re.compile(r"^\(.*\)$", re.DOTALL)
-# YAML 1.1 needs a dot in a float: without this `1e-3` would be the string "1e-3".
-_EXP_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
-
-# Built with type() and typed Any: subclassing an untyped yaml class (no types-PyYAML) would
-# fail mypy --strict, and a `type: ignore` would be reported unused where the stubs exist.
-# libyaml's parser when PyYAML has it (several times faster); the resolvers and
-# constructors stay Python either way, so the result is the same.
-_Loader: Any = type(
-    "_Loader", (getattr(yaml, "CSafeLoader", yaml.SafeLoader),), {"__doc__": "SafeLoader + tuples."}
-)
-_Dumper: Any = type("_Dumper", (yaml.SafeDumper,), {"__doc__": "SafeDumper + tuples."})
-
-for _cls in (_Loader, _Dumper):
-    # Implicit resolvers only ever see plain scalars: quoted text always stays a string.
-    _cls.add_implicit_resolver(_TUPLE_TAG, _TUPLE_RE, ["("])
-    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT_RE, list("-+.0123456789"))
-
-
-def _construct_tuple(loader: Any, node: Any) -> Any:
-    text = loader.construct_scalar(node)
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
-    return value if isinstance(value, tuple) else text
-
-
-_Loader.add_constructor(_TUPLE_TAG, _construct_tuple)
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
-    """``SafeConstructor.construct_mapping``, refusing a key given twice in one mapping.
-
-    PyYAML keeps the last of repeated keys without a word, so a setting written twice (two
-    ``MODEL:`` blocks in a long file) would lose the first silently. Keys brought in by a
-    ``<<`` merge may still be overridden: that is what a merge is for.
-    """
-    if isinstance(node, yaml.MappingNode):
-        first: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
-                continue  # a collection key is unhashable: the constructor says so
-            key = loader.construct_object(key_node)
-            try:
-                seen = first.setdefault(key, key_node)
-            except TypeError:  # a tuple holding a list: (1, [2])
-                seen = None
-            if seen is not key_node:
-                problem = (
-                    f"duplicate key {_show(key)} (first on line {seen.start_mark.line + 1}); "
-                    "a key may appear once in a mapping"
-                    if seen is not None
-                    else f"the key {_show(key)} is unhashable"
-                )
-                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
-    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
-
-
-_Loader.construct_mapping = _construct_mapping
-
-
-def _str_literal(text: str) -> str:
-    """A Python string literal that is also a safe piece of a plain YAML scalar."""
-    out = ["'"]
-    for i, ch in enumerate(text):
-        if ch in "\\'":
-            out.append("\\" + ch)
-        elif " " <= ch <= "~" and not (
-            (ch == ":" and text[i + 1 : i + 2] == " ") or (ch == "#" and text[i - 1 : i] == " ")
-        ):
-            out.append(ch)
-        else:
-            code = ord(ch)
-            if code < 0x100:
-                out.append(f"\\x{code:02x}")
-            elif code < 0x10000:
-                out.append(f"\\u{code:04x}")
-            else:
-                out.append(f"\\U{code:08x}")
-    out.append("'")
-    return "".join(out)
-
-
-def _literal(value: Any) -> str | None:
-    """Python literal text for ``value``, or None when it has none.
-
-    The text is ASCII, has no ``": "`` and no ``" #"``, so YAML can hold it as a plain scalar.
-    """
-    kind = type(value)
-    if value is None or kind is bool or kind is int:
-        return repr(value)
-    if kind is float:
-        if math.isnan(value):
-            return None
-        if math.isinf(value):
-            return "1e999" if value > 0 else "-1e999"
-        return repr(value)
-    if kind is str:
-        return _str_literal(value)
-    if kind is tuple or kind is list:
-        parts = [_literal(v) for v in value]
-        if any(p is None for p in parts):
-            return None
-        body = ", ".join(p for p in parts if p is not None)
-        if kind is list:
-            return f"[{body}]"
-        return f"({body},)" if len(parts) == 1 else f"({body})"
-    if isinstance(value, dict):
-        items = [(_literal(k), _literal(v)) for k, v in value.items()]
-        if any(k is None or v is None for k, v in items):
-            return None
-        # "k:v" without a space: ": " would end a plain YAML scalar.
-        return "{" + ", ".join(f"{k}:{v}" for k, v in items) + "}"
-    return None
-
-
-def _represent_tuple(dumper: Any, data: tuple[Any, ...]) -> Any:
-    text = _literal(data)
-    if text is None:  # e.g. holds a nan: written as a YAML list
-        return dumper.represent_list(data)
-    return dumper.represent_scalar(_TUPLE_TAG, text)
-
-
-def _force_block(node: Any, seen: set[int]) -> bool:
-    """Make every collection holding a tuple scalar block style; say whether one was found.
-
-    A plain ``(a, b)`` cannot sit inside a flow collection (its commas would split it).
-    """
-    if id(node) in seen:
-        return False
-    seen.add(id(node))
-    if isinstance(node, yaml.ScalarNode):
-        return bool(node.tag == _TUPLE_TAG)
-    if isinstance(node, yaml.MappingNode):
-        children = [c for pair in node.value for c in pair]
-    else:
-        children = list(node.value)
-    found = False
-    for child in children:
-        found = _force_block(child, seen) or found
-    if found:
-        node.flow_style = False
-    return found
-
-
-def _represent(dumper: Any, data: Any) -> None:
-    node = dumper.represent_data(data)
-    _force_block(node, set())
-    dumper.serialize(node)
-    dumper.represented_objects = {}
-    dumper.object_keeper = []
-    dumper.alias_key = None
-
-
-# YAML 1.1 line breaks besides "\n": PyYAML writes them raw (allow_unicode) in plain or
-# single-quoted text, where reading folds them into spaces; double quotes escape them.
-_ODD_BREAKS = re.compile("[\x85\u2028\u2029]")
-
-
-def _represent_str(dumper: Any, data: str) -> Any:
-    if _ODD_BREAKS.search(data):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
-    return dumper.represent_str(data)
-
-
-_Dumper.represent = _represent
-_Dumper.add_representer(str, _represent_str)
-_Dumper.add_representer(tuple, _represent_tuple)
-_Dumper.add_multi_representer(CfgNode, yaml.SafeDumper.represent_dict)
-# Subclasses of the builtin scalars (numpy.float64, IntEnum, str enums) as their base value.
-_Dumper.add_multi_representer(float, lambda d, x: d.represent_float(float(x)))
-_Dumper.add_multi_representer(int, lambda d, x: d.represent_int(int(x)))
-_Dumper.add_multi_representer(str, lambda d, x: _represent_str(d, str(x)))
-
-
-def _describe_yaml_error(err: Any, name: str) -> str:
-    """``NAME:LINE:COLUMN: what went wrong`` from a yaml error with marks."""
-    mark = err.problem_mark or err.context_mark
-    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
-    context = err.context
-    if context and err.context_mark is not None and err.context_mark is not mark:
-        context += f" (line {err.context_mark.line + 1})"
-    text = "; ".join(str(part) for part in (context, err.problem) if part)
-    if isinstance(err, yaml.constructor.ConstructorError) and "for the tag" in text:
-        text += " (CfgNode loads plain YAML only: tags that build Python objects are refused)"
-    return f"{where}: {text}"

@@ -1,0 +1,257 @@
+"""YAML for :class:`~easycore.CfgNode`: :func:`load` and :func:`dump`.
+
+Loading goes through a ``SafeLoader`` subclass (no Python objects are ever built from tags)
+that refuses a key given twice in one mapping (PyYAML would keep the last one silently) and
+adds two resolvers for plain (unquoted) scalars only:
+
+* ``(224, 224)`` is a tuple (parsed with ``ast.literal_eval``), and tuples are written back in
+  that form, so ``CfgNode.load(CfgNode.dump(c)) == c``;
+* ``1e-3`` is a float (YAML 1.1 would read a string), the usual learning-rate surprise.
+
+The dumper uses the same resolvers, so any string that would read back as something else
+(``"(1, 2)"``, ``"123"``, ``"true"``, ``"1e-3"``, ``"null"``) is written quoted.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from typing import IO, Any
+
+import yaml
+
+from easycore._errors import short_repr
+
+__all__ = ["dump", "load"]
+
+_TUPLE_TAG = "tag:easycore,2020:python/tuple"
+_TUPLE_RE = re.compile(r"^\(.*\)$", re.DOTALL)
+# YAML 1.1 needs a dot in a float: without this `1e-3` would be the string "1e-3".
+_EXP_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+# Built with type() and typed Any: subclassing an untyped yaml class (no types-PyYAML) would
+# fail mypy --strict, and a `type: ignore` would be reported unused where the stubs exist.
+# libyaml's parser when PyYAML has it (several times faster); the resolvers and
+# constructors stay Python either way, so the result is the same.
+_Loader: Any = type(
+    "_Loader", (getattr(yaml, "CSafeLoader", yaml.SafeLoader),), {"__doc__": "SafeLoader + tuples."}
+)
+_Dumper: Any = type("_Dumper", (yaml.SafeDumper,), {"__doc__": "SafeDumper + tuples."})
+
+for _cls in (_Loader, _Dumper):
+    # Implicit resolvers only ever see plain scalars: quoted text always stays a string.
+    _cls.add_implicit_resolver(_TUPLE_TAG, _TUPLE_RE, ["("])
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT_RE, list("-+.0123456789"))
+
+
+def _construct_tuple(loader: Any, node: Any) -> Any:
+    text = loader.construct_scalar(node)
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+    return value if isinstance(value, tuple) else text
+
+
+_Loader.add_constructor(_TUPLE_TAG, _construct_tuple)
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+    """``SafeConstructor.construct_mapping``, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last of repeated keys without a word, so a setting written twice (two
+    ``MODEL:`` blocks in a long file) would lose the first silently. Keys brought in by a
+    ``<<`` merge may still be overridden: that is what a merge is for.
+    """
+    if isinstance(node, yaml.MappingNode):
+        first: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # a collection key is unhashable: the constructor says so
+            key = loader.construct_object(key_node)
+            try:
+                seen = first.setdefault(key, key_node)
+            except TypeError:  # a tuple holding a list: (1, [2])
+                seen = None
+            if seen is not key_node:
+                problem = (
+                    f"duplicate key {short_repr(key)} (first on line {seen.start_mark.line + 1}); "
+                    "a key may appear once in a mapping"
+                    if seen is not None
+                    else f"the key {short_repr(key)} is unhashable"
+                )
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.construct_mapping = _construct_mapping
+
+
+def _str_literal(text: str) -> str:
+    """A Python string literal that is also a safe piece of a plain YAML scalar: ASCII (the
+    rest escaped), with no ``": "`` or ``" #"`` (their space escaped)."""
+    return ascii(text).replace(": ", ":\\x20").replace(" #", "\\x20#")
+
+
+def _literal(value: Any) -> str | None:
+    """Python literal text for ``value``, or None when it has none.
+
+    The text is ASCII, has no ``": "`` and no ``" #"``, so YAML can hold it as a plain scalar.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is int:
+        return repr(value)
+    if kind is float:
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "1e999" if value > 0 else "-1e999"
+        return repr(value)
+    if kind is str:
+        return _str_literal(value)
+    if kind is tuple or kind is list:
+        parts = [_literal(v) for v in value]
+        if any(p is None for p in parts):
+            return None
+        body = ", ".join(p for p in parts if p is not None)
+        if kind is list:
+            return f"[{body}]"
+        return f"({body},)" if len(parts) == 1 else f"({body})"
+    if isinstance(value, dict):
+        items = [(_literal(k), _literal(v)) for k, v in value.items()]
+        if any(k is None or v is None for k, v in items):
+            return None
+        # "k:v" without a space: ": " would end a plain YAML scalar.
+        return "{" + ", ".join(f"{k}:{v}" for k, v in items) + "}"
+    return None
+
+
+def _represent_tuple(dumper: Any, data: tuple[Any, ...]) -> Any:
+    text = _literal(data)
+    if text is None:  # e.g. holds a nan: written as a YAML list
+        return dumper.represent_list(data)
+    return dumper.represent_scalar(_TUPLE_TAG, text)
+
+
+def _force_block(node: Any, seen: set[int]) -> bool:
+    """Make every collection holding a tuple scalar block style; say whether one was found.
+
+    A plain ``(a, b)`` cannot sit inside a flow collection (its commas would split it).
+    """
+    if id(node) in seen:
+        return False
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        return bool(node.tag == _TUPLE_TAG)
+    if isinstance(node, yaml.MappingNode):
+        children = [c for pair in node.value for c in pair]
+    else:
+        children = list(node.value)
+    found = False
+    for child in children:
+        found = _force_block(child, seen) or found
+    if found:
+        node.flow_style = False
+    return found
+
+
+def _represent(dumper: Any, data: Any) -> None:
+    node = dumper.represent_data(data)
+    _force_block(node, set())
+    dumper.serialize(node)
+    dumper.represented_objects = {}
+    dumper.object_keeper = []
+    dumper.alias_key = None
+
+
+# YAML 1.1 line breaks besides "\n": PyYAML writes them raw (allow_unicode) in plain or
+# single-quoted text, where reading folds them into spaces; double quotes escape them.
+_ODD_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
+def _represent_str(dumper: Any, data: str) -> Any:
+    if _ODD_BREAKS.search(data):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+    return dumper.represent_str(data)
+
+
+_Dumper.represent = _represent
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(tuple, _represent_tuple)
+_Dumper.add_multi_representer(dict, yaml.SafeDumper.represent_dict)  # (CfgNode)
+# Subclasses of the builtin scalars (numpy.float64, IntEnum, str enums) as their base value.
+_Dumper.add_multi_representer(float, lambda d, x: d.represent_float(float(x)))
+_Dumper.add_multi_representer(int, lambda d, x: d.represent_int(int(x)))
+_Dumper.add_multi_representer(str, lambda d, x: _represent_str(d, str(x)))
+
+
+def _describe_yaml_error(err: Any, name: str) -> str:
+    """``NAME:LINE:COLUMN: what went wrong`` from a yaml error with marks."""
+    mark = err.problem_mark or err.context_mark
+    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+    context = err.context
+    if context and err.context_mark is not None and err.context_mark is not mark:
+        context += f" (line {err.context_mark.line + 1})"
+    text = "; ".join(str(part) for part in (context, err.problem) if part)
+    if isinstance(err, yaml.constructor.ConstructorError) and "for the tag" in text:
+        text += " (CfgNode loads plain YAML only: tags that build Python objects are refused)"
+    return f"{where}: {text}"
+
+
+def load(stream: str | bytes | IO[Any], name: str) -> Any:
+    """The mapping of the YAML document in ``stream`` (an empty dict for an empty document).
+
+    Raises:
+        ValueError: malformed YAML, a refused tag, a key given twice in one mapping or a top
+            level that is not a mapping; the message starts with ``NAME:LINE:COLUMN``.
+    """
+    loader = None
+    try:
+        loader = _Loader(stream)
+        node = loader.get_single_node()
+        if node is None or node.tag == "tag:yaml.org,2002:null":  # "", "---", "~"
+            data: Any = {}
+        elif isinstance(node, yaml.MappingNode):
+            data = loader.construct_document(node)
+        else:
+            data = node
+    except yaml.MarkedYAMLError as err:
+        raise ValueError(_describe_yaml_error(err, name)) from err
+    except (yaml.YAMLError, ValueError, OverflowError) as err:
+        # ReaderError (a control character), or a constructor failing on a value such
+        # as the date 2024-13-45: no line is known.
+        msg = f"{name}: invalid YAML: {' '.join(str(err).split())}"
+        raise ValueError(msg) from err
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if isinstance(data, yaml.Node):
+        kind = "a list" if isinstance(data, yaml.SequenceNode) else "a scalar"
+        msg = (
+            f"{name}:{data.start_mark.line + 1}: the top level of a config must be a "
+            f"mapping of KEY: value lines, got {kind}"
+        )
+        raise ValueError(msg)
+    return data
+
+
+def dump(data: Any, stream: IO[Any] | None, **yaml_kwargs: Any) -> Any:
+    """``data`` as YAML, written to ``stream`` or returned when it is None; keys in their
+    order, block style unless ``yaml_kwargs`` (options of ``yaml.dump``) say otherwise.
+
+    Raises:
+        TypeError: a value YAML cannot represent.
+    """
+    options = {"sort_keys": False, "allow_unicode": True, "default_flow_style": False}
+    try:
+        return yaml.dump(data, stream, Dumper=_Dumper, **{**options, **yaml_kwargs})
+    except yaml.representer.RepresenterError as err:
+        value = err.args[1] if len(err.args) > 1 else None
+        msg = (
+            f"cannot write {short_repr(value)} (type {type(value).__name__}) as YAML; a config "
+            "holds str, int, float, bool, None, lists, tuples and dicts"
+        )
+        raise TypeError(msg) from err
