@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import gc
 import linecache
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -117,6 +118,7 @@ class WorkerSpec(NamedTuple):
     group: int | None = None  # incoming results per unit (the hop's batch_size)
     unit: int = 1  # first-hop items per unit of this hop
     concurrency: int = 1  # units it runs at once (async tasks or threads)
+    release: tuple[int, ...] = ()  # forked: the caller's descriptors to let go (_let_go)
 
 
 class _PeerClosed(NamedTuple):
@@ -132,6 +134,20 @@ def _die_with_caller() -> None:
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
     os._exit(0)
+
+
+def _let_go(fds: tuple[int, ...]) -> None:
+    """(a forked worker) Let go of the caller's ends of its workers' pipes, ours included: a
+    worker sees EOF when the caller dies only if no other process holds them. Each number
+    is taken by /dev/null rather than closed: objects inherited from the caller still name
+    it, and a number reused here could otherwise be closed under us by one of them."""
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.dup2(null, fd)
+    os.close(null)
 
 
 def _lead_a_group() -> None:
@@ -470,6 +486,10 @@ def _flush_releases(upstream: set[Channel]) -> None:
 def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     """Entry point of a worker process (the ``target`` given to ``Process``)."""
     entered = time.monotonic()
+    # What a forked worker inherited is never collected here (a collection would touch, and
+    # so copy, every page of it); a forkserver froze its own before it forked this one.
+    gc.freeze()
+    _let_go(spec.release)
     name_mp_tempdir()  # (removed at the end, or by whoever buries this worker)
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

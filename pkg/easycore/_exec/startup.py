@@ -6,6 +6,8 @@ started Ray and how many runners use it, is in ``ray_engine``):
 * ``_PRELOAD_SET``: multiprocessing's forkserver has been told to preload torch;
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;
 * ``_TORCH_SEEN``: a worker of this process has loaded torch, so later pools fork with it;
+* ``_FORK_SAFE``: the OpenBLAS libraries loaded here, whose idle threads do not stop a fork
+  (see :func:`fork_is_safe`);
 * ``_START_LOCK``: guards the two module attributes of multiprocessing we swap while a
   process starts (see :func:`hidden_main`);
 * ``_OWN``: this process's live workers started by ``spawn`` or ``fork`` (its children: it
@@ -40,6 +42,7 @@ __all__ = [
     "adopt_for",
     "check_capacity",
     "context",
+    "fork_is_safe",
     "hidden_main",
     "kill_all",
     "kill_group",
@@ -95,6 +98,59 @@ def check_capacity(n_workers: int) -> None:
         raise ValueError(msg)
 
 
+def fork_is_safe() -> bool:
+    """Whether a worker may fork from this process itself: the cheapest start (no new
+    interpreter, nothing imported again), chosen when nobody asked for a start method.
+
+    A fork copies only the thread that calls it: a lock another thread held stays locked in
+    the child for good (an OpenMP pool that ran a parallel op hangs the child's next one; a
+    logging or allocator lock, a CUDA context). So a fork is taken only when this process
+    has no thread but this one, on Linux, CUDA not initialised; the one exception is the
+    idle pool of each OpenBLAS library loaded here (numpy's, also through torch), which
+    stops its threads before a fork (``pthread_atfork``) and is counted exactly: any other
+    thread, or a pool of a size other than the library reports, means the forkserver.
+    """
+    if not sys.platform.startswith("linux") or threading.active_count() != 1:
+        return False
+    torch = sys.modules.get("torch")
+    with contextlib.suppress(Exception):  # (a torch without CUDA support answers False)
+        if torch is not None and torch.cuda.is_initialized():
+            return False
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - no /proc
+        return False
+    return threads == 1 or threads == 1 + _openblas_threads()
+
+
+_OPENBLAS_NAMES = [
+    (f"{pre}openblas_get_num_threads{suf}", f"{pre}openblas_get_parallel{suf}")
+    for pre in ("", "scipy_")
+    for suf in ("", "64_")
+]
+
+
+def _openblas_threads() -> int:
+    """The threads the OpenBLAS libraries loaded here keep (a pthreads build keeps n - 1
+    waiting; an OpenMP build counts as unknown, -1000, so that no fork is taken)."""
+    import ctypes
+
+    total = 0
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "openblas" in line and ".so" in line}
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        for threads, parallel in _OPENBLAS_NAMES:
+            get, how = getattr(lib, threads, None), getattr(lib, parallel, None)
+            if get is not None and how is not None:
+                total += get() - 1 if how() == 1 else -1000
+                break
+    return total
+
+
 def light_wanted(method: str, devices: Sequence[str]) -> bool:
     """Whether workers should fork from the light forkserver (no torch loaded) this time.
 
@@ -136,8 +192,9 @@ def note_torch(loaded: bool) -> None:
         _TORCH_SEEN = True
 
 
-def context(start_method: str | None) -> Any:
-    """The multiprocessing context for ``start_method`` (forkserver by default).
+def context(start_method: str | None, forkable: bool = False) -> Any:
+    """The multiprocessing context for ``start_method``; by default ``fork`` where
+    ``forkable`` (one pool) and :func:`fork_is_safe`, else the forkserver.
 
     Raises:
         ValueError: the method does not exist here, or ``fork`` after CUDA was initialised.
@@ -145,6 +202,8 @@ def context(start_method: str | None) -> Any:
     global _PRELOAD_SET
     methods = mp.get_all_start_methods()
     method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+    if start_method is None and forkable and "fork" in methods and fork_is_safe():
+        method = "fork"
     if method not in methods:
         msg = f"start_method {method!r} is not available here; choose from {methods}"
         raise ValueError(msg)
@@ -240,7 +299,8 @@ def kill_group(pid: int | None, code: int | None = None) -> None:
                 end_processes(left_by(since, keep=[*keep, *before, *_OWN]))
             if own is not None and not _OWN:
                 become_subreaper(on=False)
-        remove_mp_tempdir(pid)
+        if code != 0:  # (one that ended well removed its own: no scan of the temp folder)
+            remove_mp_tempdir(pid)
 
 
 def kill_workers(procs: Sequence[Any]) -> None:

@@ -16,8 +16,9 @@ import select
 import socket
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -162,6 +163,32 @@ class _Waiter:
             self._lock.release()
 
 
+_LIVE: weakref.WeakSet[WorkerSet] = weakref.WeakSet()  # every worker set of this process
+
+
+def _caller_ends() -> list[int]:
+    """This process's ends of the pipes of all its workers (every runner's): a worker forked
+    from here lets go of its copies, or a worker would not see EOF when the caller dies."""
+    fds = []
+    for ws in list(_LIVE):
+        for w in ws.workers:
+            with contextlib.suppress(OSError, ValueError):
+                fds.append(w.conn.fileno())
+    return fds
+
+
+@contextlib.contextmanager
+def _forking(method: str) -> Iterator[None]:
+    """Python 3.12+ warns at each fork of a process with more than one thread; a fork this
+    process chose by itself (:func:`fork_is_safe`) has only OpenBLAS's, which are safe."""
+    with warnings.catch_warnings():
+        if method == "fork":
+            warnings.filterwarnings(
+                "ignore", "This process .* is multi-threaded", DeprecationWarning
+            )
+        yield
+
+
 def _culprit_of(stages: Sequence[Any], cfg: CfgNode) -> str:
     for stage in stages:
         for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
@@ -190,11 +217,11 @@ class WorkerSet:
         self.workers: list[Worker] = []
         self.slots: Slots | None = None
         self._ctx: Any = None
-        self._light = False  # workers fork from the light forkserver (see light_wanted)
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = 0
         self._waiter = _Waiter()
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        _LIVE.add(self)
 
     # -- start -----------------------------------------------------------------------------
     def start_payloads(self) -> None:
@@ -214,7 +241,6 @@ class WorkerSet:
     def start(self) -> None:
         """Start one process per device (not waiting for them to be ready)."""
         self._ctx = context(self.start_method)
-        self._light = light_wanted(self._ctx.get_start_method(), self.chain.devices)
         n = len(self.chain.devices)
         self.slots = Slots(self._ctx.RawArray("d", SLOT_WIDTH * n))
         self.workers = []
@@ -253,14 +279,20 @@ class WorkerSet:
             concurrency=hop.concurrency,
         )
         assert self.slots is not None
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
+        # asked again at each start: a respawn forks only if the caller still may
+        ctx = context(self.start_method, forkable=len(self.chain.hops) == 1)
+        method = ctx.get_start_method()
+        parent, child = ctx.Pipe(duplex=True)
+        if method == "fork":  # it lets go of the caller's ends of every worker's pipe
+            spec = spec._replace(release=(parent.fileno(), *_caller_ends()))
+        proc = ctx.Process(
             target=worker_main,
             args=(child, self.slots.raw, spec),
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
-        with hidden_main(self._light), adopt_for(self._ctx.get_start_method()) as started:
+        light = light_wanted(method, self.chain.devices)
+        with hidden_main(light), adopt_for(method) as started, _forking(method):
             proc.start()
             started(proc.pid)
         child.close()
