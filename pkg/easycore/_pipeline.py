@@ -147,7 +147,8 @@ class _Runs:
                 with :meth:`Pipeline.on` their own devices apply instead (``"inline"`` still runs
                 everything in the calling process).
             cfg: a mapping or ``CfgNode``; workers receive it frozen.
-            start_method: ``"forkserver"`` (default on Linux), ``"spawn"`` or ``"fork"``.
+            start_method: None (default): a fork of this process where safe, else the
+                forkserver; or ``"forkserver"``, ``"spawn"``, ``"fork"``.
             prefetch: chunks each worker may hold for a run, queued, running or finished
                 and waiting for the caller (default 2; see :meth:`imap`).
             engine: ``"local"`` (worker processes on this machine) or ``"ray"`` (every pool
@@ -263,7 +264,8 @@ class _Runs:
             cfg: a mapping or ``CfgNode``, injected frozen as ``cfg``.
             *positional: ``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
                 ``retries`` by position, in that order.
-            start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+            start_method: None (default): a fork of this process where safe, else the
+                forkserver; or ``"forkserver"``, ``"spawn"``, ``"fork"``.
             distributed: share the items out between the ranks of a torchrun/Slurm job.
             engine: ``"local"`` (worker processes here) or ``"ray"`` (on a Ray cluster).
             concurrency: items each worker of the pool ``devices`` describes holds at once
