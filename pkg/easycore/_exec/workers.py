@@ -178,11 +178,11 @@ def _caller_ends() -> list[int]:
 
 
 @contextlib.contextmanager
-def _forking(method: str) -> Iterator[None]:
+def _forking(chosen: bool) -> Iterator[None]:
     """Python 3.12+ warns at each fork of a process with more than one thread; a fork this
-    process chose by itself (:func:`fork_is_safe`) has only OpenBLAS's, which are safe."""
+    process chose by itself (``easycore._exec.startup.fork_is_safe``) has only OpenBLAS's."""
     with warnings.catch_warnings():
-        if method == "fork":
+        if chosen:
             warnings.filterwarnings(
                 "ignore", "This process .* is multi-threaded", DeprecationWarning
             )
@@ -292,7 +292,8 @@ class WorkerSet:
             daemon=True,
         )
         light = light_wanted(method, self.chain.devices)
-        with hidden_main(light), adopt_for(method) as started, _forking(method):
+        chosen = method == "fork" and self.start_method is None
+        with hidden_main(light), adopt_for(method) as started, _forking(chosen):
             proc.start()
             started(proc.pid)
         child.close()
