@@ -137,12 +137,18 @@ def _die_with_caller() -> None:
 
 
 def _let_go(fds: tuple[int, ...]) -> None:
-    """(a forked worker) Let go of the caller's ends of its workers' pipes, ours included: a
-    worker sees EOF when the caller dies only if no other process holds them. Each number
-    is taken by /dev/null rather than closed: objects inherited from the caller still name
-    it, and a number reused here could otherwise be closed under us by one of them."""
+    """(a forked worker) Start as a forkserver's worker would: the caller's signal handlers
+    (a handler of SIGTERM that cleans up, say) are not ours, and the caller's ends of its
+    workers' pipes, ours included, are let go (a worker sees EOF when the caller dies only
+    if no other process holds them). Each number is taken by /dev/null rather than closed:
+    objects inherited from the caller still name it, and a number reused here could
+    otherwise be closed under us by one of them."""
     if not fds:
         return
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in fds:
         with contextlib.suppress(OSError):

@@ -28,8 +28,10 @@ PKG = str(Path(__file__).resolve().parents[2] / "pkg")
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, threading
+    import json, os, signal, sys, threading
     case = sys.argv[1]
+    # the caller's own handler, which its workers must not run (a forked one would inherit it)
+    signal.signal(signal.SIGTERM, lambda *_: print("the caller's handler ran"))
     if case != "bare":
         import numpy, torch
     from easycore import producer
@@ -39,7 +41,7 @@ SCRIPT = textwrap.dedent(
         if case == "omp":  # a parallel op in a worker whose caller ran one (2 threads here)
             a = torch.ones(300, 300)
             x = x + int((a @ a)[0, 0].item()) * 0
-        return (x * 2, os.getppid())
+        return (x * 2, os.getppid(), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
 
     @producer
     def inc(x):
@@ -70,8 +72,8 @@ SCRIPT = textwrap.dedent(
     else:
         out = run.map(items, devices=devices, **opts)
     base = 1 if case == "pools" else 0
-    ok = [y for y, _ in out] == [(x + base) * 2 for x in items]
-    print(json.dumps({"forked": all(p == os.getpid() for _, p in out), "ok": ok}))
+    ok = [y for y, _, _ in out] == [(x + base) * 2 for x in items] and all(d for *_, d in out)
+    print(json.dumps({"forked": all(p == os.getpid() for _, p, _ in out), "ok": ok}))
     """
 )
 
@@ -88,7 +90,8 @@ def run_case(case: str) -> dict[str, bool]:
 
 @pytest.mark.parametrize("case", ["bare", "torch", "recycle"])
 def test_a_caller_with_no_other_thread_forks_its_workers(case):
-    """No thread but the caller's (numpy's and torch's idle OpenBLAS pool aside): a fork."""
+    """No thread but the caller's (numpy's and torch's idle OpenBLAS pool aside): a fork,
+    whose worker does not keep the caller's signal handlers (as a forkserver's would not)."""
     assert run_case(case) == {"forked": True, "ok": True}
 
 
