@@ -78,7 +78,8 @@ class Runner:
         pipeline: the pipeline whose stages the workers run.
         devices: the devices of producers not bound with ``.on``, as ``map`` takes them.
         cfg: a mapping or ``CfgNode``, injected frozen as ``cfg``.
-        start_method: ``"forkserver"`` (default), ``"spawn"`` or ``"fork"``.
+        start_method: None (default): a fork of this process where safe, else the
+            forkserver; or ``"forkserver"``, ``"spawn"``, ``"fork"``.
         prefetch: chunks each worker may hold for a run (default 2; see :meth:`imap`).
         engine: ``"local"`` (worker processes here) or ``"ray"`` (Ray actors).
         epoch: the epoch of the runner's ``map``/``imap`` calls that do not give one.
