@@ -103,7 +103,8 @@ def test_where_a_fork_is_unsafe_or_not_asked_for_the_forkserver_starts_them(case
 
 
 @pytest.mark.gpu
-def test_a_caller_that_initialised_cuda_does_not_fork():
+def test_gpu_workers_do_not_fork():
+    """GPU workers come from the forkserver: here the caller even initialised CUDA."""
     assert run_case("cuda") == {"forked": False, "ok": True}
 
 

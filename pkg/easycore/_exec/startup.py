@@ -194,7 +194,7 @@ def note_torch(loaded: bool) -> None:
 
 def context(start_method: str | None, forkable: bool = False) -> Any:
     """The multiprocessing context for ``start_method``; by default ``fork`` where
-    ``forkable`` (one pool) and :func:`fork_is_safe`, else the forkserver.
+    ``forkable`` (one pool of CPU workers) and :func:`fork_is_safe`, else the forkserver.
 
     Raises:
         ValueError: the method does not exist here, or ``fork`` after CUDA was initialised.

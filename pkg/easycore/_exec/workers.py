@@ -279,8 +279,11 @@ class WorkerSet:
             concurrency=hop.concurrency,
         )
         assert self.slots is not None
-        # asked again at each start: a respawn forks only if the caller still may
-        ctx = context(self.start_method, forkable=len(self.chain.hops) == 1)
+        # asked again at each start: a respawn forks only if the caller still may. GPU
+        # workers never fork: a caller that only asked torch.cuda.is_available() has
+        # started the CUDA driver, which a forked child cannot start again
+        one_pool_of_cpus = len(self.chain.hops) == 1 and "cuda" not in " ".join(self.chain.devices)
+        ctx = context(self.start_method, forkable=one_pool_of_cpus)
         method = ctx.get_start_method()
         parent, child = ctx.Pipe(duplex=True)
         if method == "fork":  # it lets go of the caller's ends of every worker's pipe
