@@ -6,23 +6,25 @@ A pickle is no such digest. A set's pickle lists its elements in hash order, and
 a str or bytes changes with ``PYTHONHASHSEED``, so in every new process; a dict's pickle
 lists its keys in insertion order, so equal dicts pickle apart; pickle's memo makes a list of
 two equal strings pickle one way when they are one object and another when they are two.
-So the common types are encoded here canonically, recursively, each with a tag and a
-length so that no two values share an encoding:
+So an item's digest hashes a canonical pickle of it (:class:`_Canonical`, as joblib's
+hashing does):
 
-* ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``bytearray``,
-  ``range``;
-* ``tuple``, ``list`` (in order), ``dict`` (entries sorted by their key's digest; an
-  ``OrderedDict`` in its order, as its equality is), ``set``, ``frozenset`` (sorted element
-  digests); a subclass of these (a namedtuple, a ``defaultdict``) with its type's name;
-* numpy arrays and torch tensors: dtype, shape and the bytes of the values;
-* classes, modules and builtins by name, functions by :func:`function_digest`;
-* any other object as pickle sees it: what its ``__reduce_ex__`` returns (a constructor by
-  name, its arguments, its state), encoded as above, so a dataclass holding a set or a
-  module holding tensors (whose own pickle holds a storage address) is canonical too.
+* without a memo: equal values pickle alike, whatever objects they share;
+* a ``dict``'s entries and the elements of a ``set`` or ``frozenset``, also of their
+  subclasses (a ``defaultdict``), sorted: by value where they (a dict's keys) are all str,
+  all int or all bytes, else by their digests; an ``OrderedDict`` in its order, as its
+  equality is;
+* numpy arrays and torch tensors: dtype, shape and the bytes of the values, in C order (a
+  tensor's own pickle holds the address of its storage);
+* classes, modules and builtins by name (never imported: a class defined in a function
+  too), functions by :func:`function_digest`;
+* any other object as pickle reduces it (a constructor, its arguments, its state), its
+  parts canonical as above: a dataclass holding a set, a module holding tensors.
 
-An object that cannot be reduced goes through its cloudpickle, and so does an item whose
-containers or objects refer to themselves. Types are part of the encoding: ``1``, ``1.0``,
-``True`` and ``"1"`` differ, and so do ``(1, 2)`` and ``[1, 2]``.
+An item that pickle cannot take, or that holds itself, goes through its cloudpickle. Types
+are part of the pickle: ``1``, ``1.0``, ``True`` and ``"1"`` differ, and so do ``(1, 2)``
+and ``[1, 2]``. A ledger of digests of another kind is refused by its ``format``
+(:class:`~easycore._exec.resume.RunIdentity`).
 
 A function's digest is its code (bytecode, constants, names, nested code objects), its
 defaults, the values its closure holds, and what of its own module it names: functions
@@ -38,6 +40,8 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import io
+import pickle
 import struct
 import sys
 import types
@@ -51,10 +55,8 @@ __all__ = ["cfg_digests", "code_digest", "function_digest", "item_digest"]
 DIGEST_SIZE = 16
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
-
-
-class _Cyclic(Exception):
-    """A container holds itself: the canonical encoding has no end."""
+# what pickle takes as it is (in a canonical pickle too)
+_PICKLED = frozenset({type(None), bool, int, float, str, bytes, tuple, list})
 
 
 def _hasher() -> Any:
@@ -65,194 +67,98 @@ def _length(n: int) -> bytes:
     return struct.pack("<Q", n)
 
 
-def _int_bytes(n: int) -> bytes:
-    return n.to_bytes(n.bit_length() // 8 + 1, "little", signed=True)
-
-
 def _type_name(t: type) -> bytes:
     return f"{t.__module__}.{t.__qualname__}".encode()
 
 
-class _Encoder:
-    """Feeds the canonical encoding of values to a hash.
+class _Canonical(pickle.Pickler):
+    """Pickles a value canonically, as joblib's hashing does (see the module's docstring);
+    arrays' and tensors' values are hashed apart, not copied into the pickle.
 
-    ``active``: the ids of the containers, objects and functions on the way down, shared
-    with :class:`_FunctionHasher` when a function's closure holds a value that holds the
-    function: a cycle is found by identity, never by how deep the stack happens to be.
+    ``active``: the ids of the functions on the way down, shared with
+    :class:`_FunctionHasher` (a function whose closure holds a value that holds it).
     """
 
     def __init__(self, active: set[int]) -> None:
+        self.stream = io.BytesIO()
+        super().__init__(self.stream, protocol=5)
+        self.fast = True  # (no memo; a value that holds itself is an error)
         self.active = active
+        self.values = _hasher()
 
     def digest(self, obj: Any) -> bytes:
+        self.dump(obj)
         h = _hasher()
-        self.feed(h, obj)
+        h.update(self.stream.getbuffer())
+        h.update(self.values.digest())
         return bytes(h.digest())
 
-    def feed(self, h: Any, obj: Any) -> None:
-        t = type(obj)
-        if obj is None:
-            h.update(b"N")
-        elif t is bool:
-            h.update(b"T" if obj else b"F")
-        elif t is int:
-            data = _int_bytes(obj)
-            h.update(b"I" + _length(len(data)) + data)
-        elif t is float:
-            h.update(b"D" + struct.pack("<d", obj))
-        elif t is complex:
-            h.update(b"J" + struct.pack("<dd", obj.real, obj.imag))
-        elif t is str:
-            data = obj.encode("utf-8", "surrogatepass")
-            h.update(b"S" + _length(len(data)) + data)
-        elif t is bytes or t is bytearray:
-            h.update((b"B" if t is bytes else b"Y") + _length(len(obj)))
-            h.update(obj)
-        elif t is range:
-            h.update(b"R")
-            for n in (obj.start, obj.stop, obj.step):
-                data = _int_bytes(n)
-                h.update(_length(len(data)) + data)
-        elif isinstance(obj, tuple | list | dict | set | frozenset):
-            self._container(h, obj)
-        elif not self._array(h, obj):
-            self._object(h, obj)
-
-    def _container(self, h: Any, obj: Any) -> None:
-        key = id(obj)
-        if key in self.active:
-            raise _Cyclic
-        self.active.add(key)
-        try:
-            t = type(obj)
-            if t not in (tuple, list, dict, set, frozenset):  # a namedtuple, a defaultdict...
-                name = _type_name(t)
-                h.update(b"C" + _length(len(name)) + name)
-                extra = getattr(obj, "__dict__", None)
-                if extra:
-                    h.update(b"V")
-                    self._mapping(h, extra, ordered=False)
-            if isinstance(obj, tuple | list):
-                h.update((b"U" if isinstance(obj, tuple) else b"L") + _length(len(obj)))
-                for x in obj:
-                    self.feed(h, x)
-            elif isinstance(obj, dict):
-                h.update(b"M")
-                self._mapping(h, obj, ordered=isinstance(obj, collections.OrderedDict))
-            else:
-                h.update((b"Z" if isinstance(obj, frozenset) else b"E") + _length(len(obj)))
-                for d in sorted(self.digest(x) for x in obj):
-                    h.update(d)
-        finally:
-            self.active.discard(key)
-
-    def _mapping(self, h: Any, obj: Mapping[Any, Any], *, ordered: bool) -> None:
-        h.update(_length(len(obj)))
-        entries = [(self.digest(k), v) for k, v in obj.items()]
-        if not ordered:
-            entries.sort(key=lambda e: e[0])
-        for kd, v in entries:
-            h.update(kd)
-            self.feed(h, v)
-
-    def _array(self, h: Any, obj: Any) -> bool:
-        """A numpy array or torch tensor: dtype, shape, values. False for anything else."""
-        np = sys.modules.get("numpy")
-        if np is not None and type(obj) is np.ndarray:
-            if obj.dtype.hasobject:  # elements are Python objects: their own encodings
-                h.update(b"AO" + _length(obj.ndim) + b"".join(map(_length, obj.shape)))
-                for x in obj.ravel(order="C"):
-                    self.feed(h, x)
-                return True
+    def persistent_id(self, obj: Any) -> Any:
+        """What stands for ``obj`` in the pickle, or None: pickle's own (for every value,
+        also those pickle takes without a reducer: dicts and sets)."""
+        kind = type(obj)
+        if kind in _PICKLED:
+            return None
+        if kind is dict:
+            return "M", self._sorted(list(obj.items()), key=_first)
+        if kind is set or kind is frozenset:
+            return kind.__name__, self._sorted(list(obj), key=_same)
+        if kind is types.FunctionType:
+            return "f", _function_digest(obj, self.active)
+        if isinstance(obj, type | types.BuiltinFunctionType | types.ModuleType):
+            module = "" if kind is types.ModuleType else obj.__module__
+            return "n", module, getattr(obj, "__qualname__", obj.__name__)
+        np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+        if np is not None and kind is np.ndarray:
+            if obj.dtype.hasobject:  # elements are Python objects: pickled as such
+                return "O", obj.shape, list(obj.ravel(order="C"))
             dtype = str(obj.dtype.descr) if obj.dtype.fields else obj.dtype.str
-            raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
-            self._values(h, b"A", dtype, obj.shape, raw)
-            return True
-        torch = sys.modules.get("torch")
+            flat = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
+            return self._values("A", obj, dtype, flat)
         if torch is None or not isinstance(obj, torch.Tensor):
-            return False
+            return None
         if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
-            return False  # (sparse, quantized, meta: their pickle)
-        t = obj.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.resolve_conj().resolve_neg().contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy()
-        if type(obj) is not torch.Tensor:  # a Parameter, a subclass: its type too
-            name = _type_name(type(obj))
-            h.update(b"C" + _length(len(name)) + name)
-        self._values(h, b"G", str(t.dtype), tuple(t.shape), raw)
-        return True
+            return None  # (sparse, quantized, meta: their pickle)
+        t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        return self._values(kind, t, str(t.dtype), t.reshape(-1).view(torch.uint8).numpy())
 
-    @staticmethod
-    def _values(h: Any, tag: bytes, dtype: str, shape: tuple[int, ...], buffer: Any) -> None:
-        name = dtype.encode()
-        h.update(tag + _length(len(name)) + name + _length(len(shape)))
-        h.update(b"".join(map(_length, shape)))
-        data = memoryview(buffer).cast("B")
-        h.update(_length(len(data)))
-        h.update(data)
+    def _values(self, kind: Any, obj: Any, dtype: str, flat: Any) -> Any:
+        self.values.update(flat)
+        return kind, dtype, tuple(obj.shape), flat.nbytes
 
-    def _object(self, h: Any, obj: Any) -> None:
-        """Anything else: what pickle would make of it (``__reduce_ex__``), encoded here, so
-        that the sets, dicts and tensors inside an object (a dataclass, a module holding
-        weights) are encoded canonically too: a tensor's own pickle holds the address of its
-        storage, another in every process."""
-        if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
-            self._reference(h, obj)
-            return
-        if isinstance(obj, types.FunctionType):
-            h.update(b"f" + _function_digest(obj, self.active))
-            return
-        key = id(obj)
-        if key in self.active:
-            raise _Cyclic
-        self.active.add(key)
-        try:
-            try:
-                reduced = obj.__reduce_ex__(4)
-            except Exception:  # pickle's own way (or its error: the item cannot be kept)
-                self._pickled(h, obj)
-                return
-            if isinstance(reduced, str):  # a global: pickle names it
-                module = getattr(obj, "__module__", None) or type(obj).__module__
-                text = f"{module}.{reduced}".encode()
-                h.update(b"Q" + _length(len(text)) + text)
-                return
-            if not isinstance(reduced, tuple) or len(reduced) < 2:
-                self._pickled(h, obj)
-                return
-            # (callable, args, state, list items, dict items, state setter), as pickle does
-            func, args, *rest = reduced
-            h.update(b"O")
-            self._reference(h, func)
-            self.feed(h, args)
-            for k, part in enumerate(rest[:4]):
-                if part is None:
-                    h.update(b"N")
-                elif k == 3:
-                    self._reference(h, part)
-                else:
-                    self.feed(h, list(part) if k in (1, 2) else part)
-        finally:
-            self.active.discard(key)
+    def reducer_override(self, obj: Any) -> Any:
+        """Subclasses of dict and set: their entries sorted too."""
+        if isinstance(obj, set | frozenset):
+            return type(obj), (self._sorted(list(obj), key=_same),), _state(obj)
+        if isinstance(obj, collections.OrderedDict):  # (in its order, as its equality is)
+            return type(obj), (list(obj.items()),), _state(obj)
+        if not isinstance(obj, dict):
+            return NotImplemented
+        func, args, *rest = obj.__reduce_ex__(5)  # (a defaultdict's default_factory...)
+        rest += [None] * (4 - len(rest))
+        rest[2] = rest[2] and iter(self._sorted(list(rest[2]), key=_first))
+        return func, args, *rest
 
-    def _reference(self, h: Any, obj: Any) -> None:
-        """A class, module or function that pickle would name: by its name."""
-        module = getattr(obj, "__module__", None)
-        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-        if isinstance(obj, types.ModuleType):
-            module, name = "", obj.__name__
-        elif not isinstance(name, str):  # something else in a callable's place
-            self.feed(h, obj)
-            return
-        text = f"{module}.{name}".encode()
-        h.update(b"Q" + _length(len(text)) + text)
+    def _sorted(self, values: list[Any], key: Callable[[Any], Any]) -> list[Any]:
+        """``values`` in an order that depends on their ``key`` s alone: keys of one type,
+        str, int or bytes, by value; any others by their digests."""
+        kinds = {type(key(v)) for v in values}
+        if len(kinds) > 1 or not kinds <= {str, int, bytes}:
+            return sorted(values, key=lambda v: _item_digest(key(v), self.active))
+        return sorted(values, key=key)
 
-    @staticmethod
-    def _pickled(h: Any, obj: Any) -> None:
-        data = cloudpickle.dumps(obj)
-        h.update(b"P" + _length(len(data)) + data)
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _state(obj: Any) -> Any:
+    """The attributes of a set or OrderedDict (of a subclass), None when it has none."""
+    return getattr(obj, "__dict__", None) or None
 
 
 def item_digest(obj: Any) -> bytes:
@@ -268,10 +174,10 @@ def item_digest(obj: Any) -> bytes:
 
 def _item_digest(obj: Any, active: set[int]) -> bytes:
     try:
-        return _Encoder(active).digest(obj)
-    except (_Cyclic, RecursionError):  # it refers to itself: its pickle keeps the cycle
+        return _Canonical(active).digest(obj)
+    except Exception:  # a cycle, or what pickle cannot take: its cloudpickle (or its error)
         h = _hasher()
-        _Encoder._pickled(h, obj)
+        h.update(b"P" + cloudpickle.dumps(obj))
         return bytes(h.digest())
 
 
@@ -280,7 +186,7 @@ class _FunctionHasher:
     """Feeds what a callable computes with to a hash (see the module's docstring)."""
 
     def __init__(self, active: set[int], constants: dict[str, Any] | None = None) -> None:
-        self.active = active  # on the way down (see _Encoder): recursion ends in a mark
+        self.active = active  # on the way down (see _Canonical): recursion ends in a mark
         # None: constants are fed by value; a dict: by name only, their values kept here
         self.constants = constants
 

@@ -80,7 +80,7 @@ _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGE
 _LOOKUP = 256  # units looked up in the file at once
 _UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_FORMAT = 2  # the ledger's layout; RunIdentity's "format"
+_FORMAT = 3  # the ledger's layout; RunIdentity's "format"
 
 
 def _refuse(path: str, why: str) -> ValueError:
@@ -169,7 +169,8 @@ class RunIdentity:
 
     Its parts (:attr:`parts`, each stored as JSON):
 
-    * ``format``: the ledger's layout (2: canonical item digests, checked keys, this table);
+    * ``format``: the ledger's layout (3: item digests of a canonical pickle, checked keys,
+      this table);
     * ``stages``: every producer in order: its name, the digest of its function and of its
       ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
       of the pool it starts (pools after the first; the first pool's is ``batch_size``);
@@ -245,7 +246,8 @@ class RunIdentity:
         stages' code (functions, ``init``, constants they read), and everything else."""
         new = self.parts
         if stored.get("format") != new["format"]:
-            return [], [f"ledger format: {stored.get('format')} -> {new['format']}"]
+            old = stored.get("format")
+            return [], [f"ledger format: {old} -> {new['format']} (another easycore wrote it)"]
         out: list[str] = []
         code: list[str] = []
         before, now = stored.get("stages", []), new["stages"]
