@@ -25,7 +25,8 @@ Rows (``run.py --only W8``):
 
 ``W8 uneven`` (``uneven=1``): each request waits its own time (exponentially distributed,
 mean 20 ms: :func:`uneven_delays`) and there is no CPU step: the limit, the threads and
-easycore's fetch pool on an open runner (``prefetch=2`` and ``8``).
+easycore's fetch pool on an open runner (``prefetch=2`` and ``8``; ``ordered=0``: results
+as they finish, checked sorted, for ``run.py --one`` only).
 """
 
 from __future__ import annotations
@@ -263,12 +264,14 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
             pipeline = _pipeline(k, fetch_only)
             if part > 1 or "runner" in opts:  # on an open runner (a share of it, scaled)
                 prefetch = {"prefetch": int(opts["prefetch"])} if "prefetch" in opts else {}
+                ordered = opts.get("ordered", "1") == "1"
                 with pipeline.open(**kw, **prefetch) as runner:
                     runner.map(warm[:8])
                     some = urls[: n // part]
                     t0 = time.perf_counter()
-                    got = runner.map(some)
+                    got = runner.map(some, ordered=ordered)
                     seconds = (time.perf_counter() - t0) * part
+                got = got if ordered else sorted(got)
                 assert got == [times * i for i in range(len(some))], "wrong result"
                 extra["scaled_from"] = len(some)
                 return {"seconds": seconds, "n": n, "extra": extra}

@@ -173,6 +173,9 @@ class RunBooks:
         policy: what a failed output unit becomes.
         bars: one progress bar per hop, or None.
         fixed: every chunk this many output units (inline's), not sized by the clock.
+        shares: a pool that waits (``concurrency=k``) gets chunks of at least ``k / shares``
+            units: 16 where a chunk costs a message (a worker process), 1 where it costs a
+            remote call (a Ray actor: about a millisecond of the caller's and the actor's).
     """
 
     def __init__(
@@ -183,6 +186,7 @@ class RunBooks:
         policy: ErrorPolicy,
         bars: list[Any] | None = None,
         fixed: int | None = None,
+        shares: int = 16,
     ) -> None:
         self.chain = chain
         self.hops = chain.hops
@@ -227,10 +231,11 @@ class RunBooks:
         self.batched = self.writes and (hop.batch if hop.index else options.batch_size) is not None
         # A worker of a hop with concurrency=k holds up to `depth x k` units (its k slots
         # are shared by its chunks, each answered as it ends): chunks of a sixteenth of k or
-        # more, so that a chunk held open by one slow unit holds few others' results.
+        # more, so that a chunk held open by one slow unit holds few others' results (on
+        # Ray, of k: there a chunk's call costs more than a unit's wait saves).
         most = max(h.concurrency for h in self.hops)
         self.slots = most  # units a worker of the widest hop runs at once
-        self.least = -(-most // 16 // self.align) * self.align if most > 1 else 1
+        self.least = -(-most // shares // self.align) * self.align if most > 1 else 1
         if fixed is not None:
             self.least = fixed * self.align
         # a sink given rows_per_file: chunks of that many items (a row each, as a rule), the
@@ -307,13 +312,15 @@ class RunBooks:
     # -- what goes out -----------------------------------------------------------------------
     def window(self, n_workers: int) -> int:
         """First-hop units that may be taken and not yet yielded (backpressure): what the
-        workers may hold (``depth`` chunks each, a chunk at least ``k`` units for slots that
-        wait), and a chunk more per worker, so new work goes out while results just
-        received still wait to be yielded (``2 x depth`` chunks of a unit each, at least):
-        the bound docs/guide/performance.md gives."""
-        depth = self.depth
-        per = max(self.chunk_size, self.slots)
-        return max((depth + 1) * n_workers * per, 2 * depth * n_workers * self.align)
+        workers may hold (``depth`` chunks each), and a chunk more per worker, so new work
+        goes out while results just received still wait to be yielded; ``2 x depth``
+        chunks of a unit each, at least. Slots that wait count ``k`` units as a chunk, and
+        their units in flight (``k`` a worker) on top: those hold no result while they
+        wait, so one long wait leaves the others' results room to pile up behind it in
+        order. The bound docs/guide/performance.md gives."""
+        depth, n, k = self.depth, n_workers, self.slots
+        flying = n * k if k > 1 else 0
+        return max((depth + 1) * n * self.chunk_size, 2 * depth * n * max(self.align, k) + flying)
 
     def take(self, room: int, limit: int | None = None) -> Work | None:
         """The next chunk: a re-run, or new input (at most ``room`` units; ``limit``: at most

@@ -41,7 +41,7 @@ class RayRun:
         self.engine = engine
         self.chain = engine.chain
         self.hops = self.chain.hops
-        self.books = RunBooks(self.chain, source, options, policy, bars)
+        self.books = RunBooks(self.chain, source, options, policy, bars, shares=1)
         self.options = options
         self.ledger = RayLedger(engine)
         self.last_probe = time.monotonic()
@@ -86,7 +86,7 @@ class RayRun:
         sent = 0
         while most_chunks is None or sent < most_chunks:
             sent += 1
-            window = chunks * max(books.chunk_size, books.slots)  # (slots that wait: k each)
+            window = books.window(self.widest)  # (the widest pool's actors hold most)
             if books.redo:
                 if self.ledger.chunks() >= chunks:
                     return

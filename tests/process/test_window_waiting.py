@@ -1,0 +1,99 @@
+"""The window of a pool that waits (``concurrency=k``) counts its items in flight on top of
+the results ``prefetch`` bounds (docs/guide/performance.md, "Memory and prefetch"): in an
+ordered run, one long wait leaves the other items room to be fed and to finish behind it,
+``2 x prefetch x k`` results per worker, and no more input than
+``(2 x prefetch + 1) x k`` items per worker is taken while it waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from easycore import producer
+
+pytestmark = pytest.mark.timeout(90)
+
+K = 4  # the pool's concurrency
+N = 60  # items
+
+
+def first_held(started: Path, release: Path) -> dict[str, object]:
+    """An async and a plain producer whose items touch ``started/<item>`` as they begin;
+    item 0 then waits until ``release`` exists; each waits 0.1 s (so that a chunk is one
+    item: a window counted in chunks of many would not show the slots' count)."""
+
+    @producer
+    async def ahold(x):
+        (started / str(x)).touch()
+        while x == 0 and not release.exists():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        return x
+
+    @producer
+    def thold(x):
+        (started / str(x)).touch()
+        while x == 0 and not release.exists():
+            time.sleep(0.01)
+        time.sleep(0.1)
+        return x
+
+    return {"async": ahold, "threads": thold}
+
+
+def started_while_item_0_waits(folder: Path, at_least: int) -> int:
+    """How many items have started once at least ``at_least`` did and no more start."""
+    deadline = time.monotonic() + 60
+    while (n := len(list(folder.iterdir()))) < at_least:
+        assert time.monotonic() < deadline, f"{n} items started while item 0 waits"
+        time.sleep(0.02)
+    n = -1
+    while n != (n := len(list(folder.iterdir()))):
+        time.sleep(0.3)
+    return n
+
+
+@pytest.mark.parametrize(
+    ("kind", "prefetch"), [("async", None), ("threads", None), ("async", 1), ("async", 3)]
+)
+def test_one_long_wait_leaves_the_others_fed_and_memory_bounded(tmp_path, kind, prefetch):
+    """One worker at concurrency 4: item 0 waits until released, the others 0.1 s.
+    While it waits, the stream keeps feeding the worker: at least ``2 x prefetch x k`` items
+    after it start (their results wait in order behind it), and at most
+    ``(2 x prefetch + 1) x k`` items are taken in all (prefetch is honoured; the default is
+    2). Once item 0 ends, every result comes, in order."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    started.mkdir()
+    stage = first_held(started, release)[kind]
+    depth = prefetch or 2
+    kw = {} if prefetch is None else {"prefetch": prefetch}
+    with stage.open(devices=1, concurrency=K) as runner, ThreadPoolExecutor(1) as caller:
+        results = caller.submit(runner.map, range(N), **kw)  # (waiting for item 0)
+        try:
+            n = started_while_item_0_waits(started, 1 + 2 * depth * K)
+            assert (started / "0").exists() and not release.exists()
+            assert n <= (2 * depth + 1) * K, f"{n} items taken while item 0 waits"
+        finally:
+            release.touch()
+        assert results.result() == list(range(N))
+
+
+def test_two_workers_each_count_their_own_slots(tmp_path):
+    """Two workers at concurrency 4, default prefetch: item 0 holds one slot of one worker;
+    the window counts both workers' slots: ``2 x (2 x 2 + 1) x 4`` items at most, and at
+    least ``2 x 2 x 2 x 4`` after item 0 start while it waits."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    started.mkdir()
+    stage = first_held(started, release)["async"]
+    with stage.open(devices=2, concurrency=K) as runner, ThreadPoolExecutor(1) as caller:
+        results = caller.submit(runner.map, range(N))
+        try:
+            n = started_while_item_0_waits(started, 1 + 2 * 2 * 2 * K)
+            assert n <= 2 * 5 * K, f"{n} items taken while item 0 waits"
+        finally:
+            release.touch()
+        assert results.result() == list(range(N))
