@@ -38,6 +38,7 @@ out and returns them by name, so that a message can name them.
 from __future__ import annotations
 
 import collections
+import copyreg
 import functools
 import hashlib
 import io
@@ -105,6 +106,8 @@ class _Canonical(pickle.Pickler):
             return kind.__name__, self._sorted(list(obj), key=_same)
         if kind is types.FunctionType:
             return "f", _function_digest(obj, self.active)
+        if kind is _ByName:
+            return "n", obj.fn.__module__, obj.fn.__qualname__
         if isinstance(obj, type | types.BuiltinFunctionType | types.ModuleType):
             module = "" if kind is types.ModuleType else obj.__module__
             return "n", module, getattr(obj, "__qualname__", obj.__name__)
@@ -127,16 +130,23 @@ class _Canonical(pickle.Pickler):
         return kind, dtype, tuple(obj.shape), flat.nbytes
 
     def reducer_override(self, obj: Any) -> Any:
-        """Subclasses of dict and set: their entries sorted too."""
+        """An object as pickle reduces it, its constructor by name (a function in the
+        value is digested, one that builds it is named); subclasses of dict and set with
+        their entries sorted too."""
         if isinstance(obj, set | frozenset):
             return type(obj), (self._sorted(list(obj), key=_same),), _state(obj)
         if isinstance(obj, collections.OrderedDict):  # (in its order, as its equality is)
             return type(obj), (list(obj.items()),), _state(obj)
-        if not isinstance(obj, dict):
-            return NotImplemented
-        func, args, *rest = obj.__reduce_ex__(5)  # (a defaultdict's default_factory...)
+        reduce = copyreg.dispatch_table.get(type(obj))
+        rv = reduce(obj) if reduce is not None else obj.__reduce_ex__(5)
+        if not isinstance(rv, tuple):
+            return rv  # (a global's name)
+        func, args, *rest = rv
         rest += [None] * (4 - len(rest))
-        rest[2] = rest[2] and iter(self._sorted(list(rest[2]), key=_first))
+        if isinstance(obj, dict):  # (a defaultdict: its default_factory in args)
+            rest[2] = rest[2] and iter(self._sorted(list(rest[2]), key=_first))
+        if isinstance(func, types.FunctionType):
+            func = _ByName(func)
         return func, args, *rest
 
     def _sorted(self, values: list[Any], key: Callable[[Any], Any]) -> list[Any]:
@@ -146,6 +156,15 @@ class _Canonical(pickle.Pickler):
         if len(kinds) > 1 or not kinds <= {str, int, bytes}:
             return sorted(values, key=lambda v: _item_digest(key(v), self.active))
         return sorted(values, key=key)
+
+
+class _ByName:
+    """A function that builds an object (in its reduction): named in the pickle."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None: ...
 
 
 def _first(pair: tuple[Any, Any]) -> Any:
