@@ -50,6 +50,7 @@ EQUAL = [
     (Holder(frozenset("abc"), torch.ones(3) * 2), Holder(frozenset("cba"), torch.full((3,), 2.0))),
     (local_object("xyz"), local_object("zyx")),
     (lambda x: x + 1, lambda x: x + 1),
+    (np.ma.masked_array([1.0, 2.0], mask=[0, 1]), np.ma.masked_array([1.0, 2.0], mask=[0, 1])),
 ]
 
 DIFFERENT = [

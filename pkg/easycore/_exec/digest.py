@@ -138,7 +138,8 @@ class _Canonical(pickle.Pickler):
         if isinstance(obj, collections.OrderedDict):  # (in its order, as its equality is)
             return type(obj), (list(obj.items()),), _state(obj)
         reduce = copyreg.dispatch_table.get(type(obj))
-        rv = reduce(obj) if reduce is not None else obj.__reduce_ex__(5)
+        # (protocol 4: 5 reduces an array subclass to a buffer, pickled as writable or not)
+        rv = reduce(obj) if reduce is not None else obj.__reduce_ex__(4)
         if not isinstance(rv, tuple):
             return rv  # (a global's name)
         func, args, *rest = rv
