@@ -174,9 +174,10 @@ def no_actors_left():
     assert wait_for(lambda: not our_actors()), f"actors left behind: {our_actors()}"
 
 
-def first_held(started: Path, release: Path) -> dict[str, object]:
+def first_held(started: Path, release: Path, then: float = 0.0) -> dict[str, object]:
     """An async and a plain producer whose items touch ``started/<item>`` as they begin;
-    item 0 then waits until ``release`` exists, the others return at once."""
+    item 0 then waits until ``release`` exists, the others return at once (after ``then``
+    seconds, each)."""
     import asyncio
 
     from easycore import producer
@@ -186,6 +187,7 @@ def first_held(started: Path, release: Path) -> dict[str, object]:
         (started / str(x)).touch()
         while x == 0 and not release.exists():
             await asyncio.sleep(0.01)
+        await asyncio.sleep(then)
         return x
 
     @producer
@@ -193,6 +195,20 @@ def first_held(started: Path, release: Path) -> dict[str, object]:
         (started / str(x)).touch()
         while x == 0 and not release.exists():
             time.sleep(0.01)
+        time.sleep(then)
         return x
 
     return {"async": ahold, "threads": thold}
+
+
+def started_while_held(folder: Path, at_least: int) -> int:
+    """How many items :func:`first_held` has started (files in ``folder``) once at least
+    ``at_least`` did and no more start (60 s at most for the first)."""
+    deadline = time.monotonic() + 60
+    while (n := len(list(folder.iterdir()))) < at_least:
+        assert time.monotonic() < deadline, f"{n} items started while item 0 waits"
+        time.sleep(0.02)
+    n = -1
+    while n != (n := len(list(folder.iterdir()))):
+        time.sleep(0.3)
+    return n

@@ -6,55 +6,18 @@ ordered run, one long wait leaves the other items room to be fed and to finish b
 
 from __future__ import annotations
 
-import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from easycore import producer
+from helpers import first_held, started_while_held
 
 pytestmark = pytest.mark.timeout(90)
 
 K = 4  # the pool's concurrency
 N = 60  # items
-
-
-def first_held(started: Path, release: Path) -> dict[str, object]:
-    """An async and a plain producer whose items touch ``started/<item>`` as they begin;
-    item 0 then waits until ``release`` exists; each waits 0.1 s (so that a chunk is one
-    item: a window counted in chunks of many would not show the slots' count)."""
-
-    @producer
-    async def ahold(x):
-        (started / str(x)).touch()
-        while x == 0 and not release.exists():
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        return x
-
-    @producer
-    def thold(x):
-        (started / str(x)).touch()
-        while x == 0 and not release.exists():
-            time.sleep(0.01)
-        time.sleep(0.1)
-        return x
-
-    return {"async": ahold, "threads": thold}
-
-
-def started_while_item_0_waits(folder: Path, at_least: int) -> int:
-    """How many items have started once at least ``at_least`` did and no more start."""
-    deadline = time.monotonic() + 60
-    while (n := len(list(folder.iterdir()))) < at_least:
-        assert time.monotonic() < deadline, f"{n} items started while item 0 waits"
-        time.sleep(0.02)
-    n = -1
-    while n != (n := len(list(folder.iterdir()))):
-        time.sleep(0.3)
-    return n
+THEN = 0.1  # each item but 0 waits this long: a chunk is one item (a chunk of many items
+# makes the window many items: it counts chunks, of 50 ms of work or 1 MiB of results)
 
 
 @pytest.mark.parametrize(
@@ -68,13 +31,13 @@ def test_one_long_wait_leaves_the_others_fed_and_memory_bounded(tmp_path, kind, 
     2). Once item 0 ends, every result comes, in order."""
     started, release = tmp_path / "started", tmp_path / "release"
     started.mkdir()
-    stage = first_held(started, release)[kind]
+    stage = first_held(started, release, THEN)[kind]
     depth = prefetch or 2
     kw = {} if prefetch is None else {"prefetch": prefetch}
     with stage.open(devices=1, concurrency=K) as runner, ThreadPoolExecutor(1) as caller:
         results = caller.submit(runner.map, range(N), **kw)  # (waiting for item 0)
         try:
-            n = started_while_item_0_waits(started, 1 + 2 * depth * K)
+            n = started_while_held(started, 1 + 2 * depth * K)
             assert (started / "0").exists() and not release.exists()
             assert n <= (2 * depth + 1) * K, f"{n} items taken while item 0 waits"
         finally:
@@ -88,11 +51,11 @@ def test_two_workers_each_count_their_own_slots(tmp_path):
     least ``2 x 2 x 2 x 4`` after item 0 start while it waits."""
     started, release = tmp_path / "started", tmp_path / "release"
     started.mkdir()
-    stage = first_held(started, release)["async"]
+    stage = first_held(started, release, THEN)["async"]
     with stage.open(devices=2, concurrency=K) as runner, ThreadPoolExecutor(1) as caller:
         results = caller.submit(runner.map, range(N))
         try:
-            n = started_while_item_0_waits(started, 1 + 2 * 2 * 2 * K)
+            n = started_while_held(started, 1 + 2 * 2 * 2 * K)
             assert n <= 2 * 5 * K, f"{n} items taken while item 0 waits"
         finally:
             release.touch()
