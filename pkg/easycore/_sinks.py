@@ -21,6 +21,7 @@ units run again elsewhere, into a file of their own), and :func:`sweep` removes 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -28,7 +29,7 @@ import os
 import posixpath
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -1000,20 +1001,11 @@ class ShardWriter:
         def encode(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
             return None, (_json(_py(row)) + "\n").encode()
 
-        encoded, bad = self._encoded(units, encode)
-        shards = []
-        files, _ = self._split(encoded)
-        for key, offset, rows in files:
-            temp, name = self._names(key, offset)
-            data = b"".join(rows)
-            if self.sink.compression == "gzip":
-                import gzip
+        if self.sink.compression != "gzip":
+            return self._row_files(units, encode, bytes)
+        import gzip
 
-                data = gzip.compress(data, mtime=0)
-            with self.files.open(temp) as f:
-                f.write(data)
-            shards.append(Shard(temp, name, len(rows), len(data)))
-        return shards, bad
+        return self._row_files(units, encode, functools.partial(gzip.compress, mtime=0))
 
     def _tar(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
         import tarfile  # (here: only a WebDataset sink pays for it)
@@ -1051,16 +1043,24 @@ class ShardWriter:
                 members += [info.tobuf(tarfile.USTAR_FORMAT), data, pad]
             return key, b"".join(members)
 
+        def end(data: bytes) -> bytes:  # the end-of-archive blocks, the record's padding
+            data += b"\0" * (2 * tarfile.BLOCKSIZE)
+            return data + b"\0" * (-len(data) % tarfile.RECORDSIZE)
+
+        return self._row_files(units, encode, end)
+
+    def _row_files(
+        self, units: list[_Unit], encode: Any, finish: Callable[[bytes], bytes]
+    ) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+        """JSON lines or WebDataset files: each unit's rows encoded, cut into files, each
+        file's rows joined and ``finish`` ed, written."""
         encoded, bad = self._encoded(units, encode)
         files, repeated = self._split(encoded)
         bad.extend(repeated)
         shards = []
         for key, offset, rows in files:
             temp, name = self._names(key, offset)
-            data = b"".join(rows)
-            data += b"\0" * (2 * tarfile.BLOCKSIZE)
-            pad = -len(data) % tarfile.RECORDSIZE
-            data += b"\0" * pad
+            data = finish(b"".join(rows))
             with self.files.open(temp) as f:
                 f.write(data)
             shards.append(Shard(temp, name, len(rows), len(data)))
