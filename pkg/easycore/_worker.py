@@ -27,6 +27,7 @@ A worker runs one hop of a chain of pools. Its threads::
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import functools
@@ -41,6 +42,7 @@ import queue
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -92,6 +94,14 @@ from easycore._transport import CONTROL, Channel, Damaged
 
 __all__ = ["WorkerSpec", "code_in", "worker_main"]
 
+# A worker names its multiprocessing directory after tempfile's (name_mp_tempdir), which
+# tempfile finds on first use by writing a probe file into each candidate: found once here,
+# in the process that imports this module (a forkserver, or a caller that forks workers),
+# so no worker pays that file I/O on its way to its first item. (None usable: each worker
+# finds out as before.)
+with contextlib.suppress(OSError):
+    tempfile.gettempdir()
+
 
 def code_in(make: Callable[..., Any], args: tuple[Any, ...], where: str, lines: list[str]) -> Any:
     """A function's code, rebuilt by ``make(*args)`` (cloudpickle's reduction, which names
@@ -119,6 +129,7 @@ class WorkerSpec(NamedTuple):
     unit: int = 1  # first-hop items per unit of this hop
     concurrency: int = 1  # units it runs at once (async tasks or threads)
     release: tuple[int, ...] = ()  # forked: the caller's descriptors to let go (_let_go)
+    environ: dict[str, str] | None = None  # not forked: the caller's environment at the start
 
 
 class _PeerClosed(NamedTuple):
@@ -145,6 +156,7 @@ def _let_go(fds: tuple[int, ...]) -> None:
     otherwise be closed under us by one of them."""
     if not fds:
         return
+    signal.set_wakeup_fd(-1)  # (an event loop's of the caller: its signals are not ours)
     for sig in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError, TypeError):
             if callable(signal.getsignal(sig)):
@@ -496,6 +508,9 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     # so copy, every page of it); a forkserver froze its own before it forked this one.
     gc.freeze()
     _let_go(spec.release)
+    if spec.environ is not None:  # the caller's now, not the forkserver's of its start
+        os.environ.clear()
+        os.environ.update(spec.environ)
     name_mp_tempdir()  # (removed at the end, or by whoever buries this worker)
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -511,7 +526,9 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         else _ToNextHop(chan, cur, at, spec.hop, spec.unit)
     )
     reader = _Reader(chan, tasks, stop, outlet)
-    threading.Thread(target=_or_die, args=(reader.loop,), daemon=True).start()
+    # (a bare thread: Thread.start() waits until the new thread runs, milliseconds on a
+    # busy machine, on the way to this worker's first item)
+    _thread.start_new_thread(_or_die, (reader.loop,))
 
     device = bind_gpus(spec.device)  # a group of GPUs: only those visible, before CUDA starts
     setup_torch(device, spec.threads)
