@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from easycore import producer
 from helpers import running
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,83 +30,107 @@ PKG = str(Path(__file__).resolve().parents[2] / "pkg")
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, threading
-    case = sys.argv[1]
     # the caller's own handler, which its workers must not run (a forked one would inherit it)
     signal.signal(signal.SIGTERM, lambda *_: print("the caller's handler ran"))
-    if case != "bare":
-        import numpy, torch
     from easycore import producer
+
+    case = None
 
     @producer
     def parent(x):
         if case == "omp":  # a parallel op in a worker whose caller ran one (2 threads here)
             a = torch.ones(300, 300)
             x = x + int((a @ a)[0, 0].item()) * 0
-        return (x * 2, os.getppid(), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        if case == "nested":  # easycore inside a worker (nothing held locked by the fork)
+            x = inc.map([x], devices=1)[0] - 1
+        same = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        same = same and os.environ.get("EC_CASE") == case  # the caller's environment, now
+        return (x * 2, os.getppid(), same)
 
     @producer
     def inc(x):
         return x + 1
 
-    opts = {}
-    run = parent
-    devices = 2
-    if case == "thread":  # a thread of the caller's own, running
-        stop = threading.Event()
-        threading.Thread(target=stop.wait, daemon=True).start()
-    elif case == "omp":  # torch's OpenMP pool has run in the caller
-        a = torch.ones(500, 500)
-        (a @ a).sum()
-        devices = 1
-    elif case == "asked":
-        opts = {"start_method": "forkserver"}
-    elif case == "pools":  # several pools: their workers pass chunks over their own pipes
-        run = inc.on(1) >> parent.on(1)
-    elif case == "recycle":  # replaced workers fork too, and nothing is lost or doubled
-        opts = {"max_items_per_worker": 3}
-    elif case == "cuda":
-        torch.cuda.init()
-        devices = ["cuda:0"]
-    items = list(range(20))
-    if case == "pools":
-        out = run.map(items)
-    else:
-        out = run.map(items, devices=devices, **opts)
-    base = 1 if case == "pools" else 0
-    ok = [y for y, _, _ in out] == [(x + base) * 2 for x in items] and all(d for *_, d in out)
-    print(json.dumps({"forked": all(p == os.getpid() for _, p, _ in out), "ok": ok}))
+    # cases in one caller, in this order: what each does to the caller stays done
+    kept = []
+    for case in sys.argv[1:]:
+        os.environ["EC_CASE"] = case
+        opts = {}
+        run = parent
+        devices = 2
+        if case == "torch":
+            import numpy, torch
+        elif case == "thread":  # a thread of the caller's own, running
+            stop = threading.Event()
+            threading.Thread(target=stop.wait, daemon=True).start()
+        elif case == "omp":  # torch's OpenMP pool has run in the caller
+            a = torch.ones(500, 500)
+            (a @ a).sum()
+            devices = 1
+        elif case == "file":  # a file the caller keeps open (one offset for every fork)
+            kept.append(open(sys.executable, "rb"))
+        elif case == "asked":
+            opts = {"start_method": "forkserver"}
+        elif case == "pools":  # several pools: their workers pass chunks over their own pipes
+            run = inc.on(1) >> parent.on(1)
+        elif case == "recycle":  # replaced workers fork too, and nothing is lost or doubled
+            opts = {"max_items_per_worker": 3}
+        elif case == "cuda":
+            torch.cuda.init()
+            devices = ["cuda:0"]
+        items = [1, 2] if case == "nested" else list(range(20))
+        if case == "pools":
+            out = run.map(items)
+        else:
+            out = run.map(items, devices=devices, **opts)
+        base = 1 if case == "pools" else 0
+        ok = [y for y, _, _ in out] == [(x + base) * 2 for x in items] and all(d for *_, d in out)
+        forked = {p == os.getpid() for _, p, _ in out}
+        forked = "mixed" if len(forked) > 1 else forked.pop()
+        print(json.dumps([case, {"forked": forked, "ok": ok}]), flush=True)
     """
 )
 
 
-def run_case(case: str) -> dict[str, bool]:
+def run_cases(*cases: str) -> dict[str, dict[str, bool]]:
+    """Each case's outcome: whether its workers were forks of the caller, and right."""
     env = {**os.environ, "PYTHONPATH": PKG + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, case], capture_output=True, text=True, timeout=90, env=env
+        [sys.executable, "-c", SCRIPT, *cases], capture_output=True, text=True, timeout=90, env=env
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Warning" not in out.stderr, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(json.loads(line) for line in out.stdout.split("\n") if line.startswith("["))
 
 
-@pytest.mark.parametrize("case", ["bare", "torch", "recycle"])
-def test_a_caller_with_no_other_thread_forks_its_workers(case):
-    """No thread but the caller's (numpy's and torch's idle OpenBLAS pool aside): a fork,
-    whose worker does not keep the caller's signal handlers (as a forkserver's would not)."""
-    assert run_case(case) == {"forked": True, "ok": True}
-
-
-@pytest.mark.parametrize("case", ["thread", "omp", "asked", "pools"])
-def test_where_a_fork_is_unsafe_or_not_asked_for_the_forkserver_starts_them(case):
-    """A running thread, torch's OpenMP pool after a parallel op (whose worker would hang
-    on its first parallel op after a fork), a start method asked for, several pools."""
-    assert run_case(case) == {"forked": False, "ok": True}
+def test_a_fork_where_it_is_safe_and_the_forkserver_where_not():
+    """No thread but the caller's (numpy's and torch's idle OpenBLAS pool aside) and no
+    descriptor but its standard streams: a fork, whose worker keeps neither the caller's
+    signal handlers nor any lock it held (easycore runs inside it), and sees the caller's
+    environment as a forkserver's worker does; so does a worker that replaces one (the
+    others' pipes are easycore's own). The forkserver for: a start
+    method asked for, several pools, torch's OpenMP pool after a parallel op (a worker
+    forked then would hang on its first parallel op, here after earlier forks stopped
+    OpenBLAS's pool), a file the caller keeps open, a running thread."""
+    got = run_cases("bare", "torch", "nested", "recycle", "asked", "pools", "omp")
+    fork, server = {"forked": True, "ok": True}, {"forked": False, "ok": True}
+    assert got == {
+        "bare": fork,
+        "torch": fork,
+        "nested": fork,
+        "recycle": fork,
+        "asked": server,
+        "pools": server,
+        "omp": server,
+    }
+    got = run_cases("torch", "file", "thread")
+    assert got == {"torch": fork, "file": server, "thread": server}
 
 
 @pytest.mark.gpu
 def test_gpu_workers_do_not_fork():
     """GPU workers come from the forkserver: here the caller even initialised CUDA."""
-    assert run_case("cuda") == {"forked": False, "ok": True}
+    assert run_cases("torch", "cuda")["cuda"] == {"forked": False, "ok": True}
 
 
 KILLED = textwrap.dedent(
@@ -162,3 +187,25 @@ def test_forked_workers_of_two_runners_all_end_when_the_caller_is_killed(tmp_pat
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+_HELD: list = []  # the caller's memory (a module's global: not pickled, inherited)
+
+
+def _pid(x):
+    return os.getpid() + int(_HELD[0][x]) * 0
+
+
+def test_a_forked_worker_is_not_over_the_memory_bound_by_the_callers_memory():
+    """A worker forked from a caller that holds 300 MB maps all of it; the bound counts the
+    worker's own memory, so it is not replaced after every chunk (it was: 20 processes)."""
+    import numpy as np
+
+    _HELD.append(np.ones(300 * 2**20 // 8))  # touched: resident in the caller
+    try:
+        out = producer(_pid).map(
+            range(40), devices=2, start_method="fork", max_worker_memory="200MiB"
+        )
+    finally:
+        _HELD.clear()
+    assert len(set(out)) == 2

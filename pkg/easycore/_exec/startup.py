@@ -6,8 +6,6 @@ started Ray and how many runners use it, is in ``ray_engine``):
 * ``_PRELOAD_SET``: multiprocessing's forkserver has been told to preload torch;
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;
 * ``_TORCH_SEEN``: a worker of this process has loaded torch, so later pools fork with it;
-* ``_FORK_SAFE``: the OpenBLAS libraries loaded here, whose idle threads do not stop a fork
-  (see :func:`fork_is_safe`);
 * ``_START_LOCK``: guards the two module attributes of multiprocessing we swap while a
   process starts (see :func:`hidden_main`);
 * ``_OWN``: this process's live workers started by ``spawn`` or ``fork`` (its children: it
@@ -23,9 +21,10 @@ import multiprocessing.spawn
 import os
 import resource
 import signal
+import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from easycore._reaping import (
@@ -42,6 +41,7 @@ __all__ = [
     "adopt_for",
     "check_capacity",
     "context",
+    "descriptors",
     "fork_is_safe",
     "hidden_main",
     "kill_all",
@@ -59,6 +59,17 @@ _TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fo
 # spawned or forked workers alive: pid -> (start time, this process's children before it)
 _OWN: dict[int, tuple[int, frozenset[int]]] = {}
 _OWN_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A fork (easycore's or anyone's) copied only the thread that made it: the locks held
+    around a start are free in the child, and the parent's workers are not the child's."""
+    global _START_LOCK, _OWN_LOCK
+    _START_LOCK, _OWN_LOCK = threading.Lock(), threading.Lock()
+    _OWN.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # Descriptors the caller keeps per worker: its end of the pipe, the process sentinel, and one
@@ -98,17 +109,21 @@ def check_capacity(n_workers: int) -> None:
         raise ValueError(msg)
 
 
-def fork_is_safe() -> bool:
+def fork_is_safe(own: Mapping[int, tuple[int, int]] = {}) -> bool:
     """Whether a worker may fork from this process itself: the cheapest start (no new
     interpreter, nothing imported again), chosen when nobody asked for a start method.
 
-    A fork copies only the thread that calls it: a lock another thread held stays locked in
-    the child for good (an OpenMP pool that ran a parallel op hangs the child's next one; a
-    logging or allocator lock, a CUDA context). So a fork is taken only when this process
-    has no thread but this one, on Linux, CUDA not initialised; the one exception is the
-    idle pool of each OpenBLAS library loaded here (numpy's, also through torch), which
-    stops its threads before a fork (``pthread_atfork``) and is counted exactly: any other
-    thread, or a pool of a size other than the library reports, means the forkserver.
+    A fork copies only the thread that calls it, and shares every open file: a lock another
+    thread held stays locked in the child for good (an OpenMP pool that ran a parallel op
+    hangs the child's next one; a lock of logging or of the allocator; a CUDA context), and
+    a file opened by the caller (a dataset module's, at import) has one offset for the
+    caller and every worker, a pipe or a socket stays open after the caller closes it. So a
+    fork is taken only on Linux, with CUDA not initialised, when this process runs no other
+    thread once the idle pool of each OpenBLAS library loaded here is stopped (as its own
+    fork handler stops it; it starts again at its next call), and holds no descriptor but
+    its standard streams, character devices (``/dev/null``), shared memory and ``own``
+    (easycore's workers' pipes, by number -> identity, see :func:`descriptors`): any other
+    (a log file, an event loop, a forkserver's) means the forkserver.
     """
     if not sys.platform.startswith("linux") or threading.active_count() != 1:
         return False
@@ -117,38 +132,51 @@ def fork_is_safe() -> bool:
         if torch is not None and torch.cuda.is_initialized():
             return False
     try:
-        threads = len(os.listdir("/proc/self/task"))
+        if len(os.listdir("/proc/self/task")) > 1:
+            _pause_openblas()
+            if len(os.listdir("/proc/self/task")) > 1:
+                return False
+        names = os.listdir("/proc/self/fd")
     except OSError:  # pragma: no cover - no /proc
         return False
-    return threads == 1 or threads == 1 + _openblas_threads()
+    for name in names:
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) or own.get(fd) == (st.st_dev, st.st_ino):
+                continue
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/"):
+                return False
+        except OSError:  # (the listing's own descriptor, closed since)
+            continue
+    return True
 
 
-_OPENBLAS_NAMES = [
-    (f"{pre}openblas_get_num_threads{suf}", f"{pre}openblas_get_parallel{suf}")
-    for pre in ("", "scipy_")
-    for suf in ("", "64_")
-]
+def descriptors() -> dict[int, tuple[int, int]]:
+    """This process's open descriptors past the standard streams: number -> (device, inode),
+    which tells a descriptor from a later one given the same number."""
+    out = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if int(name) > 2:
+                    st = os.fstat(int(name))
+                    out[int(name)] = (st.st_dev, st.st_ino)
+    return out
 
 
-def _openblas_threads() -> int:
-    """The threads the OpenBLAS libraries loaded here keep (a pthreads build keeps n - 1
-    waiting; an OpenMP build counts as unknown, -1000, so that no fork is taken)."""
+def _pause_openblas() -> None:
+    """Stop the idle thread pool of every OpenBLAS library loaded here, as OpenBLAS does
+    itself before a fork (its next call starts the pool again)."""
     import ctypes
 
-    total = 0
     with open("/proc/self/maps") as f:
         paths = {line.split()[-1] for line in f if "openblas" in line and ".so" in line}
     for path in paths:
-        try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
-            continue
-        for threads, parallel in _OPENBLAS_NAMES:
-            get, how = getattr(lib, threads, None), getattr(lib, parallel, None)
-            if get is not None and how is not None:
-                total += get() - 1 if how() == 1 else -1000
-                break
-    return total
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY).blas_thread_shutdown_()
 
 
 def light_wanted(method: str, devices: Sequence[str]) -> bool:
@@ -192,9 +220,14 @@ def note_torch(loaded: bool) -> None:
         _TORCH_SEEN = True
 
 
-def context(start_method: str | None, forkable: bool = False) -> Any:
+def context(
+    start_method: str | None,
+    forkable: bool = False,
+    own: Mapping[int, tuple[int, int]] = {},
+) -> Any:
     """The multiprocessing context for ``start_method``; by default ``fork`` where
-    ``forkable`` (one pool of CPU workers) and :func:`fork_is_safe`, else the forkserver.
+    ``forkable`` (one pool of CPU workers) and :func:`fork_is_safe` (given ``own``), else
+    the forkserver.
 
     Raises:
         ValueError: the method does not exist here, or ``fork`` after CUDA was initialised.
@@ -202,7 +235,7 @@ def context(start_method: str | None, forkable: bool = False) -> Any:
     global _PRELOAD_SET
     methods = mp.get_all_start_methods()
     method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
-    if start_method is None and forkable and "fork" in methods and fork_is_safe():
+    if start_method is None and forkable and "fork" in methods and fork_is_safe(own):
         method = "fork"
     if method not in methods:
         msg = f"start_method {method!r} is not available here; choose from {methods}"

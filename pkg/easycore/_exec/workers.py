@@ -16,9 +16,8 @@ import select
 import socket
 import threading
 import time
-import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -31,6 +30,7 @@ from easycore._exec.plan import Chain, Hop, pack_payload
 from easycore._exec.startup import (
     adopt_for,
     context,
+    descriptors,
     hidden_main,
     kill_all,
     kill_group,
@@ -118,8 +118,16 @@ class Worker:
         self.retiring = retires(self.units_done, self.resident_bytes)
 
     def resident_bytes(self) -> int:
-        """Its resident memory now (0 when it cannot be read)."""
+        """Its own resident memory now: pages it shares with the process it was forked
+        from (the caller, or a forkserver) are not counted, so a worker forked from a caller
+        that holds gigabytes is not over the bound at birth (0 when it cannot be read)."""
         try:
+            with open(f"/proc/{self.proc.pid}/smaps_rollup", "rb") as f:
+                lines = f.read().splitlines()
+            return 1024 * sum(int(ln.split()[1]) for ln in lines if ln.startswith(b"Private_"))
+        except (OSError, ValueError, IndexError):
+            pass
+        try:  # (a kernel without smaps_rollup: all it has, shared pages included)
             with open(f"/proc/{self.proc.pid}/statm", "rb") as f:
                 return int(f.read().split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
@@ -164,6 +172,7 @@ class _Waiter:
 
 
 _LIVE: weakref.WeakSet[WorkerSet] = weakref.WeakSet()  # every worker set of this process
+os.register_at_fork(after_in_child=_LIVE.clear)  # (a forked child's are none)
 
 
 def _caller_ends() -> list[int]:
@@ -173,20 +182,17 @@ def _caller_ends() -> list[int]:
     for ws in list(_LIVE):
         for w in ws.workers:
             with contextlib.suppress(OSError, ValueError):
-                fds.append(w.conn.fileno())
-    return fds
+                fds += [w.conn.fileno(), w.chan.sock.fileno()]  # (the channel reads a dup)
+    return [fd for fd in fds if fd >= 0]
 
 
-@contextlib.contextmanager
-def _forking(chosen: bool) -> Iterator[None]:
-    """Python 3.12+ warns at each fork of a process with more than one thread; a fork this
-    process chose by itself (``easycore._exec.startup.fork_is_safe``) has only OpenBLAS's."""
-    with warnings.catch_warnings():
-        if chosen:
-            warnings.filterwarnings(
-                "ignore", "This process .* is multi-threaded", DeprecationWarning
-            )
-        yield
+def _own_descriptors() -> dict[int, tuple[int, int]]:
+    """The descriptors this process opened to start its workers (pipes, sentinels), by
+    number -> identity: they do not stand in the way of a fork (``fork_is_safe``)."""
+    own: dict[int, tuple[int, int]] = {}
+    for ws in list(_LIVE):
+        own.update(ws.descriptors)
+    return own
 
 
 def _culprit_of(stages: Sequence[Any], cfg: CfgNode) -> str:
@@ -221,6 +227,7 @@ class WorkerSet:
         self._pair_keys = 0
         self._waiter = _Waiter()
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self.descriptors: dict[int, tuple[int, int]] = {}  # opened to start its workers
         _LIVE.add(self)
 
     # -- start -----------------------------------------------------------------------------
@@ -283,25 +290,32 @@ class WorkerSet:
         # workers never fork: a caller that only asked torch.cuda.is_available() has
         # started the CUDA driver, which a forked child cannot start again
         one_pool_of_cpus = len(self.chain.hops) == 1 and "cuda" not in " ".join(self.chain.devices)
-        ctx = context(self.start_method, forkable=one_pool_of_cpus)
+        ctx = context(self.start_method, one_pool_of_cpus, _own_descriptors())
         method = ctx.get_start_method()
+        before = descriptors()
         parent, child = ctx.Pipe(duplex=True)
         if method == "fork":  # it lets go of the caller's ends of every worker's pipe
             spec = spec._replace(release=(parent.fileno(), *_caller_ends()))
+        else:  # it sees this process's environment, as a forked one does
+            spec = spec._replace(environ=dict(os.environ))
         proc = ctx.Process(
             target=worker_main,
             args=(child, self.slots.raw, spec),
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
-        light = light_wanted(method, self.chain.devices)
-        chosen = method == "fork" and self.start_method is None
-        with hidden_main(light), adopt_for(method) as started, _forking(chosen):
+        # (a fork prepares nothing: the caller's state is there, nothing to hide or swap)
+        hide = (
+            contextlib.nullcontext()
+            if method == "fork"
+            else hidden_main(light_wanted(method, self.chain.devices))
+        )
+        with hide, adopt_for(method) as started:
             proc.start()
             started(proc.pid)
         child.close()
         self.slots.reset(slot)
-        return Worker(
+        worker = Worker(
             slot=slot,
             index=index,
             hop=hop.index,
@@ -311,6 +325,8 @@ class WorkerSet:
             concurrency=hop.concurrency,
             unit=hop.unit,
         )
+        self.descriptors.update(kv for kv in descriptors().items() if kv not in before.items())
+        return worker
 
     def respawn(self, slot: int) -> None:
         """Replace the (dead) worker in ``slot`` by a fresh one, which runs ``init`` again."""
