@@ -27,6 +27,7 @@ A worker runs one hop of a chain of pools. Its threads::
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import functools
@@ -41,6 +42,7 @@ import queue
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -91,6 +93,14 @@ from easycore._stages import ChunkRun, PreparedStages, Ran, cancel_grace
 from easycore._transport import CONTROL, Channel, Damaged
 
 __all__ = ["WorkerSpec", "code_in", "worker_main"]
+
+# A worker names its multiprocessing directory after tempfile's (name_mp_tempdir), which
+# tempfile finds on first use by writing a probe file into each candidate: found once here,
+# in the process that imports this module (a forkserver, or a caller that forks workers),
+# so no worker pays that file I/O on its way to its first item. (None usable: each worker
+# finds out as before.)
+with contextlib.suppress(OSError):
+    tempfile.gettempdir()
 
 
 def code_in(make: Callable[..., Any], args: tuple[Any, ...], where: str, lines: list[str]) -> Any:
@@ -516,7 +526,9 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         else _ToNextHop(chan, cur, at, spec.hop, spec.unit)
     )
     reader = _Reader(chan, tasks, stop, outlet)
-    threading.Thread(target=_or_die, args=(reader.loop,), daemon=True).start()
+    # (a bare thread: Thread.start() waits until the new thread runs, milliseconds on a
+    # busy machine, on the way to this worker's first item)
+    _thread.start_new_thread(_or_die, (reader.loop,))
 
     device = bind_gpus(spec.device)  # a group of GPUs: only those visible, before CUDA starts
     setup_torch(device, spec.threads)
