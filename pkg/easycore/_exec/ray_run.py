@@ -109,6 +109,11 @@ class RayRun:
             # An actor running a solo chunk takes nothing else; a solo chunk needs an idle
             # one. A slot of tasks holds one chunk at a time: Ray would run more of them at
             # once, so a pool would use more CPUs (and hold more items) than its devices say.
+            spent = [a for a in pool if not (a.dead or a.retiring or a.queue) and self.room(a) <= 0]
+            if spent:  # done with its max_items_per_worker in an earlier run: replaced
+                for a in spent:
+                    a.retiring = True
+                self.engine.recycle_idle()
             free = [
                 a
                 for a in pool

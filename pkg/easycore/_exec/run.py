@@ -119,6 +119,9 @@ class Run:
             limit = books.room(w.hop, w.units_done, w.outstanding.values())
             if limit <= 0:  # (max_items_per_worker: it takes no more than it may still run)
                 open_.remove(w)
+                if not w.outstanding:  # done with its share in an earlier run: replaced
+                    w.retiring = True
+                    self.workers.retire_idle()
                 continue
             work = books.take(books.window(len(self.workers.workers)) - books.taken, limit)
             if work is None:
