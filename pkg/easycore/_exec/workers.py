@@ -292,7 +292,7 @@ class WorkerSet:
         one_pool_of_cpus = len(self.chain.hops) == 1 and "cuda" not in " ".join(self.chain.devices)
         ctx = context(self.start_method, one_pool_of_cpus, _own_descriptors())
         method = ctx.get_start_method()
-        before = descriptors()
+        before = descriptors() if method == "fork" else {}
         parent, child = ctx.Pipe(duplex=True)
         if method == "fork":  # it lets go of the caller's ends of every worker's pipe
             spec = spec._replace(release=(parent.fileno(), *_caller_ends()))
@@ -325,7 +325,8 @@ class WorkerSet:
             concurrency=hop.concurrency,
             unit=hop.unit,
         )
-        self.descriptors.update(kv for kv in descriptors().items() if kv not in before.items())
+        if method == "fork":  # (a forkserver's connection is not a fork's to hold)
+            self.descriptors.update(kv for kv in descriptors().items() if kv not in before.items())
         return worker
 
     def respawn(self, slot: int) -> None:
