@@ -103,6 +103,11 @@ with contextlib.suppress(OSError):
     tempfile.gettempdir()
 
 
+def _temp_vars() -> list[str | None]:
+    """The variables tempfile reads first to choose its directory."""
+    return [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")]
+
+
 def code_in(make: Callable[..., Any], args: tuple[Any, ...], where: str, lines: list[str]) -> Any:
     """A function's code, rebuilt by ``make(*args)`` (cloudpickle's reduction, which names
     its file ``"<dynamic-code>"``), in the file ``where`` it was defined, so that a traceback
@@ -509,11 +514,15 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     gc.freeze()
     _let_go(spec.release)
     if spec.environ is not None:  # the caller's now, not the forkserver's of its start
+        temp = _temp_vars()
         os.environ.clear()
         os.environ.update(spec.environ)
+        if _temp_vars() != temp:  # tempfile's directory, found in the forkserver: not ours
+            tempfile.tempdir = None
     name_mp_tempdir()  # (removed at the end, or by whoever buries this worker)
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (blocked by a fork: see _spawn)
     _lead_a_group()
     chan = Channel(conn)
     tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()

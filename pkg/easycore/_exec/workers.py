@@ -13,6 +13,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import select
+import signal
 import socket
 import threading
 import time
@@ -310,8 +311,16 @@ class WorkerSet:
             if method == "fork"
             else hidden_main(light_wanted(method, self.chain.devices))
         )
+        # Ctrl-C between a fork and the worker's ignoring it would print the worker's own
+        # KeyboardInterrupt: a forked worker starts with SIGINT blocked (the caller's stays
+        # pending until the start is done)
+        block = {signal.SIGINT} if method == "fork" else set()
         with hide, adopt_for(method) as started:
-            proc.start()
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
+            try:
+                proc.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             started(proc.pid)
         child.close()
         self.slots.reset(slot)
