@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ def temp_dir(x: int) -> str:
 
 
 def test_a_forkserver_worker_uses_the_callers_temporary_directory_of_now(
-    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     temp_dir.map([0], devices=1, start_method="forkserver")  # the forkserver is up
     monkeypatch.setenv("TMPDIR", str(tmp_path))
