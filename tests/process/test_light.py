@@ -1,4 +1,5 @@
-"""A caller that never imported torch gets workers from the light forkserver (no torch).
+"""A caller that never imported torch gets workers from the light forkserver (no torch):
+the forkserver asked for (by default, workers fork from a caller where that is safe).
 
 Each case runs in a fresh interpreter (this test process has torch loaded, which always
 selects the torch forkserver). What must hold: the work runs without torch until it imports
@@ -55,19 +56,20 @@ SCRIPT = textwrap.dedent(
         return (worker, torch.rand(1).item())
 
     out["torch_in_caller"] = "torch" in sys.modules
-    out["probe"] = producer(probe).map(range(4), devices=2)
+    out["probe"] = producer(probe).map(range(4), devices=2, start_method="forkserver")
     out["light_server"] = ex._LIGHT_SERVER is not None
     try:
-        producer(dies).map(range(8), devices=2)
+        producer(dies).map(range(8), devices=2, start_method="forkserver")
     except WorkerDied as exc:
         out["died"] = str(exc)
     out["budget"] = max(1, cpu_count() // 2)
-    out["seeded"] = producer(lazy).map(range(6), devices=2, seed=5)  # light workers
+    light = {"start_method": "forkserver"}
+    out["seeded"] = producer(lazy).map(range(6), devices=2, seed=5, **light)  # light workers
     out["torch_seen"] = ex._TORCH_SEEN
-    out["after"] = producer(probe).map(range(4), devices=2)
+    out["after"] = producer(probe).map(range(4), devices=2, start_method="forkserver")
     out["torch_in_caller_after"] = "torch" in sys.modules
     ex._TORCH_SEEN = False  # light workers again, importing torch by themselves
-    with producer(first_draw).open(devices=2) as runner:
+    with producer(first_draw).open(devices=2, start_method="forkserver") as runner:
         out["unseeded"] = runner.map(range(8))
     out["inline"] = producer(lazy).map(range(6), devices="inline", seed=5)
     services = {ex._LIGHT_SERVER._forkserver_pid}
@@ -150,7 +152,7 @@ KILLED = textwrap.dedent(
         os.write(1, b"busy\\n")  # one write: the two workers' lines never interleave
         time.sleep(100)
 
-    runner = producer(slow).open(devices=2)
+    runner = producer(slow).open(devices=2, start_method="forkserver")
     pids = [w.proc.pid for w in runner._engine.workers.workers]
     print(ex._LIGHT_SERVER._forkserver_pid, *pids, flush=True)
     print(ex._LIGHT_SERVER._forkserver_address, flush=True)
