@@ -25,8 +25,11 @@ Rows (``run.py --only W8``):
 
 ``W8 uneven`` (``uneven=1``): each request waits its own time (exponentially distributed,
 mean 20 ms: :func:`uneven_delays`) and there is no CPU step: the limit, the threads and
-easycore's fetch pool on an open runner (``prefetch=2`` and ``8``; ``ordered=0``: results
-as they finish, checked sorted, for ``run.py --one`` only).
+easycore's fetch pool on an open runner (``prefetch=2`` and ``8``).
+
+For ``run.py --one`` only: ``ordered=0`` (easycore on an open runner: results as they
+finish, checked sorted) and ``sleep=1`` (each wait an ``asyncio.sleep``, no request: the
+scheduling alone, where the HTTP work would make a small machine's CPU the bound).
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
 # -- the work ------------------------------------------------------------------------------------
 async def aget(url: str) -> int:
     parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "sleep":  # (``sleep=1``: the wait without the network)
+        await asyncio.sleep(float(parts.query[2:] or W8_DELAY))
+        return int(parts.path.rsplit("/", 1)[-1])
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     path = parts.path + (f"?{parts.query}" if parts.query else "")
     try:
@@ -102,6 +108,9 @@ async def aget(url: str) -> int:
 
 def get(url: str) -> int:
     parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "sleep":
+        time.sleep(float(parts.query[2:] or W8_DELAY))
+        return int(parts.path.rsplit("/", 1)[-1])
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
     try:
         conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
@@ -228,6 +237,8 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
     try:
         uneven = "uneven" in opts  # exponential waits, and no CPU step
         urls = [f"{base}/v/{i}" for i in range(n)]
+        if "sleep" in opts:  # each wait an asyncio.sleep (time.sleep), no request
+            urls = [f"sleep://v/{i}" for i in range(n)]
         if uneven:
             urls = [f"{u}?d={d:.5f}" for u, d in zip(urls, uneven_delays(n), strict=True)]
         warm = urls[: max(64, n // 20)]
