@@ -86,7 +86,9 @@ class RayRun:
         sent = 0
         while most_chunks is None or sent < most_chunks:
             sent += 1
-            window = books.window(self.widest)  # (the widest pool's actors hold most)
+            # (depth + 1) chunks an actor of the widest pool; a pool that waits: the books'
+            # window, its actors' units in flight counted on top
+            window = books.window(self.widest) if books.slots > 1 else chunks * books.chunk_size
             if books.redo:
                 if self.ledger.chunks() >= chunks:
                     return
