@@ -404,10 +404,10 @@ class TestWorkersReplaced:
             return (x, os.getpid())
 
         @producer
-        def rss(x):
-            return psutil.Process().memory_info().rss
+        def own(x):  # (the bound counts a worker's own pages: shared ones are not its)
+            return psutil.Process().memory_full_info().uss
 
-        base = max(rss.map(range(2), devices=2))  # what a worker holds before leaking
+        base = max(own.map(range(2), devices=2))  # what a worker holds before leaking
         out = leak.map(range(16), devices=2, max_worker_memory=base + 100 * 2**20)
         assert [x for x, _ in out] == list(range(16))
         assert len({pid for _, pid in out}) > 2
