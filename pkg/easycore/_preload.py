@@ -7,6 +7,7 @@ a thread or touch CUDA: the forkserver must stay safe to fork.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 # What unpickling a worker's Process object needs (its slots are a RawArray on an mp heap
@@ -17,6 +18,9 @@ import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
 import torch  # noqa: F401 - the point of the forkserver
+
+with contextlib.suppress(ImportError):  # (numpy 2 imports it on first use: here, once)
+    import numpy.random  # noqa: F401
 
 import easycore._worker  # noqa: F401 - the worker's loop and what it imports
 from easycore._forkserver import end_what_it_adopts, remove_listener_at_exit

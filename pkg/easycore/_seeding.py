@@ -253,7 +253,7 @@ def seed_everything(value: int) -> None:
     True
     """
     seed_loaded(value)
-    for name, hooked in (("torch", _torch_loaded_default), ("numpy", _numpy_loaded)):
+    for name, hooked in (("torch", _torch_loaded_default), ("numpy.random", _numpy_loaded)):
         if name not in sys.modules and name not in _HOOKED:
             _HOOKED.add(name)
             sys.meta_path.insert(0, _AfterImport(name, hooked))
@@ -271,9 +271,11 @@ def seed_loaded(value: int) -> None:
     global _LAST_SEED
     _LAST_SEED = value
     random.seed(value)
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed(value % (2**32))
+    # numpy's generators once numpy.random is imported: numpy 2 imports it on first use
+    # (10 ms in a fresh worker, which a worker that never draws should not pay)
+    npr = sys.modules.get("numpy.random")
+    if npr is not None:
+        npr.seed(value % (2**32))
     torch = sys.modules.get("torch")
     if torch is not None:
         # Not torch.manual_seed: while CUDA is not initialised it records a formatted stack
@@ -320,8 +322,8 @@ def seed_on_import(n_threads: int | None = None) -> list[Any]:
     hooks: list[Any] = []
     if "torch" not in sys.modules:
         hooks.append(_AfterImport("torch", functools.partial(_torch_loaded, n_threads)))
-    if "numpy" not in sys.modules:
-        hooks.append(_AfterImport("numpy", _numpy_loaded))
+    if "numpy.random" not in sys.modules:
+        hooks.append(_AfterImport("numpy.random", _numpy_loaded))
     for hook in hooks:
         sys.meta_path.insert(0, hook)
     return hooks
@@ -346,10 +348,10 @@ def _torch_loaded_default(torch: Any) -> None:
     _torch_loaded(None, torch)
 
 
-def _numpy_loaded(np: Any) -> None:
-    _HOOKED.discard("numpy")
+def _numpy_loaded(npr: Any) -> None:
+    _HOOKED.discard("numpy.random")
     if _LAST_SEED is not None:
-        np.random.seed(_LAST_SEED % (2**32))
+        npr.seed(_LAST_SEED % (2**32))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
