@@ -209,3 +209,37 @@ def test_a_forked_worker_is_not_over_the_memory_bound_by_the_callers_memory():
     finally:
         _HELD.clear()
     assert len(set(out)) == 2
+
+
+def test_an_openblas_that_hides_its_shutdown_is_paused_by_its_own_fork_handler():
+    """numpy's OpenBLAS since 2.3 exports no blas_thread_shutdown_: its idle pool is then
+    stopped by a fork that exits at once (OpenBLAS's fork handler), so a caller that used
+    numpy still forks its workers."""
+    code = textwrap.dedent(
+        """
+        import ctypes, os, sys
+        import numpy as np
+        a = np.ones((300, 300)); (a @ a).sum()  # OpenBLAS's pool is up
+        real = ctypes.CDLL
+        class Hiding(real):  # a build that does not export the shutdown
+            def __getattr__(self, name):
+                if name == "blas_thread_shutdown_":
+                    raise AttributeError(name)
+                return super().__getattr__(name)
+        ctypes.CDLL = Hiding
+        from easycore._exec.startup import fork_is_safe
+        before = len(os.listdir("/proc/self/task"))
+        print(before, fork_is_safe(), len(os.listdir("/proc/self/task")))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": PKG + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, safe, after = out.stdout.split()
+    assert int(before) > 1 and safe == "True" and after == "1"

@@ -24,6 +24,7 @@ import signal
 import stat
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -169,14 +170,26 @@ def descriptors() -> dict[int, tuple[int, int]]:
 
 def _pause_openblas() -> None:
     """Stop the idle thread pool of every OpenBLAS library loaded here, as OpenBLAS does
-    itself before a fork (its next call starts the pool again)."""
+    itself before a fork (its next call starts the pool again): by its
+    ``blas_thread_shutdown_``, or, where a build does not export it (numpy's since 2.3), by
+    a fork that exits at once, which runs OpenBLAS's own fork handler."""
     import ctypes
 
     with open("/proc/self/maps") as f:
         paths = {line.split()[-1] for line in f if "openblas" in line and ".so" in line}
+    hidden = False
     for path in paths:
-        with contextlib.suppress(OSError, AttributeError):
+        try:
             ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY).blas_thread_shutdown_()
+        except (OSError, AttributeError):
+            hidden = True
+    if hidden:
+        with warnings.catch_warnings():  # (3.12+ warns of a fork with threads: OpenBLAS's)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
 
 
 def light_wanted(method: str, devices: Sequence[str]) -> bool:
