@@ -196,6 +196,23 @@ def _own_descriptors() -> dict[int, tuple[int, int]]:
     return own
 
 
+def _start(proc: Any, method: str, light: bool) -> None:
+    """Start a worker process by ``method`` (``light``: from the light forkserver)."""
+    # (a fork prepares nothing: the caller's state is there, nothing to hide or swap)
+    hide = contextlib.nullcontext() if method == "fork" else hidden_main(light)
+    # Ctrl-C between a fork and the worker's ignoring it would print the worker's own
+    # KeyboardInterrupt: a forked worker starts with SIGINT blocked (the caller's stays
+    # pending until the start is done)
+    block = {signal.SIGINT} if method == "fork" else set()
+    with hide, adopt_for(method) as started:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        started(proc.pid)
+
+
 def _culprit_of(stages: Sequence[Any], cfg: CfgNode) -> str:
     for stage in stages:
         for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
@@ -305,23 +322,7 @@ class WorkerSet:
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
-        # (a fork prepares nothing: the caller's state is there, nothing to hide or swap)
-        hide = (
-            contextlib.nullcontext()
-            if method == "fork"
-            else hidden_main(light_wanted(method, self.chain.devices))
-        )
-        # Ctrl-C between a fork and the worker's ignoring it would print the worker's own
-        # KeyboardInterrupt: a forked worker starts with SIGINT blocked (the caller's stays
-        # pending until the start is done)
-        block = {signal.SIGINT} if method == "fork" else set()
-        with hide, adopt_for(method) as started:
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
-            try:
-                proc.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            started(proc.pid)
+        _start(proc, method, light_wanted(method, self.chain.devices))
         child.close()
         self.slots.reset(slot)
         worker = Worker(
