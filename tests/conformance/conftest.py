@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import reference`, `import generated`
 
-# Cases per test: 50 on the local engines in CI, EASYCORE_CONFORMANCE=1000 for `just
+# Cases per test: 30 on the local engines in CI, EASYCORE_CONFORMANCE=1000 for `just
 # conformance`. A Ray case starts its actors (~2 s on 2 cores): 8 per Ray test in CI (each
 # resume case runs twice on Ray), EASYCORE_CONFORMANCE_RAY for more.
-EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE", "50"))
+EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE", "30"))
 RAY_EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE_RAY", "8"))
