@@ -336,7 +336,12 @@ class WorkerSet:
             unit=hop.unit,
         )
         if method == "fork":  # (a forkserver's connection is not a fork's to hold)
-            self.descriptors.update(kv for kv in descriptors().items() if kv not in before.items())
+            now = descriptors()  # (those of buried workers, closed since, are dropped)
+            self.descriptors = {
+                fd: ident
+                for fd, ident in now.items()
+                if before.get(fd) != ident or self.descriptors.get(fd) == ident
+            }
         return worker
 
     def respawn(self, slot: int) -> None:
