@@ -15,15 +15,13 @@ import ast
 import contextlib
 import copy as _copy
 import difflib
-import os
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
-from easycore._errors import FrozenError
-from easycore._yaml import dump as yaml_dump
-from easycore._yaml import load as yaml_load
+from easycore._errors import FrozenError, close_matches, did_you_mean
+from easycore._yaml import YamlIO
 
 __all__ = ["CfgNode"]
 
@@ -32,21 +30,6 @@ _N = TypeVar("_N", bound="CfgNode")
 # Leaf types that are immutable: never deep-copied, never walked.
 _ATOMIC = frozenset({str, int, float, bool, type(None), bytes, complex})
 _MISSING: Any = object()
-
-
-def _close_matches(word: str, candidates: Iterable[Any]) -> str:
-    """Return ``"; did you mean 'A' or 'B'?"`` for near misses, or ``""``."""
-    names = [c for c in candidates if isinstance(c, str)]
-    return _did_you_mean(difflib.get_close_matches(word, names, n=3, cutoff=0.6))
-
-
-def _did_you_mean(matches: Sequence[str]) -> str:
-    if not matches:
-        return ""
-    quoted = [repr(m) for m in matches]
-    if len(quoted) > 1:
-        quoted[-2:] = [f"{quoted[-2]} or {quoted[-1]}"]
-    return f"; did you mean {', '.join(quoted)}?"
 
 
 class _BriefRepr(reprlib.Repr):
@@ -93,11 +76,17 @@ def _show(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _new(cls: type[_N], frozen: bool) -> _N:
+    """An empty node, made without ``__init__`` (pickling and copying fill it themselves)."""
+    node = cls.__new__(cls)
+    object.__setattr__(node, "_frozen", frozen)
+    return node
+
+
 def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
     """Rebuild a pickled node, bypassing ``__setitem__`` (which a frozen node refuses)."""
-    node = cls.__new__(cls)
+    node = _new(cls, frozen)
     dict.update(node, items)
-    object.__setattr__(node, "_frozen", frozen)
     return node
 
 
@@ -112,7 +101,78 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class CfgNode(dict[str, Any]):
+def _convert(cls: type[CfgNode], value: Any, copy: bool, frozen: bool, memo: dict[int, Any]) -> Any:
+    """Rebuild ``value`` with dicts turned into nodes of ``cls``.
+
+    ``memo`` maps ids of already converted containers to their result (as in
+    ``copy.deepcopy``), so a container shared through YAML aliases is converted once.
+    """
+    kind = type(value)
+    if kind in _ATOMIC:
+        return value
+    done = memo.get(id(value), _MISSING)
+    if done is not _MISSING:
+        return done
+    # Keep the source alive while its id is a memo key (copy.deepcopy does the same).
+    memo.setdefault(id(memo), []).append(value)
+    if isinstance(value, dict):
+        node = memo[id(value)] = _new(cls, frozen)
+        for k, v in value.items():
+            dict.__setitem__(node, k, _convert(cls, v, copy, frozen, memo))
+        return node
+    if kind is list:
+        out: list[Any] = []
+        memo[id(value)] = out
+        out.extend(_convert(cls, v, copy, frozen, memo) for v in value)
+        return out
+    if kind is tuple:
+        tup = memo[id(value)] = tuple(_convert(cls, v, copy, frozen, memo) for v in value)
+        return tup
+    return _copy.deepcopy(value, memo) if copy else value
+
+
+def _set(node: CfgNode, items: Iterable[tuple[Any, Any]], copy: bool, frozen: bool) -> None:
+    """Set ``items`` in ``node`` (already checked mutable), their dicts made nodes."""
+    memo: dict[int, Any] = {}
+    for key, value in items:
+        dict.__setitem__(node, key, _convert(type(node), value, copy, frozen, memo))
+
+
+def _set_frozen(tree: CfgNode, frozen: bool) -> None:
+    """Freeze or unfreeze every node of ``tree`` (also those inside lists and tuples)."""
+    stack: list[Any] = [tree]
+    seen: set[int] = set()
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, CfgNode):
+            object.__setattr__(value, "_frozen", frozen)
+            value = dict.values(value)
+        stack.extend(c for c in value if isinstance(c, (dict, list, tuple)))
+
+
+def _merge(node: CfgNode, other: Mapping[str, Any]) -> None:
+    """Override ``node`` with ``other``, recursively (sub-nodes on both sides merge)."""
+    node._check_mutable("merge into")
+    for key, value in other.items():
+        current = dict.get(node, key, _MISSING)
+        if isinstance(current, CfgNode) and isinstance(value, Mapping):
+            _merge(current, value)
+        else:
+            _set(node, [(key, value)], True, node._frozen)
+
+
+def _merged(cls: type[_N], base: Mapping[str, Any], top: Mapping[str, Any], frozen: bool) -> _N:
+    """A new tree: a deep copy of ``base`` merged with ``top``, frozen as asked."""
+    result: _N = _convert(cls, dict(base), True, False, {})
+    _merge(result, top)
+    _set_frozen(result, frozen)
+    return result
+
+
+class CfgNode(dict[str, Any], YamlIO):
     """A config tree: a ``dict`` with attribute access, frozen by default.
 
     Args:
@@ -149,45 +209,7 @@ class CfgNode(dict[str, Any]):
         if not isinstance(init_dict, Mapping):
             msg = f"CfgNode needs a mapping, got {type(init_dict).__name__}: {_show(init_dict)}"
             raise TypeError(msg)
-        memo: dict[int, Any] = {}
-        convert = type(self)._convert
-        for key, value in init_dict.items():
-            dict.__setitem__(self, key, convert(value, copy, frozen, memo))
-
-    @classmethod
-    def _convert(cls, value: Any, copy: bool, frozen: bool, memo: dict[int, Any]) -> Any:
-        """Rebuild ``value`` with dicts turned into nodes of this class.
-
-        ``memo`` maps ids of already converted containers to their result (as in
-        ``copy.deepcopy``), so a container shared through YAML aliases is converted once.
-        """
-        kind = type(value)
-        if kind in _ATOMIC:
-            return value
-        done = memo.get(id(value), _MISSING)
-        if done is not _MISSING:
-            return done
-        # Keep the source alive while its id is a memo key (copy.deepcopy does the same).
-        memo.setdefault(id(memo), []).append(value)
-        if isinstance(value, dict):
-            node = cls.__new__(cls)
-            object.__setattr__(node, "_frozen", frozen)
-            memo[id(value)] = node
-            for k, v in value.items():
-                dict.__setitem__(node, k, cls._convert(v, copy, frozen, memo))
-            return node
-        if kind is list:
-            out: list[Any] = []
-            memo[id(value)] = out
-            out.extend(cls._convert(v, copy, frozen, memo) for v in value)
-            return out
-        if kind is tuple:
-            tup = tuple(cls._convert(v, copy, frozen, memo) for v in value)
-            memo[id(value)] = tup
-            return tup
-        return _copy.deepcopy(value, memo) if copy else value
-
-    # ------------------------------------------------------------------ frozen state
+        _set(self, init_dict.items(), copy, frozen)
 
     def freeze(self, frozen: bool = True) -> None:
         """Freeze (or, with ``frozen=False``, unfreeze) this node and every node below it.
@@ -200,19 +222,7 @@ class CfgNode(dict[str, Any]):
         >>> cfg.A[0].is_frozen()
         True
         """
-        stack: list[Any] = [self]
-        seen: set[int] = set()
-        while stack:
-            value = stack.pop()
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-            if isinstance(value, CfgNode):
-                object.__setattr__(value, "_frozen", frozen)
-                children: Iterable[Any] = dict.values(value)
-            else:
-                children = value
-            stack.extend(c for c in children if isinstance(c, (dict, list, tuple)))
+        _set_frozen(self, frozen)
 
     def is_frozen(self) -> bool:
         """Whether this node refuses changes.
@@ -255,8 +265,6 @@ class CfgNode(dict[str, Any]):
             )
             raise FrozenError(msg)
 
-    # ------------------------------------------------------------------ attribute access
-
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails. Dunders must fail fast so copy, pickle and
         # friends probing for __deepcopy__, __getstate__... see a plain AttributeError.
@@ -266,7 +274,7 @@ class CfgNode(dict[str, Any]):
             return self[name]
         except KeyError:
             pass
-        msg = f"{type(self).__name__} has no key or attribute {name!r}{_close_matches(name, self)}"
+        msg = f"{type(self).__name__} has no key or attribute {name!r}{close_matches(name, self)}"
         raise AttributeError(msg)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -282,7 +290,7 @@ class CfgNode(dict[str, Any]):
     def __delattr__(self, name: str) -> None:
         self._check_mutable(f"delete {name!r}")
         if name not in self:
-            msg = f"{type(self).__name__} has no key {name!r}{_close_matches(name, self)}"
+            msg = f"{type(self).__name__} has no key {name!r}{close_matches(name, self)}"
             raise AttributeError(msg)
         del self[name]
 
@@ -290,11 +298,9 @@ class CfgNode(dict[str, Any]):
         keys = {k for k in self if isinstance(k, str) and k.isidentifier()}
         return sorted(set(super().__dir__()) | keys)
 
-    # ------------------------------------------------------------------ dict mutators
-
     def __setitem__(self, key: str, value: Any) -> None:
         self._check_mutable(f"set {key!r}")
-        dict.__setitem__(self, key, self._convert(value, False, False, {}))
+        _set(self, [(key, value)], False, False)
 
     def __delitem__(self, key: str) -> None:
         self._check_mutable(f"delete {key!r}")
@@ -316,9 +322,7 @@ class CfgNode(dict[str, Any]):
         1
         """
         self._check_mutable("update")
-        memo: dict[int, Any] = {}
-        for key, value in dict(*args, **kwargs).items():
-            dict.__setitem__(self, key, self._convert(value, False, False, memo))
+        _set(self, dict(*args, **kwargs).items(), False, False)
 
     def pop(self, *args: Any) -> Any:
         """Remove a key and return its value, like ``dict.pop``.
@@ -374,11 +378,9 @@ class CfgNode(dict[str, Any]):
         CfgNode({'B': 1}, frozen=False)
         """
         self._check_mutable("setdefault")
-        if key in self:
-            return self[key]
-        value = self._convert(default, False, False, {})
-        dict.__setitem__(self, key, value)
-        return value
+        if key not in self:
+            _set(self, [(key, default)], False, False)
+        return self[key]
 
     def clear(self) -> None:
         """Remove every key.
@@ -398,7 +400,7 @@ class CfgNode(dict[str, Any]):
         self._check_mutable("merge into (|=)")
         if not isinstance(other, Mapping):
             return NotImplemented
-        self._merge(other)
+        _merge(self, other)
         return self
 
     @classmethod
@@ -416,8 +418,6 @@ class CfgNode(dict[str, Any]):
         CfgNode({'A': 0, 'B': 0}, frozen=True)
         """
         return cls(dict.fromkeys(iterable, value))
-
-    # ------------------------------------------------------------------ copy, merge
 
     def copy(self: _N) -> _N:
         """Deep copy, keeping the frozen state.
@@ -437,7 +437,7 @@ class CfgNode(dict[str, Any]):
         return _restore(type(self), dict(self), self._frozen)
 
     def __deepcopy__(self: _N, memo: dict[int, Any]) -> _N:
-        node: _N = type(self)._convert(self, True, self._frozen, memo)
+        node: _N = _convert(type(self), self, True, self._frozen, memo)
         return node
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -463,33 +463,17 @@ class CfgNode(dict[str, Any]):
         if not isinstance(other, Mapping):
             msg = f"merge needs a mapping, got {type(other).__name__}"
             raise TypeError(msg)
-        self._merge(other)
-
-    def _merge(self, other: Mapping[str, Any]) -> None:
-        self._check_mutable("merge into")
-        memo: dict[int, Any] = {}
-        for key, value in other.items():
-            current = dict.get(self, key, _MISSING)
-            if isinstance(current, CfgNode) and isinstance(value, Mapping):
-                current._merge(value)
-            else:
-                dict.__setitem__(self, key, self._convert(value, True, self._frozen, memo))
+        _merge(self, other)
 
     def __or__(self: _N, other: Any) -> _N:  # type: ignore[override]
         if not isinstance(other, Mapping):
             return NotImplemented
-        result: _N = type(self)._convert(self, True, False, {})
-        result._merge(other)
-        result.freeze(self._frozen)
-        return result
+        return _merged(type(self), self, other, self._frozen)
 
     def __ror__(self: _N, other: Any) -> _N:  # type: ignore[override]
         if not isinstance(other, Mapping):
             return NotImplemented
-        result: _N = type(self)._convert(dict(other), True, False, {})
-        result._merge(self)
-        result.freeze(self._frozen)
-        return result
+        return _merged(type(self), other, self, self._frozen)
 
     def merge_from_list(self, overrides: Sequence[Any]) -> None:
         """Apply ``["KEY.PATH", "value", ...]`` overrides, as given on a command line.
@@ -534,148 +518,10 @@ class CfgNode(dict[str, Any]):
         self._check_mutable("merge_from_list")
         plan: list[tuple[CfgNode, str, Any]] = []
         for key, raw in zip(overrides[0::2], overrides[1::2], strict=True):
-            node, leaf = self._find(key)
+            node, leaf = _find(self, key)
             plan.append((node, leaf, _coerce(key, node[leaf], raw)))
         for node, leaf, value in plan:
-            node._merge({leaf: value})
-
-    def _find(self, key: Any) -> tuple[CfgNode, str]:
-        """The node holding dotted ``key`` and the last part of it."""
-        if not isinstance(key, str):
-            msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {_show(key)}"
-            raise TypeError(msg)
-        found = _resolve(self, key.split("."))
-        if found is not None:
-            return found
-        *path, leaf = key.split(".")  # not found: walk it part by part to say where it fails
-        node: CfgNode = self
-        for depth, part in enumerate(path):
-            child = dict.get(node, part, _MISSING)
-            if not isinstance(child, CfgNode):
-                prefix = ".".join(path[: depth + 1])
-                if child is _MISSING:
-                    msg = f"unknown config key {_show(key)}: {_show(prefix)} does not exist"
-                    msg += _suggest(node, path[:depth], part, [*path[depth + 1 :], leaf])
-                else:
-                    msg = (
-                        f"unknown config key {_show(key)}: {_show(prefix)} is not a config "
-                        f"node, it holds {_show(child)}"
-                    )
-                raise KeyError(msg)
-            node = child
-        if leaf not in node:
-            msg = f"unknown config key {_show(key)}" + _suggest(node, path, leaf, [])
-            raise KeyError(msg)
-        return node, leaf
-
-    # ------------------------------------------------------------------ YAML
-
-    @classmethod
-    def load(cls: type[_N], yaml_str: str | bytes) -> _N:
-        """Build a config from YAML text.
-
-        Safe: tags that build Python objects are refused. An unquoted ``(1, 2)`` is a tuple;
-        an empty document is an empty config.
-
-        Args:
-            yaml_str: the YAML text.
-
-        Returns:
-            A new frozen node.
-
-        Raises:
-            ValueError: malformed YAML, a refused tag, a key given twice in one mapping or a
-                top level that is not a mapping; the message starts with
-                ``<string>:LINE:COLUMN``.
-
-        >>> CfgNode.load("INPUT_SIZE: (224, 224)\\nNAME: '(1, 2)'")
-        CfgNode({'INPUT_SIZE': (224, 224), 'NAME': '(1, 2)'}, frozen=True)
-        """
-        return cls._load(yaml_str, "<string>")
-
-    @classmethod
-    def open(
-        cls: type[_N], path_or_file: str | os.PathLike[str] | IO[Any], encoding: str = "utf-8"
-    ) -> _N:
-        """Load a config from a YAML file (a path or an open file).
-
-        Args:
-            path_or_file: a path, or a file object opened for reading.
-            encoding: the encoding of a file opened from a path.
-
-        Returns:
-            A new frozen node.
-
-        Raises:
-            FileNotFoundError: no file at that path.
-            ValueError: as for :meth:`load`, the message starting with ``PATH:LINE:COLUMN``.
-
-        >>> import io
-        >>> CfgNode.open(io.StringIO("A: {B: 1}")).A.B
-        1
-        """
-        if isinstance(path_or_file, (str, os.PathLike)):
-            path = os.fspath(path_or_file)
-            with open(path, encoding=encoding) as file:
-                return cls._load(file, path)
-        return cls._load(path_or_file, str(getattr(path_or_file, "name", "<stream>")))
-
-    @classmethod
-    def _load(cls: type[_N], stream: Any, name: str) -> _N:
-        return cls(yaml_load(stream, name), copy=False)
-
-    def dump(self, stream: IO[Any] | None = None, **yaml_kwargs: Any) -> Any:
-        """Write the config as YAML; return it as a string when ``stream`` is None.
-
-        Also callable as ``CfgNode.dump(cfg, stream=None, **yaml_kwargs)``. Keys keep their
-        order, tuples are written ``(a, b)``, strings that would read back as another type
-        are quoted. The output also loads with plain ``yaml.safe_load`` (tuples then come
-        back as strings).
-
-        Args:
-            stream: a text file to write to, or None.
-            **yaml_kwargs: options for ``yaml.dump`` (``sort_keys``, ``indent``, ``width``...).
-
-        Returns:
-            The YAML text when ``stream`` is None (bytes if ``encoding`` is given), else None.
-
-        Raises:
-            TypeError: a value YAML cannot represent (only str, int, float, bool, None,
-                lists, tuples, dicts and the other YAML safe types can).
-
-        >>> print(CfgNode.dump(CfgNode({"SIZE": (224, 224), "ID": "123"})), end="")
-        SIZE: (224, 224)
-        ID: '123'
-        """
-        data = self if isinstance(self, CfgNode) else CfgNode(self, copy=False)
-        return yaml_dump(data, stream, **yaml_kwargs)
-
-    def save(
-        self,
-        path_or_file: str | os.PathLike[str] | IO[Any],
-        encoding: str = "utf-8",
-        **yaml_kwargs: Any,
-    ) -> None:
-        """Write the config as YAML to a path or an open text file.
-
-        Args:
-            path_or_file: where to write.
-            encoding: the encoding of a file opened from a path.
-            **yaml_kwargs: options for :meth:`dump`.
-
-        >>> import io
-        >>> out = io.StringIO()
-        >>> CfgNode({"A": 1}).save(out)
-        >>> out.getvalue()
-        'A: 1\\n'
-        """
-        if isinstance(path_or_file, (str, os.PathLike)):
-            with open(os.fspath(path_or_file), "w", encoding=encoding) as file:
-                self.dump(file, **yaml_kwargs)
-        else:
-            self.dump(path_or_file, **yaml_kwargs)
-
-    # ------------------------------------------------------------------ display
+            _merge(node, {leaf: value})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({_plain(self)!r}, frozen={self._frozen})"
@@ -685,6 +531,36 @@ class CfgNode(dict[str, Any]):
             return str(self.dump())
         except TypeError:
             return repr(self)
+
+
+def _find(root: CfgNode, key: Any) -> tuple[CfgNode, str]:
+    """The node holding dotted ``key`` and the last part of it."""
+    if not isinstance(key, str):
+        msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {_show(key)}"
+        raise TypeError(msg)
+    found = _resolve(root, key.split("."))
+    if found is not None:
+        return found
+    *path, leaf = key.split(".")  # not found: walk it part by part to say where it fails
+    node = root
+    for depth, part in enumerate(path):
+        child = dict.get(node, part, _MISSING)
+        if not isinstance(child, CfgNode):
+            prefix = ".".join(path[: depth + 1])
+            if child is _MISSING:
+                msg = f"unknown config key {_show(key)}: {_show(prefix)} does not exist"
+                msg += _suggest(node, path[:depth], part, [*path[depth + 1 :], leaf])
+            else:
+                msg = (
+                    f"unknown config key {_show(key)}: {_show(prefix)} is not a config "
+                    f"node, it holds {_show(child)}"
+                )
+            raise KeyError(msg)
+        node = child
+    if leaf not in node:
+        msg = f"unknown config key {_show(key)}" + _suggest(node, path, leaf, [])
+        raise KeyError(msg)
+    return node, leaf
 
 
 def _resolve(node: CfgNode, parts: list[str]) -> tuple[CfgNode, str] | None:
@@ -714,12 +590,12 @@ def _suggest(node: CfgNode, parents: list[str], part: str, rest: list[str]) -> s
     names = [k for k in node if isinstance(k, str)]
     whole = difflib.get_close_matches(".".join([part, *rest]), [k for k in names if "." in k])
     found = [".".join([*parents, match]) for match in whole]
-    for match in difflib.get_close_matches(part, names, n=3, cutoff=0.6):
+    for match in difflib.get_close_matches(part, names):
         below: Any = dict.get(node, match)
         for name in rest:
             below = dict.get(below, name, _MISSING) if isinstance(below, CfgNode) else _MISSING
         found.append(".".join([*parents, match, *(rest if below is not _MISSING else [])]))
-    return _did_you_mean(found)
+    return did_you_mean(found)
 
 
 def _coerce(key: str, current: Any, raw: Any) -> Any:

@@ -23,6 +23,7 @@ Every class here pickles with its message and attributes: errors cross process b
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import pickle
@@ -30,7 +31,7 @@ import signal
 import sys
 import traceback as tb_module
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -48,7 +49,9 @@ __all__ = [
     "WorkerDied",
     "WorkerError",
     "after_retries",
+    "close_matches",
     "describe_exitcode",
+    "did_you_mean",
     "item_label",
     "short_repr",
     "some",
@@ -281,6 +284,20 @@ def some(names: Sequence[str], shown: int) -> str:
     more"``."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
+
+
+def did_you_mean(matches: Sequence[str]) -> str:
+    """``"; did you mean 'A', 'B' or 'C'?"`` for messages, or nothing without matches."""
+    quoted = [repr(m) for m in matches]
+    if len(quoted) > 1:
+        quoted[-2:] = [f"{quoted[-2]} or {quoted[-1]}"]
+    return f"; did you mean {', '.join(quoted)}?" if quoted else ""
+
+
+def close_matches(word: Any, candidates: Iterable[Any], n: int = 3) -> str:
+    """:func:`did_you_mean` for the (string) candidates close to ``word``."""
+    names = [c for c in candidates if isinstance(c, str)]
+    return did_you_mean(difflib.get_close_matches(str(word), names, n=n))
 
 
 def short_repr(obj: Any, limit: int = 80) -> str:

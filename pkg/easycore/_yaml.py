@@ -1,4 +1,5 @@
-"""YAML for :class:`~easycore.CfgNode`: :func:`load` and :func:`dump`.
+"""YAML for :class:`~easycore.CfgNode`: its ``load``, ``open``, ``dump`` and ``save``
+(:class:`YamlIO`).
 
 Loading goes through a ``SafeLoader`` subclass (no Python objects are ever built from tags)
 that refuses a key given twice in one mapping (PyYAML would keep the last one silently) and
@@ -16,14 +17,18 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import re
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import IO, Any, TypeVar
 
 import yaml
 
 from easycore._errors import short_repr
 
-__all__ = ["dump", "load"]
+__all__ = ["YamlIO"]
+
+_M = TypeVar("_M", bound="YamlIO")
 
 _TUPLE_TAG = "tag:easycore,2020:python/tuple"
 _TUPLE_RE = re.compile(r"^\(.*\)$", re.DOTALL)
@@ -201,7 +206,7 @@ def _describe_yaml_error(err: Any, name: str) -> str:
     return f"{where}: {text}"
 
 
-def load(stream: str | bytes | IO[Any], name: str) -> Any:
+def _read(stream: str | bytes | IO[Any], name: str) -> Any:
     """The mapping of the YAML document in ``stream`` (an empty dict for an empty document).
 
     Raises:
@@ -238,7 +243,7 @@ def load(stream: str | bytes | IO[Any], name: str) -> Any:
     return data
 
 
-def dump(data: Any, stream: IO[Any] | None, **yaml_kwargs: Any) -> Any:
+def _write(data: Any, stream: IO[Any] | None, **yaml_kwargs: Any) -> Any:
     """``data`` as YAML, written to ``stream`` or returned when it is None; keys in their
     order, block style unless ``yaml_kwargs`` (options of ``yaml.dump``) say otherwise.
 
@@ -255,3 +260,118 @@ def dump(data: Any, stream: IO[Any] | None, **yaml_kwargs: Any) -> Any:
             "holds str, int, float, bool, None, lists, tuples and dicts"
         )
         raise TypeError(msg) from err
+
+
+class YamlIO:
+    """``load``, ``open``, ``dump`` and ``save`` of :class:`~easycore.CfgNode`: a mapping
+    class built from a loaded document as ``cls(mapping, copy=False)``."""
+
+    __slots__ = ()
+
+    @classmethod
+    def load(cls: type[_M], yaml_str: str | bytes) -> _M:
+        """Build a config from YAML text.
+
+        Safe: tags that build Python objects are refused. An unquoted ``(1, 2)`` is a tuple;
+        an empty document is an empty config.
+
+        Args:
+            yaml_str: the YAML text.
+
+        Returns:
+            A new frozen node.
+
+        Raises:
+            ValueError: malformed YAML, a refused tag, a key given twice in one mapping or a
+                top level that is not a mapping; the message starts with
+                ``<string>:LINE:COLUMN``.
+
+        >>> from easycore import CfgNode
+        >>> CfgNode.load("INPUT_SIZE: (224, 224)\\nNAME: '(1, 2)'")
+        CfgNode({'INPUT_SIZE': (224, 224), 'NAME': '(1, 2)'}, frozen=True)
+        """
+        return cls(_read(yaml_str, "<string>"), copy=False)  # type: ignore[call-arg]
+
+    @classmethod
+    def open(
+        cls: type[_M], path_or_file: str | os.PathLike[str] | IO[Any], encoding: str = "utf-8"
+    ) -> _M:
+        """Load a config from a YAML file (a path or an open file).
+
+        Args:
+            path_or_file: a path, or a file object opened for reading.
+            encoding: the encoding of a file opened from a path.
+
+        Returns:
+            A new frozen node.
+
+        Raises:
+            FileNotFoundError: no file at that path.
+            ValueError: as for :meth:`load`, the message starting with ``PATH:LINE:COLUMN``.
+
+        >>> import io
+        >>> from easycore import CfgNode
+        >>> CfgNode.open(io.StringIO("A: {B: 1}")).A.B
+        1
+        """
+        if isinstance(path_or_file, (str, os.PathLike)):
+            path = os.fspath(path_or_file)
+            with open(path, encoding=encoding) as file:
+                return cls(_read(file, path), copy=False)  # type: ignore[call-arg]
+        name = str(getattr(path_or_file, "name", "<stream>"))
+        return cls(_read(path_or_file, name), copy=False)  # type: ignore[call-arg]
+
+    def dump(self, stream: IO[Any] | None = None, **yaml_kwargs: Any) -> Any:
+        """Write the config as YAML; return it as a string when ``stream`` is None.
+
+        Also callable as ``CfgNode.dump(cfg, stream=None, **yaml_kwargs)``. Keys keep their
+        order, tuples are written ``(a, b)``, strings that would read back as another type
+        are quoted. The output also loads with plain ``yaml.safe_load`` (tuples then come
+        back as strings).
+
+        Args:
+            stream: a text file to write to, or None.
+            **yaml_kwargs: options for ``yaml.dump`` (``sort_keys``, ``indent``, ``width``...).
+
+        Returns:
+            The YAML text when ``stream`` is None (bytes if ``encoding`` is given), else None.
+
+        Raises:
+            TypeError: a value YAML cannot represent (only str, int, float, bool, None,
+                lists, tuples, dicts and the other YAML safe types can).
+
+        >>> from easycore import CfgNode
+        >>> print(CfgNode.dump(CfgNode({"SIZE": (224, 224), "ID": "123"})), end="")
+        SIZE: (224, 224)
+        ID: '123'
+        """
+        if not isinstance(self, Mapping):
+            msg = f"dump needs a config (a mapping), got {type(self).__name__}: {short_repr(self)}"
+            raise TypeError(msg)
+        return _write(self if isinstance(self, dict) else dict(self), stream, **yaml_kwargs)
+
+    def save(
+        self,
+        path_or_file: str | os.PathLike[str] | IO[Any],
+        encoding: str = "utf-8",
+        **yaml_kwargs: Any,
+    ) -> None:
+        """Write the config as YAML to a path or an open text file.
+
+        Args:
+            path_or_file: where to write.
+            encoding: the encoding of a file opened from a path.
+            **yaml_kwargs: options for :meth:`dump`.
+
+        >>> import io
+        >>> from easycore import CfgNode
+        >>> out = io.StringIO()
+        >>> CfgNode({"A": 1}).save(out)
+        >>> out.getvalue()
+        'A: 1\\n'
+        """
+        if isinstance(path_or_file, (str, os.PathLike)):
+            with open(os.fspath(path_or_file), "w", encoding=encoding) as file:
+                self.dump(file, **yaml_kwargs)
+        else:
+            self.dump(path_or_file, **yaml_kwargs)
