@@ -20,9 +20,11 @@ units run again elsewhere, into a file of their own), and :func:`sweep` removes 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import gc
+import itertools
 import json
 import math
 import os
@@ -48,7 +50,6 @@ __all__ = [
     "Wrote",
     "check_fresh",
     "commit_shard",
-    "is_sink",
     "recover",
     "sweep",
     "unify_schemas",
@@ -82,10 +83,6 @@ class Wrote(NamedTuple):
     shards: tuple[Shard, ...] = ()
 
 
-def _names_tuple(files: Iterable[str]) -> tuple[str, ...]:
-    return tuple(files)
-
-
 @attrs.frozen
 class Written:
     """What a sink wrote: ``map`` returns one for the whole run, ``imap`` one per file.
@@ -96,7 +93,7 @@ class Written:
         bytes: their size on disk.
     """
 
-    files: tuple[str, ...] = attrs.field(converter=_names_tuple, default=())
+    files: tuple[str, ...] = attrs.field(converter=tuple, default=())
     rows: int = 0
     bytes: int = 0
 
@@ -158,15 +155,8 @@ class Sink:
     def identity(self) -> dict[str, Any]:
         """What a run ledger keeps of this sink: resuming into another place or format
         would leave the results of the first run where the second does not look."""
-        return {
-            "kind": self.kind,
-            "path": self.path,
-            "rows_per_file": self.rows_per_file,
-            "bytes_per_file": self.bytes_per_file,
-            "compression": self.compression,
-            "schema": None if self.schema is None else str(self.schema),
-            "key_column": self.key_column,
-        }
+        fields = attrs.asdict(self, recurse=False, filter=lambda a, _: a.name != "align")
+        return {**fields, "schema": None if self.schema is None else str(self.schema)}
 
     # -- where the files go --------------------------------------------------------------
     def filesystem(self) -> tuple[Any, str]:
@@ -186,10 +176,6 @@ class Sink:
         if "://" in self.path:
             return self.path.rstrip("/") + "/" + name
         return os.path.join(os.path.abspath(self.path), name)
-
-
-def is_sink(obj: Any) -> bool:
-    return isinstance(obj, Sink)
 
 
 # -- the caller's side: commit, recover, sweep ---------------------------------------------
@@ -398,16 +384,14 @@ def _named(row: Mapping[Any, Any]) -> dict[str, Any]:
         SinkError: two of its names are one string (``1`` and ``"1"``).
     """
     named = {k if type(k) is str else str(k): v for k, v in row.items()}
-    if len(named) < len(row):
-        seen: dict[str, Any] = {}
-        for k in row:
-            if str(k) in seen:
-                msg = (
-                    f"the results have columns {seen[str(k)]!r} and {k!r}, both named "
-                    f"{str(k)!r} (column names are strings): rename one of them"
-                )
-                raise SinkError(msg)
-            seen[str(k)] = k
+    seen: dict[str, Any] = {}
+    for k in row if len(named) < len(row) else ():
+        if seen.setdefault(str(k), k) is not k:
+            msg = (
+                f"the results have columns {seen[str(k)]!r} and {k!r}, both named "
+                f"{str(k)!r} (column names are strings): rename one of them"
+            )
+            raise SinkError(msg)
     return named
 
 
@@ -475,11 +459,6 @@ def rows_of(value: Any, batched: bool) -> tuple[dict[str, list[Any]], int]:
     """
     if value is None:
         return {}, 0
-    if type(value) is dict and not batched:  # the common case, one row: no checks to pay
-        one = {k if type(k) is str else str(k): [_to_numpy(v)] for k, v in value.items()}
-        if len(one) < len(value):
-            _named(value)  # (raises, naming the names that are one)
-        return one, 1
     if hasattr(value, "to_pydict") and hasattr(value, "num_rows"):  # pyarrow Table/RecordBatch
         return {name: value.column(name) for name in value.schema.names}, int(value.num_rows)
     if isinstance(value, Mapping):
@@ -589,21 +568,16 @@ def _plain_column(values: Any) -> Any:
     else:
         bits, nulls = None, 0
     if kinds in ({str}, {bytes}):
-        if kinds == {str}:
-            raw = [b"" if v is None else v.encode() for v in values]
+        text = kinds == {str}
+        raw = [b"" if v is None else v.encode() if text else v for v in values]
+        offsets = np.zeros(len(raw) + 1, np.int64)
+        np.cumsum([len(d) for d in raw], out=offsets[1:])
+        large = bool(offsets[-1] >= 1 << 31)
+        if text:
+            typ = pa.large_string() if large else pa.string()
         else:
-            raw = [b"" if v is None else v for v in values]
-        ends = np.cumsum([len(d) for d in raw], dtype=np.int64)
-        large = bool(ends[-1] >= 1 << 31)
-        offsets = np.concatenate((np.zeros(1, np.int64), ends)).astype(
-            np.int64 if large else np.int32
-        )
-        typ = {
-            (False, False): pa.string(),
-            (False, True): pa.large_string(),
-            (True, False): pa.binary(),
-            (True, True): pa.large_binary(),
-        }[(kinds == {bytes}, large)]
+            typ = pa.large_binary() if large else pa.binary()
+        offsets = offsets if large else offsets.astype(np.int32)
         buffers = [bits, pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))]
         return pa.Array.from_buffers(typ, len(values), buffers, nulls)
     dtype = {
@@ -715,28 +689,35 @@ class ShardWriter:
         triggers (walking every result of the chunk) cost a third of the write."""
         collect = gc.isenabled()
         gc.disable()
-        batched, by = keys if keys is not None else (False, None)
         try:
-            return self._write(base, values, skip, by, batched)
+            batched, by = keys or (False, None)
+            skipped = set(skip)
+            single = self.sink.kind == "parquet" and not batched
+            if single and self._single_rows(base, values, skipped, by):
+                return []
+            units, errors = self._units(base, values, skipped, by, batched)
+            writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
+            shards, bad = writer[self.sink.kind](units)
+            errors += bad
+            for k, _ in errors:
+                values[k] = None
+            failed = {k for k, _ in bad}
+            kept = [u for u in units if u.pos not in failed]
+            _mark(values, [u.pos for u in kept], [u.n for u in kept], shards)
+            return sorted(errors, key=lambda e: e[0])
         finally:
             if collect:
                 gc.enable()
 
-    def _write(
+    def _units(
         self,
         base: int,
         values: list[Any],
-        skip: Iterable[int],
+        skipped: set[int],
         keys: Sequence[Any] | None,
         batched: bool,
-    ) -> list[tuple[int, BaseException]]:
-        skipped = set(skip)
-        if (
-            self.sink.kind == "parquet"
-            and not batched
-            and self._single_rows(base, values, skipped, keys)
-        ):
-            return []
+    ) -> tuple[list[_Unit], list[tuple[int, BaseException]]]:
+        """The rows of each unit to write (their key column added), or its error."""
         units: list[_Unit] = []
         errors: list[tuple[int, BaseException]] = []
         for k, value in enumerate(values):
@@ -748,34 +729,11 @@ class ShardWriter:
                 errors.append((k, exc))
                 continue
             first = (base + k) * self.sink.align
-            index = _row_keys(first, n, self.sink.align)
-            if keys is not None:
-                origin = base * self.sink.align
-                index = [keys[i - origin] for i in index]
+            index = self._item_keys(base, _row_keys(first, n, self.sink.align), keys)
+            if self.sink.key_column is not None:
+                _add_keys(cols, self.sink.key_column, self._keys(index))
             units.append(_Unit(k, first, cols, n, index))
-        if self.sink.key_column is not None:
-            keyed = []
-            for u in units:
-                try:
-                    _add_keys(u.cols, self.sink.key_column, self._keys(u.keys))
-                except RowError as exc:
-                    errors.append((u.pos, exc))
-                    continue
-                keyed.append(u)
-            units = keyed
-        writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
-        shards, bad = writer[self.sink.kind](units)
-        errors.extend(bad)
-        failed = {k for k, _ in bad}
-        kept = [u for u in units if u.pos not in failed]
-        for k, _ in errors:
-            values[k] = None
-        one = Wrote(1)  # (shared: a chunk of single rows makes no object per row)
-        for u in kept[:-1]:
-            values[u.pos] = one if u.n == 1 else Wrote(u.n)
-        if kept:
-            values[kept[-1].pos] = Wrote(kept[-1].n, tuple(shards))
-        return sorted(errors, key=lambda e: e[0])
+        return units, errors
 
     def _single_rows(
         self,
@@ -793,9 +751,8 @@ class ShardWriter:
             return False
         names = values[at[0]].keys()
         rows = [values[k] for k in at]
-        for row in rows:
-            if type(row) is not dict or row.keys() != names:
-                return False
+        if any(type(row) is not dict or row.keys() != names for row in rows):
+            return False
         cols: dict[str, Any] = {}
         for name in names:
             col = [row[name] for row in rows]
@@ -804,24 +761,25 @@ class ShardWriter:
             cols[name if type(name) is str else str(name)] = col
         if len(cols) < len(names):
             _named(rows[0])  # (raises, naming the names that are one)
-        align = self.sink.align
-        firsts = [(base + k) * align for k in at]
+        firsts = [(base + k) * self.sink.align for k in at]
         try:
             if self.sink.key_column is not None:
-                origin = base * align
-                by = firsts if keys is None else self._keys([keys[f - origin] for f in firsts])
+                by = self._keys(self._item_keys(base, firsts, keys))
                 _add_keys(cols, self.sink.key_column, by)
             table = self._fit(_table(cols, len(rows)))
         except Exception:
             return False
-        per = self._limits(table.num_rows, table.nbytes)
-        cuts = [(a, min(a + per, len(rows)), firsts[a], 0) for a in range(0, len(rows), per)]
-        shards = self._parquet_files(table, cuts)
-        one = Wrote(1)
-        for k in at[:-1]:
-            values[k] = one
-        values[at[-1]] = Wrote(1, tuple(shards))
+        ones = [1] * len(at)
+        _mark(values, at, ones, self._parquet_files(table, firsts, ones))
         return True
+
+    def _item_keys(self, base: int, firsts: list[int], keys: Sequence[Any] | None) -> list[Any]:
+        """The item key of each first-hop unit of ``firsts``: its index, or its ``key=``
+        value (``keys``: the chunk's, from its first unit)."""
+        if keys is None:
+            return firsts
+        origin = base * self.sink.align
+        return [keys[f - origin] for f in firsts]
 
     def _keys(self, keys: list[Any]) -> Any:
         """A key column's values: in Parquet, tuple keys (``key=``'s str and int tuples)
@@ -845,38 +803,11 @@ class ShardWriter:
             )
             raise SinkError(msg) from None
 
-    # -- names -----------------------------------------------------------------------------
     def _names(self, key: int, offset: int) -> tuple[str, str]:
         stem = f"part-{key:012d}-{offset:06d}"
         tag = os.urandom(6).hex()  # (not uuid: importing it costs every worker ~5 ms)
         temp = f"{TEMP_PREFIX}{key:012d}-{offset:06d}-{tag}{self.sink.ext}"
         return temp, stem + self.sink.ext
-
-    def _limits(self, rows: int, nbytes: int) -> int:
-        """Rows per file for rows of about ``nbytes / rows`` bytes each."""
-        per = self.sink.rows_per_file or rows
-        if rows and nbytes:
-            per = min(per, max(1, int(self.sink.bytes_per_file // max(nbytes / rows, 1))))
-        return max(1, per)
-
-    def _cuts(self, units: list[_Unit], per_file: int) -> list[tuple[int, int, int, int]]:
-        """``(first row, end row, key, offset)`` of each file's rows among the units'."""
-        cuts = []
-        starts = []
-        at = 0
-        for u in units:
-            starts.append(at)
-            at += u.n
-        total = at
-        ui = 0
-        row = 0
-        while row < total:
-            while ui + 1 < len(units) and starts[ui + 1] <= row:
-                ui += 1
-            end = min(total, row + per_file)
-            cuts.append((row, end, units[ui].key, row - starts[ui]))
-            row = end
-        return cuts
 
     # -- formats ---------------------------------------------------------------------------
     def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
@@ -891,35 +822,36 @@ class ShardWriter:
                 try:
                     tables.append(self._fit(_table(u.cols, u.n)))
                     good.append(u)
-                except SinkError as exc:  # (fails the run: kept as it is)
-                    bad.append((u.pos, exc))
                 except Exception as exc:
-                    bad.append((u.pos, RowError(f"its rows do not fit the file's schema: {exc}")))
+                    bad.append((u.pos, _unit_error(exc, "its rows do not fit the file's schema")))
             units = good
             if tables:  # (in the schema the last one widened, if one did)
                 table = _concat([_conform(t, self.schema) for t in tables])
         if table is None or table.num_rows == 0:
             return [], bad
-        per = self._limits(table.num_rows, table.nbytes)
-        return self._parquet_files(table, self._cuts(units, per)), bad
+        return self._parquet_files(table, [u.key for u in units], [u.n for u in units]), bad
 
-    def _parquet_files(self, table: Any, cuts: list[tuple[int, int, int, int]]) -> list[Shard]:
-        """``table``'s rows written to a file per cut ``(first, end, key, offset)``."""
-        import pyarrow.parquet as pq
-
+    def _parquet_files(self, table: Any, keys: list[int], counts: list[int]) -> list[Shard]:
+        """``table``'s rows written to files of at most ``rows_per_file`` rows and about
+        ``bytes_per_file`` bytes; its rows are ``counts[i]`` rows of each unit ``keys[i]``
+        in turn (a file is named after the unit and row it begins with)."""
+        total, sink = table.num_rows, self.sink
+        per = sink.rows_per_file or total
+        if table.nbytes:
+            per = min(per, max(1, int(sink.bytes_per_file // max(table.nbytes / total, 1))))
+        starts = list(itertools.accumulate(counts, initial=0))
         shards = []
         schema = _serialized(table.schema)
-        for first, end, key, offset in cuts:
-            temp, name = self._names(key, offset)
-            part = table.slice(first, end - first)
+        for first in range(0, total, per):
+            n = min(per, total - first)
+            at = bisect.bisect_right(starts, first) - 1  # (the unit the file begins in)
+            temp, name = self._names(keys[at], first - starts[at])
+            part = table.slice(first, n)
             if not table.num_columns:  # (Parquet keeps no count of rows of no columns)
-                part = _table({}, end - first).replace_schema_metadata({_ROWS: str(end - first)})
+                part = _table({}, n).replace_schema_metadata({_ROWS: str(n)})
             with self.files.open(temp) as f:
-                pq.write_table(
-                    part, f, compression=self.sink.compression or "none", **_parquet_options(table)
-                )
-                nbytes = f.tell()
-            shards.append(Shard(temp, name, end - first, nbytes, schema))
+                _write_parquet(part, f, sink.compression)
+                shards.append(Shard(temp, name, n, f.tell(), schema))
         return shards
 
     def _fit(self, table: Any) -> Any:
@@ -938,55 +870,27 @@ class ShardWriter:
         self.schema = schema
         return table
 
-    def _encoded(
-        self, units: list[_Unit], encode: Any
-    ) -> tuple[list[tuple[_Unit, list[Any]]], list[tuple[int, BaseException]]]:
-        """Each unit's rows, encoded (``(name, bytes)`` each), or the unit's error."""
-        out = []
-        bad: list[tuple[int, BaseException]] = []
-        for u in units:
-            try:
-                rows = [
-                    encode(u, j, {k: _cell(v, j) for k, v in u.cols.items()}) for j in range(u.n)
-                ]
-            except SinkError as exc:  # (fails the run: kept as it is)
-                bad.append((u.pos, exc))
-                continue
-            except Exception as exc:
-                bad.append((u.pos, RowError(f"its rows cannot be written: {exc}")))
-                continue
-            out.append((u, rows))
-        return out, bad
-
     def _split(
         self, encoded: list[tuple[_Unit, list[Any]]]
     ) -> tuple[list[tuple[int, int, list[bytes]]], list[tuple[int, BaseException]]]:
         """Encoded rows cut into files ``(key, offset, rows)``, and the units whose rows
         repeat a name (WebDataset's ``__key__``; None: not checked) in their file: those are
         left out, and the others cut again."""
-        per_rows = self.sink.rows_per_file
         bad: list[tuple[int, BaseException]] = []
         while True:
             files: list[tuple[int, int, list[bytes]]] = []
-            size = 0
-            seen: set[Any] = set()
-            repeated: dict[int, Any] = {}
+            size, seen, repeated = 0, set(), {}
             for u, rows in encoded:
                 for j, (name, row) in enumerate(rows):
-                    full = files and (
-                        (per_rows is not None and len(files[-1][2]) >= per_rows)
-                        or size + len(row) > self.sink.bytes_per_file
-                    )
-                    if not files or full:
+                    full = files and len(files[-1][2]) == self.sink.rows_per_file
+                    if full or not files or size + len(row) > self.sink.bytes_per_file:
                         files.append((u.key, j, []))
-                        size = 0
-                        seen = set()
+                        size, seen = 0, set()
                     files[-1][2].append(row)
                     size += len(row)
-                    if name is not None:
-                        if name in seen:
-                            repeated.setdefault(u.pos, name)
-                        seen.add(name)
+                    if name is not None and name in seen:
+                        repeated.setdefault(u.pos, name)
+                    seen.add(name)
             if not repeated:
                 return files, bad
             for pos, name in repeated.items():
@@ -998,14 +902,16 @@ class ShardWriter:
             encoded = [(u, rows) for u, rows in encoded if u.pos not in repeated]
 
     def _jsonl(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+        finish: Callable[[bytes], bytes] = bytes
+        if self.sink.compression == "gzip":
+            import gzip
+
+            finish = functools.partial(gzip.compress, mtime=0)
+
         def encode(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
             return None, (_json(_py(row)) + "\n").encode()
 
-        if self.sink.compression != "gzip":
-            return self._row_files(units, encode, bytes)
-        import gzip
-
-        return self._row_files(units, encode, functools.partial(gzip.compress, mtime=0))
+        return self._row_files(units, encode, finish)
 
     def _tar(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
         import tarfile  # (here: only a WebDataset sink pays for it)
@@ -1052,11 +958,17 @@ class ShardWriter:
     def _row_files(
         self, units: list[_Unit], encode: Any, finish: Callable[[bytes], bytes]
     ) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
-        """JSON lines or WebDataset files: each unit's rows encoded, cut into files, each
-        file's rows joined and ``finish`` ed, written."""
-        encoded, bad = self._encoded(units, encode)
+        """JSON lines or WebDataset files: each unit's rows encoded (``(name, bytes)`` each),
+        cut into files, each file's rows joined and ``finish`` ed, written."""
+        encoded = []
+        bad: list[tuple[int, BaseException]] = []
+        for u in units:
+            try:
+                cells = ({k: _cell(v, j) for k, v in u.cols.items()} for j in range(u.n))
+                encoded.append((u, [encode(u, j, row) for j, row in enumerate(cells)]))
+            except Exception as exc:
+                bad.append((u.pos, _unit_error(exc, "its rows cannot be written")))
         files, repeated = self._split(encoded)
-        bad.extend(repeated)
         shards = []
         for key, offset, rows in files:
             temp, name = self._names(key, offset)
@@ -1064,7 +976,23 @@ class ShardWriter:
             with self.files.open(temp) as f:
                 f.write(data)
             shards.append(Shard(temp, name, len(rows), len(data)))
-        return shards, bad
+        return shards, bad + repeated
+
+
+def _mark(values: list[Any], at: list[int], rows: list[int], shards: list[Shard]) -> None:
+    """The units at positions ``at`` (``rows[i]`` rows each) written: each value a
+    :class:`Wrote`, the last one carrying the chunk's ``shards``."""
+    one = Wrote(1)  # (shared: a chunk of single rows makes no object per row)
+    for k, n in zip(at, rows, strict=True):
+        values[k] = one if n == 1 else Wrote(n)
+    if at:
+        values[at[-1]] = Wrote(rows[-1], tuple(shards))
+
+
+def _unit_error(exc: Exception, what: str) -> Exception:
+    """A unit's error as the sink reports it: a :class:`SinkError` as it is (it fails the
+    run), anything else a :class:`RowError` saying ``what``."""
+    return exc if isinstance(exc, SinkError) else RowError(f"{what}: {exc}")
 
 
 def _merge_type(a: Any, b: Any) -> Any:
@@ -1241,7 +1169,7 @@ def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> int:
         table = _conform(table, schema)
     temp = TEMP_PREFIX + name
     with files.open(temp) as f:
-        pq.write_table(table, f, compression=sink.compression or "none", **_parquet_options(table))
+        _write_parquet(table, f, sink.compression)
         new = f.tell()
     files.rename(temp, name)
     return int(new - old)
@@ -1265,17 +1193,22 @@ def _leaves(name: str, typ: Any) -> Iterator[tuple[str, Any]]:
         yield name, typ
 
 
-def _parquet_options(table: Any) -> dict[str, Any]:
-    """Dictionary encoding for the columns it can shrink (not floating point: an embedding's
-    values are all distinct, and trying a dictionary on them costs ~40% of the write), and
-    statistics for the columns a reader can filter on (not those inside lists)."""
+def _write_parquet(table: Any, f: Any, compression: str | None) -> None:
+    """``table`` as a Parquet file: dictionary encoding for the columns it can shrink (not
+    floating point: an embedding's values are all distinct, and trying a dictionary on them
+    costs ~40% of the write), and statistics for the columns a reader can filter on (not
+    those inside lists)."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    paths = [leaf for f in table.schema for leaf in _leaves(f.name, f.type)]
-    return {
-        "use_dictionary": [p for p, t in paths if not pa.types.is_floating(t)],
-        "write_statistics": [p for p, _ in paths if ".list." not in p],
-    }
+    paths = [leaf for field in table.schema for leaf in _leaves(field.name, field.type)]
+    pq.write_table(
+        table,
+        f,
+        compression=compression or "none",
+        use_dictionary=[p for p, t in paths if not pa.types.is_floating(t)],
+        write_statistics=[p for p, _ in paths if ".list." not in p],
+    )
 
 
 def _entry_bytes(value: Any) -> bytes:
