@@ -23,7 +23,7 @@ __all__ = [
     "RunKwargs",
     "RunOptions",
     "check_concurrency",
-    "check_prefetch",
+    "check_count",
     "parse_bytes",
     "run_options",
 ]
@@ -63,10 +63,21 @@ def _check_bool(_: Any, attr: Any, value: Any) -> None:
         raise TypeError(msg)
 
 
-def _check_batch_size(_: Any, __: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        msg = f"batch_size must be a positive int or None, got {value!r}"
+def check_count(name: str, value: Any, minimum: int | None = 1, optional: bool = True) -> None:
+    """Raises ValueError unless ``value`` is an int >= ``minimum`` (a bool is not), or None
+    when ``optional``; the message names the option ``name``."""
+    if value is None and optional:
+        return
+    low = minimum is not None and isinstance(value, int) and value < minimum
+    if isinstance(value, bool) or not isinstance(value, int) or low:
+        floor = "" if minimum is None else f" >= {minimum}"
+        msg = f"{name} must be an int{floor}{' or None' if optional else ''}, got {value!r}"
         raise ValueError(msg)
+
+
+def _count(minimum: int | None = 1, optional: bool = True) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator: :func:`check_count` of the field."""
+    return lambda _, attr, value: check_count(attr.name, value, minimum, optional)
 
 
 def _check_timeout(_: Any, __: Any, value: Any) -> None:
@@ -74,19 +85,6 @@ def _check_timeout(_: Any, __: Any, value: Any) -> None:
         isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
     ):
         msg = f"timeout must be a positive number of seconds or None, got {value!r}"
-        raise ValueError(msg)
-
-
-def _check_retries(_: Any, __: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        msg = f"retries must be an int >= 0, got {value!r}"
-        raise ValueError(msg)
-
-
-def check_prefetch(value: Any) -> None:
-    """Raises ValueError unless ``value`` is None or an int >= 1."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        msg = f"prefetch must be an int >= 1 or None, got {value!r}"
         raise ValueError(msg)
 
 
@@ -105,28 +103,9 @@ def check_concurrency(value: Any) -> None:
         raise ValueError(msg)
 
 
-def _check_prefetch(_: Any, __: Any, value: Any) -> None:
-    check_prefetch(value)
-
-
-def _check_seed(_: Any, __: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        msg = f"seed must be an int or None, got {value!r}"
-        raise ValueError(msg)
-
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
+# "kb", "mb"...: powers of 1000; "kib", "mib"...: powers of 1024
+_UNITS = {"": 1, "b": 1} | {f"{p}b": 1000**k for k, p in enumerate("kmgt", 1)}
+_UNITS |= {f"{p}ib": 1024**k for k, p in enumerate("kmgt", 1)}
 
 
 def parse_bytes(value: Any, what: str = "a size") -> int:
@@ -157,10 +136,6 @@ def parse_bytes(value: Any, what: str = "a size") -> int:
 
 def _memory(value: Any) -> int | None:
     return None if value is None else parse_bytes(value, "max_worker_memory")
-
-
-def _check_epoch(_: Any, __: Any, value: Any) -> None:
-    check_epoch(value)
 
 
 def _check_state(_: Any, __: Any, value: Any) -> None:
@@ -201,12 +176,6 @@ def _check_path(_: Any, __: Any, value: Any) -> None:
         raise TypeError(msg)
 
 
-def _check_positive(_: Any, attr: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        msg = f"{attr.name} must be an int >= 1 or None, got {value!r}"
-        raise ValueError(msg)
-
-
 @attrs.frozen
 class RunOptions:
     """The options of one run (``map``/``imap``), as the user gave them, checked.
@@ -222,13 +191,13 @@ class RunOptions:
     """
 
     ordered: bool = attrs.field(default=True, validator=_check_bool)
-    batch_size: int | None = attrs.field(default=None, validator=_check_batch_size)
+    batch_size: int | None = attrs.field(default=None, validator=_count())
     progress: bool = attrs.field(default=False, validator=_check_bool)
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
-    retries: int = attrs.field(default=0, validator=_check_retries)
-    seed: int | None = attrs.field(default=None, validator=_check_seed)
+    retries: int = attrs.field(default=0, validator=_count(0, optional=False))
+    seed: int | None = attrs.field(default=None, validator=_count(None))
     # chunks each worker may hold (see DEFAULT_PREFETCH; None: the runner's)
-    prefetch: int | None = attrs.field(default=None, validator=_check_prefetch)
+    prefetch: int | None = attrs.field(default=None, validator=_count())
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
     # long jobs (contract section 8)
     errors: str = attrs.field(default="raise", validator=_check_errors)
@@ -237,10 +206,10 @@ class RunOptions:
     key: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)
     accept_changed_code: bool = attrs.field(default=False, validator=_check_bool)
-    max_items_per_worker: int | None = attrs.field(default=None, validator=_check_positive)
+    max_items_per_worker: int | None = attrs.field(default=None, validator=_count())
     max_worker_memory: int | None = attrs.field(default=None, converter=_memory)
     # training that resumes (docs/contract.md section 12)
-    epoch: int = attrs.field(default=0, validator=_check_epoch)
+    epoch: int = attrs.field(default=0, validator=lambda _, __, value: check_epoch(value))
     state: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_state)
     # set by the runner from ``state``: the stream begins at first-hop unit ``first``, and
     # the output units starting at ``passed`` (beyond ``first``) were received already

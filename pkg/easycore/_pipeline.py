@@ -20,7 +20,7 @@ import attrs
 
 from easycore import _inject
 from easycore._errors import surfaced
-from easycore._options import RunKwargs, check_concurrency, run_options
+from easycore._options import RunKwargs, check_concurrency, check_count, run_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -34,10 +34,6 @@ _binding_tokens = itertools.count(1)
 
 def _devices_converter(devices: Any) -> Any:
     return tuple(devices) if isinstance(devices, list) else devices
-
-
-def _placement_converter(value: Iterable[Binding | None]) -> tuple[Binding | None, ...]:
-    return tuple(value)
 
 
 @attrs.frozen
@@ -62,11 +58,7 @@ def _check_on_args(devices: Any, batch_size: int | None, concurrency: int = 1) -
             "use map(..., devices='inline') to debug every stage in the calling process"
         )
         raise ValueError(msg)
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        msg = f"batch_size must be a positive int or None, got {batch_size!r}"
-        raise ValueError(msg)
+    check_count("batch_size", batch_size)
 
 
 def _fn_name(fn: Any) -> str:
@@ -110,6 +102,21 @@ def _import_stage(module: str, qualname: str) -> Stage:
         msg = f"{module}.{qualname} is no longer an easycore stage"
         raise TypeError(msg)
     return obj
+
+
+def _where(
+    devices: Any, cfg: Any, start_method: str | None, engine: str, concurrency: int
+) -> dict[str, Any]:
+    """Where a run's workers are, as :class:`~easycore.Runner` takes it (``concurrency``
+    checked here, before anything else)."""
+    check_concurrency(concurrency)
+    return {
+        "devices": devices,
+        "cfg": cfg,
+        "start_method": start_method,
+        "engine": engine,
+        "concurrency": concurrency,
+    }
 
 
 class _Runs:
@@ -168,19 +175,10 @@ class _Runs:
             TypeError: ``concurrency`` not an int.
             WorkerError: an ``init`` raised.
         """
-        from easycore._exec import open_runner
+        from easycore._exec import Runner
 
-        check_concurrency(concurrency)
-        return open_runner(
-            self._as_pipeline(),
-            devices,
-            cfg=cfg,
-            start_method=start_method,
-            prefetch=prefetch,
-            engine=engine,
-            epoch=epoch,
-            concurrency=concurrency,
-        )
+        where = _where(devices, cfg, start_method, engine, concurrency)
+        return Runner(self._as_pipeline(), **where, prefetch=prefetch, epoch=epoch)
 
     @surfaced
     def map(
@@ -297,19 +295,9 @@ class _Runs:
         """
         from easycore._exec import run_map
 
-        check_concurrency(concurrency)
+        where = _where(devices, cfg, start_method, engine, concurrency)
         run = run_options("map", positional, options)
-        return run_map(
-            self._as_pipeline(),
-            data,
-            devices=devices,
-            cfg=cfg,
-            options=run,
-            start_method=start_method,
-            distributed=distributed,
-            engine=engine,
-            concurrency=concurrency,
-        )
+        return run_map(self._as_pipeline(), data, run, distributed, **where)
 
     @surfaced
     def imap(
@@ -369,18 +357,8 @@ class _Runs:
             raise TypeError(msg)
         from easycore._exec import run_imap
 
-        check_concurrency(concurrency)
-        run = run_options("imap", positional, options)
-        return run_imap(
-            pipeline,
-            data,
-            devices=devices,
-            cfg=cfg,
-            options=run,
-            start_method=start_method,
-            engine=engine,
-            concurrency=concurrency,
-        )
+        where = _where(devices, cfg, start_method, engine, concurrency)
+        return run_imap(pipeline, data, run_options("imap", positional, options), **where)
 
 
 @attrs.frozen(eq=True, repr=False)
@@ -472,6 +450,38 @@ class Stage(_Runs):
         return compose(self)
 
 
+# The roles of a stage's three functions, for their checks: (role, positional, allowed).
+_ROLES = {
+    "producer": (
+        ("producer", 1, _inject.PRODUCER_WORK),
+        ("init", 0, _inject.PRODUCER_INIT),
+        ("end", 0, _inject.PRODUCER_END),
+    ),
+    "consumer": (
+        ("consumer", 2, _inject.CONSUMER_WORK),
+        ("consumer init", 0, _inject.CONSUMER_INIT),
+        ("consumer end", 1, _inject.CONSUMER_END),
+    ),
+}
+
+
+def _stage(kind: str, fn: Callable[..., Any], init: Any, end: Callable[..., Any] | None) -> Stage:
+    """A decorated function as a :class:`Stage`, the signatures of its functions checked."""
+    if isinstance(fn, Stage):
+        msg = f"{fn!r} is already a stage; decorate the plain function once"
+        raise TypeError(msg)
+    _refuse_waiting(kind, fn=fn, init=init, end=end)
+    # A consumer's init may be a value (its first accumulator): only a callable declares names.
+    parts = (fn, init if kind == "producer" or callable(init) else None, end)
+    names = [
+        _inject.injected_names(part, role=role, positional=n, allowed=allowed)
+        if part is not None
+        else ()
+        for part, (role, n, allowed) in zip(parts, _ROLES[kind], strict=True)
+    ]
+    return Stage(fn, kind, init, end, *names)
+
+
 @overload
 def producer(fn: Callable[..., Any], /) -> Stage: ...
 @overload
@@ -516,32 +526,7 @@ def producer(
     """
 
     def wrap(f: Callable[..., Any]) -> Stage:
-        if isinstance(f, Stage):
-            msg = f"{f!r} is already a stage; decorate the plain function once"
-            raise TypeError(msg)
-        _refuse_waiting("producer", fn=f, init=init, end=end)
-        fn_names = _inject.injected_names(
-            f, role="producer", positional=1, allowed=_inject.PRODUCER_WORK
-        )
-        init_names = (
-            _inject.injected_names(init, role="init", positional=0, allowed=_inject.PRODUCER_INIT)
-            if init is not None
-            else ()
-        )
-        end_names = (
-            _inject.injected_names(end, role="end", positional=0, allowed=_inject.PRODUCER_END)
-            if end is not None
-            else ()
-        )
-        return Stage(
-            fn=f,
-            kind="producer",
-            init=init,
-            end=end,
-            fn_names=fn_names,
-            init_names=init_names,
-            end_names=end_names,
-        )
+        return _stage("producer", f, init, end)
 
     return wrap if fn is None else wrap(fn)
 
@@ -582,40 +567,9 @@ def consumer(
     """
 
     def wrap(f: Callable[..., Any]) -> Stage:
-        if isinstance(f, Stage):
-            msg = f"{f!r} is already a stage; decorate the plain function once"
-            raise TypeError(msg)
-        _refuse_waiting("consumer", fn=f, init=init, end=end)
-        fn_names = _inject.injected_names(
-            f, role="consumer", positional=2, allowed=_inject.CONSUMER_WORK
-        )
-        init_names: tuple[str, ...] = ()
-        if callable(init):
-            init_names = _inject.injected_names(
-                init, role="consumer init", positional=0, allowed=_inject.CONSUMER_INIT
-            )
-        end_names = (
-            _inject.injected_names(
-                end, role="consumer end", positional=1, allowed=_inject.CONSUMER_END
-            )
-            if end is not None
-            else ()
-        )
-        return Stage(
-            fn=f,
-            kind="consumer",
-            init=init,
-            end=end,
-            fn_names=fn_names,
-            init_names=init_names,
-            end_names=end_names,
-        )
+        return _stage("consumer", f, init, end)
 
     return wrap if fn is None else wrap(fn)
-
-
-def _producers_converter(value: Iterable[Stage]) -> tuple[Stage, ...]:
-    return tuple(value)
 
 
 @attrs.frozen(repr=False)
@@ -643,11 +597,11 @@ class Pipeline(_Runs):
         placement: per producer, the pool ``.on`` bound it to, or None (the run's devices).
     """
 
-    producers: tuple[Stage, ...] = attrs.field(converter=_producers_converter, default=())
+    producers: tuple[Stage, ...] = attrs.field(converter=tuple, default=())
     consumer: Stage | None = None
     sink: Any = None  # an easycore.write sink: where the results go, in place of a consumer
     # One entry per producer: the pool it is bound to by ``.on``, or None (the run's devices).
-    placement: tuple[Binding | None, ...] = attrs.field(converter=_placement_converter, default=())
+    placement: tuple[Binding | None, ...] = attrs.field(converter=tuple, default=())
 
     def __attrs_post_init__(self) -> None:
         if len(self.placement) != len(self.producers):

@@ -6,7 +6,7 @@ background thread). A pipeline is a chain of hops (pools); one pool is a chain o
     caller process                                      worker process (one per device per hop)
     --------------------------------------------------  -------------------------------------
     data ─lazy─> Source ─> Run.dispatch ─ Task (chunk) ─> pipe ─> reader thread ─> main thread:
-      ^ backpressure: at most books.window() items       (duplex   (EOF: caller gone   prepared
+      ^ backpressure: at most sched.window() items       (duplex   (EOF: caller gone   prepared
       │ taken and not yet yielded                         Unix      -> os._exit, no    stages run
       │                                                   socket)   orphans)           each unit
       │                                                                               │ slot k =
@@ -47,8 +47,8 @@ pickle (``easycore._transport``). Modules, in the order data meets them:
     workers.py   WorkerSet: spawn, respawn, pair across hops, wait on pipes + sentinels, stop
     sources.py   where items come from (iterable, range, submitted one at a time)
     sizing.py    adaptive chunk sizes, per hop
-    ledger.py    where every chunk is (queued / held / moving), for exactly-once delivery
-                 (ray_ledger.py: the same for a Ray run, and the driver's Actor records)
+    scheduler.py where every chunk is (queued / held / moving) and goes, for every engine
+                 with workers: window, room, routing, deaths (no I/O)
     run.py       Run: the process transport, the loop of named steps over the chain
     blame.py     after a death: the unit to charge, the error naming it, what re-runs
     fold.py      the consumer, in the calling process
@@ -87,7 +87,7 @@ Why this shape:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from easycore._exec.plan import PipelineDef, StageStats
@@ -96,91 +96,33 @@ from easycore._exec.resume import RunIdentity, check_ledger
 from easycore._exec.runner import OwnedResults, Runner
 from easycore._options import RunOptions
 
-__all__ = ["Runner", "StageStats", "open_runner", "run_imap", "run_map"]
-
-
-def open_runner(
-    pipeline: PipelineDef,
-    devices: Any,
-    *,
-    cfg: Mapping[str, Any] | None,
-    start_method: str | None,
-    prefetch: int | None = None,
-    engine: str = "local",
-    epoch: int = 0,
-    concurrency: int = 1,
-) -> Runner:
-    """``Pipeline.open``: an active runner whose workers stay up."""
-    return Runner(
-        pipeline,
-        devices,
-        cfg=cfg,
-        start_method=start_method,
-        prefetch=prefetch,
-        engine=engine,
-        epoch=epoch,
-        concurrency=concurrency,
-    )
+__all__ = ["Runner", "StageStats", "run_imap", "run_map"]
 
 
 def run_map(
     pipeline: PipelineDef,
     data: Iterable[Any],
-    *,
-    devices: Any,
-    cfg: Mapping[str, Any] | None,
     options: RunOptions,
-    start_method: str | None,
     distributed: bool = False,
-    engine: str = "local",
-    concurrency: int = 1,
+    **where: Any,
 ) -> Any:
-    """``Pipeline.map``: fresh workers for one run, closed after it."""
-    if distributed and engine != "local":
-        msg = f"distributed=True runs under torchrun on the local engine, not engine={engine!r}"
-        raise ValueError(msg)
+    """``Pipeline.map``: fresh workers for one run, closed after it (``where``: the keyword
+    arguments of :class:`Runner` that say where: ``devices``, ``cfg``, ``start_method``,
+    ``engine``, ``concurrency``)."""
     if distributed:
         from easycore._exec.sharded import sharded_map  # imports torch.distributed helpers
 
-        if options.skip or options.resume is not None:
-            msg = "errors='skip' and resume= are not supported with distributed=True yet"
-            raise ValueError(msg)
-        if getattr(pipeline, "sink", None) is not None:
-            msg = "a sink (easycore.write) is not supported with distributed=True yet"
-            raise ValueError(msg)
-        if any(binding is not None for _, binding in pipeline.pools):
-            msg = (
-                "distributed=True runs each rank's share on one pool; a pipeline with "
-                ".on pools is not supported there yet (drop .on, or run it per rank)"
-            )
-            raise ValueError(msg)
-        return sharded_map(
-            pipeline,
-            data,
-            devices=devices,
-            cfg=cfg,
-            options=options,
-            start_method=start_method,
-            concurrency=concurrency,
-        )
-    with _one_shot(pipeline, devices, cfg, options, start_method, engine, concurrency) as runner:
+        return sharded_map(pipeline, data, options, **where)
+    with _one_shot(pipeline, options, where) as runner:
         return runner.run_map(data, options)
 
 
 def run_imap(
-    pipeline: PipelineDef,
-    data: Iterable[Any],
-    *,
-    devices: Any,
-    cfg: Mapping[str, Any] | None,
-    options: RunOptions,
-    start_method: str | None,
-    engine: str = "local",
-    concurrency: int = 1,
+    pipeline: PipelineDef, data: Iterable[Any], options: RunOptions, **where: Any
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
-    runner = _one_shot(pipeline, devices, cfg, options, start_method, engine, concurrency)
+    runner = _one_shot(pipeline, options, where)
     try:
         results = runner.run_imap(data, options)
     except BaseException as exc:
@@ -189,31 +131,14 @@ def run_imap(
     return OwnedResults(runner, results)
 
 
-def _one_shot(
-    pipeline: PipelineDef,
-    devices: Any,
-    cfg: Mapping[str, Any] | None,
-    options: RunOptions,
-    start_method: str | None,
-    engine: str,
-    concurrency: int,
-) -> Runner:
+def _one_shot(pipeline: PipelineDef, options: RunOptions, where: dict[str, Any]) -> Runner:
     """The runner of one ``map``/``imap`` call: a ``resume`` path that is no ledger, or
     another run's, is refused before any worker starts; work goes to each worker as soon as
     it is ready (init errors surface in the run)."""
     check_state(options, getattr(pipeline, "sink", None))
     if options.resume is not None:
-        check_ledger(options.resume, RunIdentity.of(pipeline, cfg, options))
-    return Runner(
-        pipeline,
-        devices,
-        cfg=cfg,
-        start_method=start_method,
-        engine=engine,
-        concurrency=concurrency,
-        _wait=False,
-        _tasks=_stateless(options),
-    )
+        check_ledger(options.resume, RunIdentity.of(pipeline, where["cfg"], options))
+    return Runner(pipeline, **where, _wait=False, _tasks=_stateless(options))
 
 
 def _stateless(options: RunOptions) -> bool:

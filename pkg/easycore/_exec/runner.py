@@ -49,7 +49,7 @@ from easycore._options import (
     RunKwargs,
     RunOptions,
     check_concurrency,
-    check_prefetch,
+    check_count,
     run_options,
 )
 from easycore._seeding import check_epoch
@@ -112,7 +112,7 @@ class Runner:
         _wait: bool = True,
         _tasks: bool = False,
     ) -> None:
-        check_prefetch(prefetch)
+        check_count("prefetch", prefetch)
         check_epoch(epoch)
         check_concurrency(concurrency)
         self.epoch = epoch  # the epoch of runs that do not name one

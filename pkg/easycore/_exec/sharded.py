@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -141,14 +141,29 @@ def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
 def sharded_map(
     pipeline: PipelineDef,
     data: Iterable[Any],
+    options: RunOptions,
     *,
     devices: Any,
-    cfg: Mapping[str, Any] | None,
-    options: RunOptions,
-    start_method: str | None,
-    concurrency: int = 1,
+    engine: str,
+    **where: Any,
 ) -> Any:
-    """Share the units out between ranks, run each share, merge in order, fold once."""
+    """Share the units out between ranks, run each share, merge in order, fold once
+    (``where``: the rest of :class:`Runner`'s keyword arguments, ``cfg`` among them)."""
+    if engine != "local":
+        msg = f"distributed=True runs under torchrun on the local engine, not engine={engine!r}"
+        raise ValueError(msg)
+    if options.skip or options.resume is not None:
+        msg = "errors='skip' and resume= are not supported with distributed=True yet"
+        raise ValueError(msg)
+    if getattr(pipeline, "sink", None) is not None:
+        msg = "a sink (easycore.write) is not supported with distributed=True yet"
+        raise ValueError(msg)
+    if any(binding is not None for _, binding in pipeline.pools):
+        msg = (
+            "distributed=True runs each rank's share on one pool; a pipeline with "
+            ".on pools is not supported there yet (drop .on, or run it per rank)"
+        )
+        raise ValueError(msg)
     distributed.init()
     me, world = distributed.rank(), distributed.world_size()
     size = options.batch_size
@@ -172,14 +187,7 @@ def sharded_map(
         producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)
         if isinstance(devices, str) and devices == "local":
             devices = distributed.local_devices()
-        with Runner(
-            producers,
-            devices,
-            cfg=cfg,
-            start_method=start_method,
-            concurrency=concurrency,
-            _wait=False,
-        ) as run:
+        with Runner(producers, devices, **where, _wait=False) as run:
             local = run.run_map(share, mine)
         status = cloudpickle.dumps(("ok", local))
     except Exception as exc:
@@ -205,7 +213,7 @@ def sharded_map(
             try:
                 merged = _interleave([s[1] for s in statuses])
                 fold_only = _Part((), pipeline.consumer, (), pipeline)
-                with Runner(fold_only, "inline", cfg=cfg) as run:
+                with Runner(fold_only, "inline", cfg=where["cfg"]) as run:
                     result = run.run_map(merged, RunOptions(numbering=Numbering(batch=size)))
                 verdict = cloudpickle.dumps(("ok", result))
             except Exception as exc:
