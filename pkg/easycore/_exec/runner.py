@@ -12,13 +12,13 @@ import concurrent.futures
 import contextlib
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from easycore._devices import INLINE
-from easycore._errors import EasycoreError, surfaced
+from easycore._errors import surfaced
 from easycore._exec.commit import (
     check_sink,
     commit_written,
@@ -333,7 +333,7 @@ class Runner:
         return self.run_imap(data, run_options("imap", positional, options, self.epoch))
 
     @surfaced
-    def run_imap(self, data: Iterable[Any], options: RunOptions) -> Iterator[Any]:
+    def run_imap(self, data: Iterable[Any], options: RunOptions) -> _Items | _Files:
         """:meth:`imap` with its options as one value (for easycore's own callers).
 
         Args:
@@ -400,25 +400,12 @@ class Runner:
         if options.skip:
             passed = None if position is None else position.passed
             stream = set_aside(stream, options, align, passed)
-        supervised = self._supervised(stream, bars)
+        supervised = _supervised(stream, self._abort, bars)
         if self._sink is not None:  # the run holds the directory, and commits the files
             supervised = committing(supervised, self._sink, ledger)
         primed = next(supervised)  # work starts now (an error here has closed the runner)
         assert primed is PRIMED
         return supervised
-
-    def _supervised(self, stream: Segments, bars: list[Any] | None = None) -> Segments:
-        """Any error or interrupt inside a run closes the runner (an early stop does not)."""
-        try:
-            yield from stream
-        except GeneratorExit:
-            raise
-        except BaseException:
-            self._abort()
-            raise
-        finally:
-            for bar in bars or ():
-                bar.close()
 
     # -- submit ------------------------------------------------------------------------------
     def submit(self, item: Any) -> concurrent.futures.Future[Any]:
@@ -451,7 +438,7 @@ class Runner:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
         if self._engine.in_caller:
-            self._submit_inline(item, future)
+            self._seat.run_inline(item, future, lambda: self._active, self._engine.stream)
         else:
             self._seat.submit(item, future, self._active, self._feed)
         return future
@@ -465,20 +452,9 @@ class Runner:
             policy=SKIP,
             is_current=lambda: self._is_current(generation),
         )
-        supervised = self._supervised(stream)
+        supervised = _supervised(stream, self._abort)
         next(supervised)  # PRIMED
         return supervised
-
-    def _submit_inline(self, item: Any, future: concurrent.futures.Future[Any]) -> None:
-        token = self._seat.claim(lambda: self._active)
-        try:
-            stream = self._engine.stream([item], RunOptions())
-            next(stream)  # PRIMED
-            future.set_result(next(stream)[1][0])
-        except EasycoreError as exc:  # fails only its own future: the runner stays up
-            future.set_exception(exc)
-        finally:
-            self._seat.release(token)
 
 
 class _Claimed:
@@ -591,7 +567,7 @@ class OwnedResults:
     """The results of a one-shot ``Pipeline.imap``, owning its runner: the runner closes
     when they are exhausted, closed or dropped, and aborts on an error."""
 
-    def __init__(self, runner: Runner, results: Iterator[Any]) -> None:
+    def __init__(self, runner: Runner, results: _Items | _Files) -> None:
         self._runner: Runner | None = runner
         self._results = results
 
@@ -601,12 +577,7 @@ class OwnedResults:
     def state_dict(self) -> dict[str, Any]:
         """The position of the stream (see :meth:`Runner.imap`): what the caller has
         received, as a small JSON-serialisable dict for ``imap(..., state=...)``."""
-        state_dict = getattr(self._results, "state_dict", None)
-        if state_dict is None:
-            msg = "this stream does not keep a position"
-            raise TypeError(msg)
-        result: dict[str, Any] = state_dict()
-        return result
+        return self._results.state_dict()
 
     @surfaced
     def __next__(self) -> Any:
@@ -627,9 +598,7 @@ class OwnedResults:
         if runner is None:
             return
         try:
-            close = getattr(self._results, "close", None)
-            if close is not None:
-                close()
+            self._results.close()
         except BaseException as exc:
             runner.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -639,6 +608,23 @@ class OwnedResults:
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 self.close()
+
+
+def _supervised(
+    stream: Segments, abort: Callable[[], None], bars: list[Any] | None = None
+) -> Segments:
+    """Any error or interrupt inside a run closes the runner (``abort``; an early stop
+    does not); the run's progress ``bars`` close at its end."""
+    try:
+        yield from stream
+    except GeneratorExit:
+        raise
+    except BaseException:
+        abort()
+        raise
+    finally:
+        for bar in bars or ():
+            bar.close()
 
 
 def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) -> list[Any]:
