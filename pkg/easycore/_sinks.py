@@ -49,6 +49,7 @@ __all__ = [
     "Written",
     "Wrote",
     "check_fresh",
+    "check_limit",
     "commit_shard",
     "recover",
     "sweep",
@@ -98,9 +99,19 @@ class Written:
     bytes: int = 0
 
 
-def _check_limit(_: Any, attr: Any, value: Any) -> None:
+def check_limit(name: str, value: Any) -> None:
+    """Raises ValueError naming ``name`` unless ``value`` is a positive int or None."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        msg = f"{attr.name} must be a positive int or None, got {value!r}"
+        msg = f"{name} must be a positive int or None, got {value!r}"
+        raise ValueError(msg)
+
+
+def _check_key_column(_: Any, __: Any, name: Any) -> None:
+    if name is not None and not isinstance(name, str):
+        msg = f"key_column must be a column name (a str) or None, got {name!r}"
+        raise TypeError(msg)
+    if name == "":
+        msg = "key_column must name a column, got '' (None: no key column)"
         raise ValueError(msg)
 
 
@@ -122,11 +133,13 @@ class Sink:
 
     kind: str
     path: str = attrs.field(converter=_as_path, validator=_check_path)
-    rows_per_file: int | None = attrs.field(default=None, validator=_check_limit)
+    rows_per_file: int | None = attrs.field(
+        default=None, validator=lambda _, a, value: check_limit(a.name, value)
+    )
     bytes_per_file: int = 256 << 20
     compression: str | None = None
     schema: Any = None
-    key_column: str | None = None
+    key_column: str | None = attrs.field(default=None, validator=_check_key_column)
     align: int = 1  # first-hop units per unit of the writing pool (set when planned)
 
     @property

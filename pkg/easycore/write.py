@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from easycore._options import parse_bytes
-from easycore._sinks import Sink, Written
+from easycore._sinks import Sink, Written, check_limit
 
 __all__ = ["Sink", "Written", "jsonl", "parquet", "webdataset"]
 
@@ -78,22 +78,13 @@ def parquet(
     aside, as any failure). A ``key_column`` the results hold fails the run (under
     ``errors="skip"`` too): the keys would replace that column.
     """
-    _check_key_column(key_column)
     if compression not in (None, "zstd", "snappy", "gzip", "brotli", "lz4", "none"):
         msg = f"compression must be zstd, snappy, gzip, brotli, lz4 or None, got {compression!r}"
         raise ValueError(msg)
     if schema is not None and not hasattr(schema, "names"):
         msg = f"schema must be a pyarrow.Schema, got {type(schema).__name__}"
         raise TypeError(msg)
-    return Sink(
-        "parquet",
-        path,
-        rows_per_file=rows_per_file,
-        bytes_per_file=parse_bytes(bytes_per_file, "bytes_per_file"),
-        compression=compression,
-        schema=schema,
-        key_column=key_column,
-    )
+    return _sink("parquet", path, rows_per_file, bytes_per_file, compression, key_column, schema)
 
 
 def jsonl(
@@ -122,18 +113,10 @@ def jsonl(
             ``key_column=""``.
         TypeError: ``key_column`` is not a str.
     """
-    _check_key_column(key_column)
     if compression not in (None, "gzip"):
         msg = f"compression must be None or 'gzip', got {compression!r}"
         raise ValueError(msg)
-    return Sink(
-        "jsonl",
-        path,
-        rows_per_file=rows_per_file,
-        bytes_per_file=parse_bytes(bytes_per_file, "bytes_per_file"),
-        compression=compression,
-        key_column=key_column,
-    )
+    return _sink("jsonl", path, rows_per_file, bytes_per_file, compression, key_column)
 
 
 def webdataset(
@@ -161,25 +144,18 @@ def webdataset(
     Raises:
         ValueError: a limit that is not positive.
     """
-    if samples_per_file is not None and (
-        isinstance(samples_per_file, bool)
-        or not isinstance(samples_per_file, int)
-        or samples_per_file < 1
-    ):
-        msg = f"samples_per_file must be a positive int or None, got {samples_per_file!r}"
-        raise ValueError(msg)
-    return Sink(
-        "webdataset",
-        path,
-        rows_per_file=samples_per_file,
-        bytes_per_file=parse_bytes(bytes_per_file, "bytes_per_file"),
-    )
+    check_limit("samples_per_file", samples_per_file)
+    return _sink("webdataset", path, samples_per_file, bytes_per_file)
 
 
-def _check_key_column(name: Any) -> None:
-    if name is not None and not isinstance(name, str):
-        msg = f"key_column must be a column name (a str) or None, got {name!r}"
-        raise TypeError(msg)
-    if name == "":
-        msg = "key_column must name a column, got '' (None: no key column)"
-        raise ValueError(msg)
+def _sink(
+    kind: str,
+    path: str,
+    rows_per_file: int | None,
+    bytes_per_file: int | str,
+    compression: str | None = None,
+    key_column: str | None = None,
+    schema: Any = None,
+) -> Sink:
+    limit = parse_bytes(bytes_per_file, "bytes_per_file")
+    return Sink(kind, path, rows_per_file, limit, compression, schema, key_column)

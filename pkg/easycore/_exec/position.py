@@ -47,26 +47,14 @@ __all__ = [
     "mark_passed",
     "read_state",
     "resumable_tail",
-    "run_identity",
     "start_at",
 ]
 
 STATE_KIND = "easycore.imap"
 _VERSION = 1
+# what a position is a position in (a state given to another run is refused), ints all
 _IDENTITY = ("seed", "epoch", "batch_size", "align", "total")
-
-
-def run_identity(
-    seed: int | None, epoch: int, batch_size: int | None, align: int, total: int | None
-) -> dict[str, Any]:
-    """What a position is a position in: a state given to another run is refused."""
-    return {
-        "seed": seed,
-        "epoch": epoch,
-        "batch_size": batch_size,
-        "align": align,
-        "total": total,
-    }
+_OPTIONAL = ("seed", "batch_size", "total")  # (these may be None)
 
 
 def check_state(options: RunOptions, sink: Any) -> None:
@@ -98,7 +86,8 @@ def start_at(
     """
     check_state(options, sink)
     data = items_of(data)
-    identity = run_identity(options.seed, options.epoch, options.batch_size, align, length_of(data))
+    values = (options.seed, options.epoch, options.batch_size, align, length_of(data))
+    identity = dict(zip(_IDENTITY, values, strict=True))
     position = Position(identity, align)
     if options.state is None:
         return options, data, position
@@ -160,10 +149,10 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
             f"{_VERSION}); got {short_repr(dict(state))}"
         )
         raise ValueError(msg)
-    for name, optional in _FIELDS.items():
+    for name in (*_IDENTITY, "position"):
         value = state.get(name)
-        if not (_is_int(value) or (optional and value is None)):
-            what = "an int or None" if optional else "an int"
+        if not (_is_int(value) or (name in _OPTIONAL and value is None)):
+            what = "an int or None" if name in _OPTIONAL else "an int"
             _refuse(state, name, f"is {short_repr(value)}, not {what}")
     received = state.get("received")
     if not (isinstance(received, list) and all(_is_int(s) for s in received)):
@@ -193,17 +182,6 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
             why = f"holds {s}: each must be a multiple of {align} after {first}{before}"
             _refuse(state, "received", why)
     return first, frozenset(received)
-
-
-# the int fields of a state, and whether each may be None
-_FIELDS = {
-    "seed": True,
-    "epoch": False,
-    "batch_size": True,
-    "align": False,
-    "total": True,
-    "position": False,
-}
 
 
 def _is_int(value: Any) -> bool:

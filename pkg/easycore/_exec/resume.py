@@ -276,11 +276,9 @@ class RunIdentity:
             old, now = (k["name"] if k else "(none)" for k in keys)
             change = f"the function {now} changed" if old == now else f"{old} -> {now}"
             out.append(f"key=: {change}")
-        for name in ("seed", "batch_size"):
-            if stored.get(name) != new[name]:
-                out.append(f"{name}: {stored.get(name)} -> {new[name]}")
-        if stored.get("epoch", 0) != new.get("epoch", 0):
-            out.append(f"epoch: {stored.get('epoch', 0)} -> {new.get('epoch', 0)}")
+        for name, default in (("seed", None), ("batch_size", None), ("epoch", 0)):
+            if stored.get(name, default) != new.get(name, default):
+                out.append(f"{name}: {stored.get(name, default)} -> {new.get(name, default)}")
         return code, out
 
     def check(self, path: str, stored: Mapping[str, Any]) -> list[str]:
@@ -420,8 +418,8 @@ class RunLedger:
             if _read_ledger(self.path, self.db) is None:  # (WAL only then: others' files stay)
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
+            with self.db:  # (commits, or rolls back on any error)
+                self.db.execute("BEGIN IMMEDIATE")
                 stored = _read_ledger(self.path, self.db)  # (another process may have been first)
                 if stored is None:
                     self.db.execute(_SCHEMA)
@@ -437,10 +435,6 @@ class RunLedger:
                     )
                     warn(msg)
                 self.db.execute(_FILES)
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise _refuse(self.path, str(exc)) from exc
 
@@ -466,21 +460,12 @@ class RunLedger:
         """Raises ValueError when a key of ``keyed`` ((unit, key) pairs) came before in this
         run: the ledger keeps one result per key, so the second item would get the first's."""
         first: dict[str, int] = {}
-        twice = None
-        for j, key in keyed:
-            if key in first:
-                twice = (key, first[key], j)
-                break
-            first[key] = j
-        if twice is None:
-            marks = ",".join("?" * len(first))
-            for key, j in self.db.execute(
-                f"SELECT key, unit FROM seen WHERE key IN ({marks})", list(first)
-            ):
-                twice = (key, j, first[key])
-                break
-        if twice is not None:
-            key, a, b = twice
+        twice = [(key, first[key], j) for j, key in keyed if first.setdefault(key, j) != j]
+        marks = ",".join("?" * len(first))
+        query = f"SELECT key, unit FROM seen WHERE key IN ({marks})"
+        twice += [(key, j, first[key]) for key, j in self.db.execute(query, list(first))]
+        if twice:
+            key, a, b = twice[0]
             msg = (
                 f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
                 f"{self.options.label(b)}: key= must name each item once (the ledger "
@@ -499,16 +484,8 @@ class RunLedger:
             TypeError: ``key=`` returned something else than a str, an int or a tuple.
         """
         it = iter(units)
-        index = itertools.count()
-        while True:
-            block = []
-            for _ in range(_LOOKUP):
-                items = list(itertools.islice(it, self.align))
-                if not items:
-                    break
-                block.append((next(index), items))
-            if not block:
-                return
+        numbered = enumerate(iter(lambda: list(itertools.islice(it, self.align)), []))
+        while block := list(itertools.islice(numbered, _LOOKUP)):
             keyed = []
             for j, items in block:
                 unit = items[0] if self.align == 1 else items
@@ -596,13 +573,9 @@ class RunLedger:
                     raise exc
                 values[k] = Failed(exc, unit, stage or "")
         if rows:  # one transaction per chunk of results, never one per item
-            self.db.execute("BEGIN")
-            try:
+            with self.db:
+                self.db.execute("BEGIN")
                 self.db.executemany("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?)", rows)
                 # one transaction with the units: a file is committed exactly with its units
                 self.db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)", files)
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
         return values
