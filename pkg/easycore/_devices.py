@@ -5,6 +5,7 @@ A leaf: it imports torch only to count GPUs, and only where an NVIDIA driver exi
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -116,13 +117,7 @@ def parse_devices(devices: Any) -> list[str]:
     >>> parse_devices("inline")
     ['inline']
     """
-    cache: list[int] = []
-
-    def gpus() -> int:
-        if not cache:
-            cache.append(gpu_count())
-        return cache[0]
-
+    gpus = functools.cache(gpu_count)  # counted once, and only when asked for
     if isinstance(devices, bool):
         msg = f"devices must be an int, a device list or a keyword, got {devices!r}"
         raise ValueError(msg)

@@ -76,16 +76,12 @@ def injected_names(
     leading = 0
     names: list[str] = []
     for p in params:
-        if p.kind is p.VAR_POSITIONAL:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            stars = "*" if p.kind is p.VAR_POSITIONAL else "**"
+            how = "as keyword parameters" if stars == "*" else "one by one"
             msg = (
-                f"{role} {name!r} takes *{p.name}: declare the injected names "
-                f"({', '.join(sorted(allowed))}) as keyword parameters instead"
-            )
-            raise TypeError(msg)
-        if p.kind is p.VAR_KEYWORD:
-            msg = (
-                f"{role} {name!r} takes **{p.name}: declare the injected names "
-                f"({', '.join(sorted(allowed))}) one by one instead"
+                f"{role} {name!r} takes {stars}{p.name}: declare the injected names "
+                f"({', '.join(sorted(allowed))}) {how} instead"
             )
             raise TypeError(msg)
         if leading < positional and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):

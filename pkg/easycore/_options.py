@@ -6,7 +6,6 @@ new option is one field here rather than one more argument in every signature.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -14,7 +13,7 @@ from typing import Any, TypedDict
 
 import attrs
 
-from easycore._errors import item_label, short_repr
+from easycore._errors import close_matches, item_label, short_repr
 from easycore._seeding import check_epoch, epoch_seed
 
 __all__ = [
@@ -329,8 +328,7 @@ def run_options(
     known = RunKwargs.__optional_keys__
     for name in named:
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = close_matches(name, sorted(known), n=1)
             msg = f"{caller}() got an unexpected keyword argument {name!r}{hint}"
             raise TypeError(msg)
     if caller != "imap" and "state" in named:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
+
+from easycore._errors import close_matches
 
 __all__ = ["Registry"]
 
@@ -119,9 +120,7 @@ class Registry:
         except KeyError:
             pass
         msg = f"no object named {name!r} in the {self._name!r} registry"
-        matches = difflib.get_close_matches(str(name), list(self._objects), n=3, cutoff=0.6)
-        if matches:
-            msg += "; did you mean " + " or ".join(repr(m) for m in matches) + "?"
+        msg += close_matches(name, self._objects)
         if not self._objects:
             msg += " (it is empty)"
         elif len(self._objects) <= _LIST_ALL:

@@ -486,37 +486,10 @@ def _check_rank(name: str, value: int) -> None:
         raise ValueError(msg)
 
 
-def _all_gather_bytes(blob: bytes) -> list[bytes]:
+def _joined() -> Any:
+    """``torch.distributed`` with the job's process group joined, or None in a world of one."""
     init()
-    dist = _dist()
-    if dist is None:
-        return [blob]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, blob, group=_STATE.group)
-    return out
-
-
-def _gather_bytes(blob: bytes, dst: int) -> list[bytes] | None:
-    init()
-    dist = _dist()
-    if dist is None:
-        return [blob]
-    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
-    dist.gather_object(blob, out, dst=dst, group=_STATE.group)
-    return out
-
-
-def _broadcast_bytes(blob: bytes | None, src: int) -> bytes:
-    init()
-    dist = _dist()
-    if dist is None:
-        assert blob is not None
-        return blob
-    box = [blob]
-    dist.broadcast_object_list(box, src=src, group=_STATE.group)
-    out = box[0]
-    assert isinstance(out, bytes)
-    return out
+    return _dist()
 
 
 def all_gather(obj: Any) -> list[Any]:
@@ -534,7 +507,13 @@ def all_gather(obj: Any) -> list[Any]:
     >>> all_gather({"loss": 0.5})
     [{'loss': 0.5}]
     """
-    return [cloudpickle.loads(b) for b in _all_gather_bytes(cloudpickle.dumps(obj))]
+    blob = cloudpickle.dumps(obj)
+    parts: list[Any] = [blob]
+    dist = _joined()
+    if dist is not None:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, blob, group=_STATE.group)
+    return [cloudpickle.loads(b) for b in parts]
 
 
 def gather(obj: Any, dst: int = 0) -> list[Any] | None:
@@ -554,7 +533,12 @@ def gather(obj: Any, dst: int = 0) -> list[Any] | None:
     ['mine']
     """
     _check_rank("dst", dst)
-    parts = _gather_bytes(cloudpickle.dumps(obj), dst)
+    blob = cloudpickle.dumps(obj)
+    parts: list[Any] | None = [blob]
+    dist = _joined()
+    if dist is not None:
+        parts = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+        dist.gather_object(blob, parts, dst=dst, group=_STATE.group)
     return None if parts is None else [cloudpickle.loads(b) for b in parts]
 
 
@@ -575,8 +559,11 @@ def broadcast(obj: Any, src: int = 0) -> Any:
     [1, 2]
     """
     _check_rank("src", src)
-    mine = cloudpickle.dumps(obj) if rank() == src else None
-    return cloudpickle.loads(_broadcast_bytes(mine, src))
+    box = [cloudpickle.dumps(obj) if rank() == src else None]
+    dist = _joined()
+    if dist is not None:
+        dist.broadcast_object_list(box, src=src, group=_STATE.group)
+    return cloudpickle.loads(box[0])
 
 
 def barrier() -> None:
@@ -584,7 +571,6 @@ def barrier() -> None:
 
     >>> barrier()
     """
-    init()
-    dist = _dist()
+    dist = _joined()
     if dist is not None:
         dist.barrier(group=_STATE.group)
