@@ -26,6 +26,7 @@ import zipfile
 from typing import Any
 
 from easycore._errors import warn
+from easycore._options import check_count
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -72,12 +73,8 @@ def save_checkpoint(
     >>> load_checkpoint(d)["data"], load_checkpoint(d)["step"]
     ({'position': 3}, 7)
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        msg = f"step must be an int >= 0, got {step!r}"
-        raise ValueError(msg)
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        msg = f"keep must be an int >= 1 or None, got {keep!r}"
-        raise ValueError(msg)
+    check_count("step", step, minimum=0, optional=False)
+    check_count("keep", keep)
     from easycore.distributed import is_main
 
     if not is_main():

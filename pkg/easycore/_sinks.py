@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from easycore._errors import short_repr, some
+from easycore._options import check_count
 from easycore._protocol import Broken, is_cached
 
 __all__ = [
@@ -46,10 +47,10 @@ __all__ = [
     "ShardWriter",
     "Sink",
     "SinkError",
+    "SinkFiles",
     "Written",
     "Wrote",
     "check_fresh",
-    "check_limit",
     "commit_shard",
     "recover",
     "sweep",
@@ -99,13 +100,6 @@ class Written:
     bytes: int = 0
 
 
-def check_limit(name: str, value: Any) -> None:
-    """Raises ValueError naming ``name`` unless ``value`` is a positive int or None."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        msg = f"{name} must be a positive int or None, got {value!r}"
-        raise ValueError(msg)
-
-
 def _check_key_column(_: Any, __: Any, name: Any) -> None:
     if name is not None and not isinstance(name, str):
         msg = f"key_column must be a column name (a str) or None, got {name!r}"
@@ -134,7 +128,7 @@ class Sink:
     kind: str
     path: str = attrs.field(converter=_as_path, validator=_check_path)
     rows_per_file: int | None = attrs.field(
-        default=None, validator=lambda _, a, value: check_limit(a.name, value)
+        default=None, validator=lambda _, a, value: check_count(a.name, value)
     )
     bytes_per_file: int = 256 << 20
     compression: str | None = None
@@ -192,46 +186,63 @@ class Sink:
 
 
 # -- the caller's side: commit, recover, sweep ---------------------------------------------
-class _Files:
-    """The few file operations a sink needs, on a local directory or an fsspec filesystem."""
+class _Local:
+    """The calls a sink makes of an fsspec filesystem, on a local directory (without
+    fsspec: it is optional)."""
+
+    open = open
+    exists = staticmethod(os.path.exists)
+    mv = staticmethod(os.replace)
+    rm = staticmethod(os.unlink)
+
+    @staticmethod
+    def isfile(path: str) -> bool:  # (anything but a directory: no sink can write there)
+        return os.path.exists(path) and not os.path.isdir(path)
+
+    @staticmethod
+    def makedirs(path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    @staticmethod
+    def ls(path: str, detail: bool = False) -> list[str]:
+        return [os.path.join(path, name) for name in os.listdir(path)]
+
+    @staticmethod
+    def cat_file(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def invalidate_cache(self, path: str) -> None:
+        """Nothing to do: a local directory's listings are not cached."""
+
+
+class SinkFiles:
+    """The files of a sink's directory, local (``local``) or on an fsspec filesystem
+    (``fs``), by name."""
 
     def __init__(self, sink: Sink) -> None:
-        self.fs, self.root = sink.filesystem()
+        fs, self.root = sink.filesystem()
+        self.local = fs is None
+        self.fs = _Local() if fs is None else fs
 
     def join(self, name: str) -> str:
-        return os.path.join(self.root, name) if self.fs is None else posixpath.join(self.root, name)
+        return (os.path if self.local else posixpath).join(self.root, name)
 
     def makedirs(self) -> None:
-        if self.fs is None:
-            os.makedirs(self.root, exist_ok=True)
-        else:
-            self.fs.makedirs(self.root, exist_ok=True)
+        self.fs.makedirs(self.root, exist_ok=True)
 
     def exists(self, name: str) -> bool:
-        if self.fs is None:
-            return os.path.exists(self.join(name))
         self.fs.invalidate_cache(self.root)  # (listings cached before the workers wrote)
         return bool(self.fs.exists(self.join(name)))
 
     def rename(self, a: str, b: str) -> None:
-        if self.fs is None:
-            os.replace(self.join(a), self.join(b))
-        else:
-            self.fs.mv(self.join(a), self.join(b))
+        self.fs.mv(self.join(a), self.join(b))
 
     def remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            if self.fs is None:
-                os.unlink(self.join(name))
-            else:
-                self.fs.rm(self.join(name))
+            self.fs.rm(self.join(name))
 
     def names(self) -> list[str]:
-        if self.fs is None:
-            try:
-                return os.listdir(self.root)
-            except FileNotFoundError:
-                return []
         self.fs.invalidate_cache(self.root)
         if not self.fs.exists(self.root):
             return []
@@ -239,8 +250,6 @@ class _Files:
 
     def open(self, name: str, mode: str = "wb") -> Any:
         try:
-            if self.fs is None:
-                return open(self.join(name), mode)
             return self.fs.open(self.join(name), mode)
         except OSError as exc:  # the directory's fault, not an item's: the run fails
             msg = f"cannot open {self.join(name)} ({exc}): the sink's directory must be writable"
@@ -254,7 +263,7 @@ def commit_shard(sink: Sink, shard: Shard, files: Any = None) -> str:
     Raises:
         FileNotFoundError: neither name is there (the run must not count its rows).
     """
-    files = files or _Files(sink)
+    files = files or SinkFiles(sink)
     if files.exists(shard.temp):
         files.rename(shard.temp, shard.name)
     elif not files.exists(shard.name):
@@ -271,7 +280,7 @@ def recover(sink: Sink, committed: Iterable[Shard]) -> list[str]:
     """Before a resumed run writes: finish the commits a crash cut short (a ledger holds
     them), then remove every other temporary file. Returns the names of the committed
     files that are gone (under neither name)."""
-    files = _Files(sink)
+    files = SinkFiles(sink)
     names = set(files.names())
     gone = []
     for shard in committed:
@@ -286,7 +295,7 @@ def recover(sink: Sink, committed: Iterable[Shard]) -> list[str]:
 def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
     """Raises ValueError when the sink's directory holds committed files that are not this
     run's (``known``: those its ledger recorded): a run would replace them by name."""
-    files = _Files(sink)
+    files = SinkFiles(sink)
     ours = {shard.name for shard in known}
     foreign = sorted(n for n in files.names() if n.startswith("part-") and n not in ours)
     if foreign:
@@ -301,7 +310,7 @@ def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
 def sweep(sink: Sink, files: Any = None) -> None:
     """Remove the temporary files left in the sink's directory (a dead worker's, or those
     of chunks whose results were not kept)."""
-    files = files or _Files(sink)
+    files = files or SinkFiles(sink)
     for name in files.names():
         if _TEMP.match(name):
             files.remove(name)
@@ -351,7 +360,7 @@ class RunSchema:
         Returns by how many bytes the files rewritten grew (``Written.bytes`` counts them)."""
         if self.sink.kind != "parquet":
             return 0
-        files = _Files(self.sink)
+        files = SinkFiles(self.sink)
         for name in files.names():
             if name.startswith("part-") and name.endswith(self.sink.ext) and name not in self.files:
                 import pyarrow.parquet as pq
@@ -518,9 +527,7 @@ def _arrow_column(values: Any) -> Any:
                 # would hold it, in the type that holds them all (a variable-length list
                 # where lengths differ, fixed-size lists inside where they do not)
                 rows = [_arrow_column(v[None]) for v in values]
-                typ = rows[0].type
-                for row in rows[1:]:
-                    typ = _merge_type(typ, row.type)
+                typ = functools.reduce(_merge_type, [row.type for row in rows])
                 return pa.concat_arrays([row.cast(typ) for row in rows])
     if _is_array(values) and len(values.shape) >= 1:
         arr = np.ascontiguousarray(values)
@@ -670,7 +677,7 @@ class ShardWriter:
     def __init__(self, sink: Sink, worker: int) -> None:
         self.sink = sink
         self.worker = worker
-        self.files = _Files(sink)
+        self.files = SinkFiles(sink)
         self.files.makedirs()
         self.schema = sink.schema  # fixed by the first rows written when not given
         if sink.kind == "parquet":
@@ -1167,7 +1174,7 @@ def _kind(typ: Any) -> str:
     return "number" if t.is_integer(typ) or t.is_floating(typ) or t.is_decimal(typ) else "other"
 
 
-def _rewrite(files: _Files, sink: Sink, name: str, schema: Any) -> int:
+def _rewrite(files: SinkFiles, sink: Sink, name: str, schema: Any) -> int:
     """Write committed file ``name`` again in ``schema`` (under a temporary name first: a
     crash meanwhile leaves the file as it was); returns by how many bytes it grew."""
     import pyarrow.parquet as pq

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from easycore._options import parse_bytes
-from easycore._sinks import Sink, Written, check_limit
+from easycore._options import check_count, parse_bytes
+from easycore._sinks import Sink, Written
 
 __all__ = ["Sink", "Written", "jsonl", "parquet", "webdataset"]
 
@@ -144,7 +144,7 @@ def webdataset(
     Raises:
         ValueError: a limit that is not positive.
     """
-    check_limit("samples_per_file", samples_per_file)
+    check_count("samples_per_file", samples_per_file)
     return _sink("webdataset", path, samples_per_file, bytes_per_file)
 
 

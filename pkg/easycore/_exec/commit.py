@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import posixpath
 import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,6 +30,7 @@ from easycore._reaping import start_time
 from easycore._sinks import (
     RunSchema,
     Sink,
+    SinkFiles,
     Written,
     Wrote,
     check_fresh,
@@ -71,9 +71,8 @@ class DirLock:
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.fs, self.root = sink.filesystem()
-        join = os.path.join if self.fs is None else posixpath.join
-        self.path = join(self.root, LOCK_NAME)
+        self.files = SinkFiles(sink)
+        self.path = self.files.join(LOCK_NAME)
         self.text = json.dumps(
             {
                 "pid": os.getpid(),
@@ -114,24 +113,18 @@ class DirLock:
         Raises:
             ValueError: the path is a file, or the directory cannot be made or written.
         """
-        fs, sink, root = self.fs, self.sink, self.root
+        sink, root = self.sink, self.files.root
         try:
-            if fs is None:
-                if os.path.exists(root) and not os.path.isdir(root):
-                    msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
-                    raise ValueError(msg)
-                os.makedirs(root, exist_ok=True)
-                if not os.access(root, os.W_OK | os.X_OK):
-                    msg = f"{sink!r}: the directory {root} cannot be written"
-                    raise ValueError(msg)
-            else:
-                if fs.isfile(root):
-                    msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
-                    raise ValueError(msg)
-                fs.makedirs(root, exist_ok=True)
+            if self.files.fs.isfile(root):
+                msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
+                raise ValueError(msg)
+            self.files.makedirs()
         except OSError as exc:
             msg = f"{sink!r}: the directory {root} cannot be made ({exc})"
             raise ValueError(msg) from exc
+        if self.files.local and not os.access(root, os.W_OK | os.X_OK):
+            msg = f"{sink!r}: the directory {root} cannot be written"
+            raise ValueError(msg)
 
     def end(self) -> None:
         """The run is over: remove its temporary files, then let go of the directory
@@ -143,17 +136,13 @@ class DirLock:
             sweep(self.sink)
         finally:
             if self.read() == self.text:
-                self._remove(self.path)
+                self.files.remove(LOCK_NAME)
 
     def read(self) -> str | None:
         """The text of the lock in the directory, or None when there is none."""
         try:
-            if self.fs is None:
-                with open(self.path, "rb") as f:
-                    data = f.read()
-            else:
-                self.fs.invalidate_cache(self.root)
-                data = bytes(self.fs.cat_file(self.path))
+            self.files.fs.invalidate_cache(self.files.root)
+            data = bytes(self.files.fs.cat_file(self.path))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except IsADirectoryError:
@@ -185,8 +174,8 @@ class DirLock:
         raise ValueError(msg)
 
     def _create(self) -> bool:
-        data = self.text.encode()
-        if self.fs is None:
+        data, fs = self.text.encode(), self.files.fs
+        if self.files.local:
             temp = f"{self.path}.{os.getpid()}-{os.urandom(4).hex()}"
             with open(temp, "wb") as f:
                 f.write(data)
@@ -198,21 +187,20 @@ class DirLock:
                 os.unlink(temp)
             return True
         try:
-            with self.fs.open(self.path, "xb") as f:
+            with fs.open(self.path, "xb") as f:
                 f.write(data)
         except FileExistsError:
             return False
         except (ValueError, NotImplementedError):  # no exclusive create: look, then write
-            self.fs.invalidate_cache(self.root)
-            if self.fs.exists(self.path):
+            if self.files.exists(LOCK_NAME):
                 return False
-            self.fs.pipe_file(self.path, data)
+            fs.pipe_file(self.path, data)
         return True
 
     def _take_over(self, stale: str) -> None:
         """Remove the lock of a dead run, unless another run took it over meanwhile."""
-        if self.fs is not None:
-            self._remove(self.path)
+        if not self.files.local:
+            self.files.remove(LOCK_NAME)
             return
         aside = f"{self.path}.{os.urandom(4).hex()}"
         try:
@@ -225,13 +213,6 @@ class DirLock:
             with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
         os.unlink(aside)
-
-    def _remove(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            if self.fs is None:
-                os.unlink(path)
-            else:
-                self.fs.rm(path)
 
 
 def _alive(pid: int, since: int | None = None) -> bool:
@@ -263,7 +244,7 @@ def check_sink(sink: Sink, in_caller: bool) -> None:
             cannot be made or written, or one another live run is writing.
     """
     lock = DirLock(sink)
-    protocol = getattr(lock.fs, "protocol", "")
+    protocol = getattr(lock.files.fs, "protocol", "")
     if not in_caller and "memory" in (protocol if isinstance(protocol, tuple) else (protocol,)):
         msg = (
             f"{sink!r}: a memory:// filesystem lives in one process, and the workers (other "
@@ -337,21 +318,13 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
 def commit_written(stream: Iterator[Any]) -> Iterator[Written]:
     """The :class:`Written` of each committed file in ``stream`` (:func:`committing`'s
     segments); closing it closes ``stream``."""
-    try:
+    with contextlib.closing(stream):  # type: ignore[type-var]
         for _, written in stream:
             yield from written
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
 
 
 def total_written(parts: Iterable[Written]) -> Written:
     """The files, rows and bytes of ``parts`` together (files sorted)."""
-    files: list[str] = []
-    rows = nbytes = 0
-    for part in parts:
-        files.extend(part.files)
-        rows += part.rows
-        nbytes += part.bytes
-    return Written(tuple(sorted(files)), rows, nbytes)
+    parts = list(parts)
+    files = sorted(name for part in parts for name in part.files)
+    return Written(files, sum(p.rows for p in parts), sum(p.bytes for p in parts))
