@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -71,13 +72,7 @@ class Registry:
         """
         if obj is None and name is not None and not isinstance(name, str):
             return self._add(None, name)  # bare @REG.register
-        if obj is None:
-
-            def decorator(target: _T) -> _T:
-                return self._add(name, target)
-
-            return decorator
-        return self._add(name, obj)
+        return functools.partial(self._add, name) if obj is None else self._add(name, obj)
 
     def _add(self, name: str | None, obj: _T) -> _T:
         if name is None:

@@ -253,13 +253,11 @@ def seed_everything(value: int) -> None:
     True
     """
     seed_loaded(value)
-    for name, hooked in (("torch", _torch_loaded_default), ("numpy.random", _numpy_loaded)):
-        if name not in sys.modules and name not in _HOOKED:
-            _HOOKED.add(name)
-            sys.meta_path.insert(0, _AfterImport(name, hooked))
+    if not any(hook in sys.meta_path for hook in _WAITING):  # none left of an earlier call
+        _WAITING[:] = seed_on_import()
 
 
-_HOOKED: set[str] = set()  # modules seed_everything hooked (the hooks read _LAST_SEED)
+_WAITING: list[Any] = []  # the import hooks of seed_everything (they read _LAST_SEED)
 
 
 def seed_loaded(value: int) -> None:
@@ -343,13 +341,7 @@ def _torch_loaded(n_threads: int | None, torch: Any) -> None:
         torch.default_generator.manual_seed(_LAST_SEED)
 
 
-def _torch_loaded_default(torch: Any) -> None:
-    _HOOKED.discard("torch")
-    _torch_loaded(None, torch)
-
-
 def _numpy_loaded(npr: Any) -> None:
-    _HOOKED.discard("numpy.random")
     if _LAST_SEED is not None:
         npr.seed(_LAST_SEED % (2**32))
 

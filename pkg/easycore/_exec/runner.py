@@ -58,7 +58,7 @@ from easycore._sinks import Sink
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["ABORT_GRACE", "OwnedResults", "Runner"]
+__all__ = ["ABORT_GRACE", "OwnedResults", "Runner", "count_units"]
 
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 ENGINES = ("local", "ray")
@@ -627,14 +627,21 @@ def _supervised(
             bar.close()
 
 
+def count_units(data: Iterable[Any], batch_size: int | None) -> int | None:
+    """How many units (items, or batches of ``batch_size``) ``data`` makes; None without
+    ``len``."""
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return n if batch_size is None else math.ceil(n / batch_size)
+
+
 def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) -> list[Any]:
     """One tqdm bar per hop of ``chain`` (a total when ``len(data)`` exists)."""
     from tqdm.auto import tqdm
 
-    total = None
-    with contextlib.suppress(TypeError):
-        n = len(data)  # type: ignore[arg-type]
-        total = n if batch_size is None else math.ceil(n / batch_size)
+    total = count_units(data, batch_size)
     bars = []
     for k, hop in enumerate(chain.hops):
         n_units = None if total is None else math.ceil(total / hop.unit)

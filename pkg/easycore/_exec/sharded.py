@@ -19,7 +19,6 @@ a single-process run.
 from __future__ import annotations
 
 import itertools
-import math
 import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -30,7 +29,7 @@ import cloudpickle
 from easycore import distributed
 from easycore._errors import WorkerDied, WorkerError
 from easycore._exec.plan import PipelineDef
-from easycore._exec.runner import Runner
+from easycore._exec.runner import Runner, count_units
 from easycore._exec.sources import batched, items_of
 from easycore._options import Numbering, RunOptions
 from easycore._protocol import pack_exception, unpack_exception
@@ -104,22 +103,6 @@ def _raise_failure(
     raise WorkerError(msg, *args) from cause
 
 
-def _lost_peer(exc: BaseException, me: int, what: str) -> WorkerDied:
-    msg = (
-        f"rank {me}: the collective exchanging {what} failed, most likely because another rank "
-        f"died or stopped answering within the process group's timeout: {exc}"
-    )
-    return WorkerDied(msg)
-
-
-def _count(data: Iterable[Any], batch_size: int | None) -> int | None:
-    try:
-        n = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    return n if batch_size is None else math.ceil(n / batch_size)
-
-
 _MISSING = object()
 
 
@@ -135,7 +118,11 @@ def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
     try:
         return collective(*args)
     except RuntimeError as exc:
-        raise _lost_peer(exc, me, what) from exc
+        msg = (
+            f"rank {me}: the collective exchanging {what} failed, most likely because another "
+            f"rank died or stopped answering within the process group's timeout: {exc}"
+        )
+        raise WorkerDied(msg) from exc
 
 
 def sharded_map(
@@ -172,7 +159,7 @@ def sharded_map(
         data = items_of(data)  # a map-style dataset: by index, as DataLoader reads it
         units: Iterable[Any] = batched(data, size) if size else data
         share: Iterable[Any] = itertools.islice(units, me, None, world)
-        count = _count(data, size)
+        count = count_units(data, size)
         if count is not None:
             share = _Sized(share, len(range(me, count, world)))
         # The caller's options, but for what a rank does differently: units already
