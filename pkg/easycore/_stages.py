@@ -3,15 +3,15 @@
 A hop's fused producers, prepared where they run (a worker process, the calling process for
 ``devices="inline"``, or any other engine): :meth:`PreparedStages.start` runs every ``init``
 with its injected names, :meth:`~PreparedStages.run` runs the stages over one unit (seeded
-from its index when the run has a seed), :meth:`~PreparedStages.run_chunk` over a chunk
-with retries, and :meth:`~PreparedStages.finish` runs every ``end``. Failures come back as
-:class:`StageFailure` values naming the stage (over a chunk, as a
-:class:`~easycore._protocol.Broken` in the failed unit's place); the caller turns them into
-errors.
+from its index when the run has a seed), a :class:`ChunkRun` over a chunk with retries
+(the one chunk executor, on every engine), and :meth:`~PreparedStages.finish` runs every
+``end``. Failures come back as :class:`StageFailure` values naming the stage (over a chunk,
+as a :class:`~easycore._protocol.Broken` in the failed unit's place); the caller turns them
+into errors.
 
 Stages that wait (docs/contract.md section 11): producers, ``init``, ``end`` may be ``async def``;
 they run on one event loop per place (a worker, an actor, the caller for ``"inline"``). A
-hop with ``concurrency=k`` runs up to ``k`` units at once (:meth:`~PreparedStages.start_many`):
+hop with ``concurrency=k`` runs up to ``k`` units at once (:meth:`ChunkRun.start`):
 as tasks of that loop when a stage is async, else on ``k`` threads. The ``k`` slots belong to
 the place, not to a chunk: the units of the chunks it holds take them first come, first
 served, so a slot that one chunk's slow unit leaves free takes the next chunk's unit at
@@ -27,20 +27,21 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error, user_traceback
 from easycore._inject import call_with, injected, is_async_fn
 from easycore._protocol import (
+    AT_FLIGHT,
     AT_INDEX,
     AT_STARTED,
-    CACHED,
     RUNNING,
     Broken,
     ErrorReport,
     Task,
+    pickling_error,
     settled,
 )
 from easycore._seeding import (
@@ -178,7 +179,7 @@ class PreparedStages:
             numpy first imported by an item's own work is seeded for that item (a worker
             installs such hooks once, at start-up), and only ``Exception``s count as the
             stage's failure (Ctrl-C and ``SystemExit`` propagate, as in any other code).
-        concurrency: units :meth:`run_many` runs at once (async stages: tasks of this
+        concurrency: units :meth:`start_units` runs at once (async stages: tasks of this
             place's event loop; plain ones: threads).
     """
 
@@ -206,9 +207,9 @@ class PreparedStages:
         self.catch: type[BaseException] = Exception if in_caller else BaseException
         self.prepared: list[_Prepared] = []
         self.concurrency = concurrency
-        # a stage is async: units run on the event loop (run_many: as concurrent tasks)
+        # a stage is async: units run on the event loop (start_units: as concurrent tasks)
         self.is_async = any(is_async_fn(s.fn) for s in self.defs)
-        # units go through run_many (concurrently), not the loop of old
+        # units go through start_units (concurrently): ChunkRun.start, not ChunkRun.run
         self.waits = self.is_async or concurrency > 1
         # the units in flight here, of every chunk (a worker's slots are shared by its chunks)
         self.flight = Flight(by_step=self.is_async)
@@ -221,7 +222,8 @@ class PreparedStages:
         # pool of k threads between them; finish holds it throughout, so a chunk that
         # arrives meanwhile waits, then is refused: Finished)
         self._starting = threading.RLock()
-        self.open = False  # started and not finished: units may run (see start_many)
+        self.open = False  # started and not finished: units may run (see start_units)
+        self.where = ""  # the place, for a Broken's message (a Ray actor's node and process)
 
     # -- the event loop and the threads -------------------------------------------------------
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -361,25 +363,20 @@ class PreparedStages:
             self._close_loop()
             return first
 
-    # -- items ---------------------------------------------------------------------------
-    def write(
-        self, base: int, values: list[Any], inputs: Any, skip: Any = (), keys: Any = None
-    ) -> list[tuple[int, StageFailure]]:
-        """With a sink: write the results ``values`` of units ``base + k`` (not those at
-        positions ``skip``: failed) to files; each written value becomes a small
-        ``Wrote``. Returns the units whose results could not be written, as failures of the
-        sink (their value is None). Without a sink: nothing."""
-        if self.writer is None or self.sink is None:
-            return []
-        name = self.sink.name
-        try:
-            bad = self.writer.write(base, values, inputs, skip, keys)
-        except self.catch as exc:  # the file itself failed: every unit of the chunk does
-            skipped = set(skip)
-            bad = [(k, exc) for k in range(len(values)) if k not in skipped]
-            for k, _ in bad:
-                values[k] = None
-        return [(k, StageFailure(name, exc)) for k, exc in bad]
+    # -- one unit --------------------------------------------------------------------------
+    def broken(self, index: int, failed: StageFailure) -> Broken:
+        """Unit ``index`` failed: its marker (the failure as a report, except in the caller,
+        where the raised error's cause is then the live exception)."""
+        return Broken(self.hop, index, failed if self.in_caller else failed.report(), self.where)
+
+    def _seed(self, seed: int | None, index: int, numbering: tuple[int, int]) -> Any:
+        """Seed unit ``index`` (:func:`easycore.item_seed`; in the caller also torch or numpy
+        that its work imports first); what :func:`_unseed` undoes. None: no seed."""
+        if seed is None:
+            return None
+        value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
+        seed_loaded(value)
+        return ITEM_SEED.set(value), seed_on_import() if self.in_caller else []
 
     def run(
         self,
@@ -391,21 +388,15 @@ class PreparedStages:
     ) -> tuple[Any, StageFailure | None]:
         """Run the stages over unit ``index`` once: ``(value, None)`` or ``(None, failure)``.
 
-        Async stages run on the loop; ``timeout`` then cancels the unit (plain stages are
-        not timed here: a watchdog kills their worker).
+        Async stages run on the loop (:meth:`arun`); ``timeout`` then cancels the unit (plain
+        stages are not timed here: a watchdog kills their worker).
         """
-        hooks: list[Any] = []
-        token = None
-        if seed is not None:
-            value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
-            seed_loaded(value)
-            token = ITEM_SEED.set(value)
-            if self.in_caller:
-                hooks = seed_on_import()
+        if self.is_async:
+            done: tuple[Any, StageFailure | None]
+            done = self.run_async(self.arun(item, index, seed, numbering, timeout))
+            return done
+        seeded = self._seed(seed, index, numbering)
         try:
-            if self.is_async:
-                done: tuple[Any, StageFailure | None] = self.run_async(self._astages(item, timeout))
-                return done
             value = item
             for st in self.prepared:
                 try:
@@ -416,10 +407,24 @@ class PreparedStages:
                     return None, StageFailure(st.name, exc)
             return value, None
         finally:
-            if hooks:
-                drop_hooks(hooks)
-            if token is not None:
-                ITEM_SEED.reset(token)
+            _unseed(seeded)
+
+    async def arun(
+        self,
+        item: Any,
+        index: int,
+        seed: int | None,
+        numbering: tuple[int, int],
+        timeout: float | None = None,
+        started: float | None = None,
+        key: int = -1,
+    ) -> tuple[Any, StageFailure | None]:
+        """:meth:`run` on the loop (async stages), seeded in the unit's own context."""
+        seeded = self._seed(seed, index, numbering)
+        try:
+            return await self._astages(item, timeout, started, key)
+        finally:
+            _unseed(seeded)
 
     async def _astages(
         self, item: Any, timeout: float | None, started: float | None = None, key: int = -1
@@ -481,216 +486,32 @@ class PreparedStages:
                 return None, StageFailure(st.name, exc)
         return value, None
 
-    def run_retrying(
-        self,
-        item: Any,
-        index: int,
-        seed: int | None,
-        allowed: int,
-        numbering: tuple[int, int] = (0, 1),
-        timeout: float | None = None,
-    ) -> tuple[Any, StageFailure | None]:
-        """:meth:`run`, again while it fails and ``allowed`` retries remain."""
-        attempt = 0
-        while True:
-            value, failed = self.run(item, index, seed, numbering, timeout)
-            if failed is None or attempt >= allowed:
-                return value, failed
-            attempt += 1
-
     def retries_left(self, task: Task, index: int) -> int:
         """Retries unit ``index`` of ``task`` may still use (deaths have charged some)."""
         if not task.spent:
             return task.retries
         return task.retries - task.spent.get((self.hop, index), 0)
 
-    def run_chunk(
-        self,
-        units: Any,
-        base: int,
-        task: Task,
-        cur: Any,
-        at: int,
-        stop: Any,
-        since: float | None = None,
-    ) -> Ran:
-        """Run the stages over a chunk's units (unit ``k`` is unit ``base + k`` of the hop),
-        one at a time (a hop that waits starts them instead: :meth:`start_chunk`).
-
-        Failed units are retried here while ``task`` allows; one that still fails becomes a
-        :class:`~easycore._protocol.Broken` in its place (a marker that came in passes on).
-        The index of the unit in hand, and with a timeout its start time, go into the shared
-        slot ``cur[at:]``; ``since`` (when the chunk's unpickling began) is the first unit's
-        start time.
-
-        Returns:
-            The values (written by the sink when there is one), how many units ran (not
-            passed on), and whether any value is Broken.
-        """
-        values: list[Any] = []
-        passed = 0
-        marked = False
-        only = self.prepared[0] if len(self.prepared) == 1 else None
-        if only is not None and not (
-            only.kwargs or task.seed is not None or task.timed or task.retries or task.marked
-        ):
-            # the hot path: one stage, nothing injected, no per-item seed, clock or retry
-            fast = only.fn
-            append = values.append
-            where = float(base)
-            here = at + AT_INDEX  # (per item, only the store: this loop is W1's whole cost)
-            for item in units:
-                cur[here] = where
-                where += 1.0
-                try:
-                    value = fast(item)
-                    if type(value) is CoroutineType:
-                        _refuse(only.name, value)
-                    append(value)
-                except BaseException as exc:
-                    append(Broken(self.hop, base + len(values), ErrorReport.of(only.name, exc)))
-                    marked = True
-            return values, len(values), self._written(base, values, marked, units, cur, at, task)
-        index = base
-        for item in units:
-            done = settled(item) if task.marked else None
-            if done is not None:
-                values.append(done)
-                passed += 1
-                marked = marked or done is not CACHED
-                index += 1
-                continue
-            allowed = self.retries_left(task, index)
-            attempt = 0
-            while True:
-                value, failed = self.run_marked(item, index, task, cur, at, since)
-                since = None  # a retry, and the next unit, start their own clock
-                if failed is None or attempt >= allowed:
-                    break
-                attempt += 1
-            if failed is not None:
-                value, marked = Broken(self.hop, index, failed.report()), True
-            values.append(value)
-            index += 1
-            if stop.is_set():
-                break
-        marked = self._written(base, values, marked, units, cur, at, task)
-        return values, len(values) - passed, marked
-
-    def _written(
-        self, base: int, values: list[Any], marked: bool, units: Any, cur: Any, at: int, task: Task
-    ) -> bool:
-        """A chunk's values, written by the sink when there is one (:meth:`write_chunk`);
-        whether any is Broken."""
-        if self.writer is None:
-            return marked
-        cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
-        return self.write_chunk(base, values, units, task.keys) or marked
-
-    def run_marked(
-        self, item: Any, index: int, task: Task, cur: Any, at: int, since: float | None = None
-    ) -> tuple[Any, StageFailure | None]:
-        """:meth:`run` once, with the unit's index (and start time, when timed: ``since``, or
-        now) in the slot."""
-        cur[at + AT_INDEX] = float(index)
-        if task.timed:
-            cur[at + AT_STARTED] = time.monotonic() if since is None else since
-        return self.run(item, index, task.seed, task.numbering)
-
     # -- units in flight together (concurrency=k, async stages) --------------------------------
-    def start_chunk(self, units: Any, base: int, task: Task, stop: Any, since: float) -> ChunkRun:
-        """Start a chunk of a hop that waits (:attr:`waits`): its units go to this place's
-        ``concurrency`` slots behind those of chunks started earlier, so a slot that one
-        chunk frees takes the next chunk's unit at once. ``since``: when the chunk's
-        unpickling began (its first unit's start, if a slot is free for it then).
+    def start_units(
+        self, jobs: Sequence[tuple[int, Any]], unit: Callable[..., Any], tally: _Tally
+    ) -> concurrent.futures.Future[tuple[list[Any], float]]:
+        """Start ``unit(k, index, item)`` (a coroutine: the tries of one unit) for each job
+        ``(index, item)`` on this place's ``concurrency`` slots, behind the units started
+        before (first come, first served): async stages as tasks of the loop, plain ones on
+        ``concurrency`` threads.
 
         Returns:
-            The :class:`ChunkRun`; its ``future`` is done when every unit is.
-        """
-        jobs = []
-        passed: dict[int, Any] = {}  # position -> a marker that came in (passed on)
-        for k, unit in enumerate(units):
-            done = settled(unit) if task.marked else None
-            if done is not None:
-                passed[k] = done
-            else:
-                jobs.append((base + k, unit))
-        future = self.start_many(
-            jobs,
-            seed=task.seed,
-            numbering=task.numbering,
-            allowed=lambda index: self.retries_left(task, index),
-            timeout=task.timeout if self.is_async else None,
-            stop=stop,
-            since=since,
-        )
-        return ChunkRun(self, task, units, base, passed, future)
-
-    def write_chunk(self, base: int, values: list[Any], units: Any, keys: Any) -> bool:
-        """A chunk's values written by the sink, when there is one (:meth:`write`); a unit
-        that could not be written becomes a Broken. Whether any did."""
-        bad = self.write(base, values, units, (), keys)
-        for k, failed in bad:
-            values[k] = Broken(self.hop, base + k, failed.report())
-        return bool(bad)
-
-    def run_many(
-        self,
-        jobs: Sequence[tuple[int, Any]],
-        *,
-        seed: int | None,
-        numbering: tuple[int, int],
-        allowed: Callable[[int], int],
-        timeout: float | None = None,
-        stop: Any = None,
-        since: float | None = None,
-    ) -> tuple[list[tuple[Any, StageFailure | None]], float]:
-        """:meth:`start_many`, waited for (by any thread: those of several chunks share the
-        slots)."""
-        results: tuple[list[tuple[Any, StageFailure | None]], float]
-        results = self.start_many(
-            jobs,
-            seed=seed,
-            numbering=numbering,
-            allowed=allowed,
-            timeout=timeout,
-            stop=stop,
-            since=since,
-        ).result()
-        return results
-
-    def start_many(
-        self,
-        jobs: Sequence[tuple[int, Any]],
-        *,
-        seed: int | None,
-        numbering: tuple[int, int],
-        allowed: Callable[[int], int],
-        timeout: float | None = None,
-        stop: Any = None,
-        since: float | None = None,
-    ) -> concurrent.futures.Future[tuple[list[tuple[Any, StageFailure | None]], float]]:
-        """Start ``(index, unit)`` jobs on this place's ``concurrency`` slots, behind the
-        jobs started before (first come, first served).
-
-        Each unit retries while it fails and ``allowed(index)`` retries remain. Async stages
-        run as tasks of the loop, each unit cancelled past ``timeout`` seconds of its own
-        (counted from ``since`` for the first, when given and a slot is free: its chunk's
-        unpickling); plain stages on ``concurrency`` threads. :attr:`flight` hears of every
-        unit in flight. ``stop`` (an Event): units not started yet are left out, as
-        ``(None, None)``.
-
-        Returns:
-            A future of the results in job order and the slot-seconds the units held.
+            A future of the results in job order and the slot-seconds the units held
+            (``tally``).
         """
         import asyncio
         import concurrent.futures
 
-        tally = _Tally()
         if self.is_async:
             with self._starting:  # (finish waits until the loop has this chunk's work)
                 loop = self._serving()
-                coro = self._amany(jobs, seed, numbering, allowed, timeout, stop, since, tally)
+                coro = self._amany(jobs, unit, tally)
                 if self._loop_thread is not None:
                     return asyncio.run_coroutine_threadsafe(coro, loop)
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -705,98 +526,61 @@ class PreparedStages:
                     initializer=bind_thread,
                     initargs=(self.context["device"],),
                 )
-            return tally.gather(
-                [
-                    self._threads.submit(
-                        self._one_unit,
-                        index,
-                        unit,
-                        seed,
-                        numbering,
-                        allowed(index),
-                        stop,
-                        since if k == 0 else None,
-                        tally,
-                    )
-                    for k, (index, unit) in enumerate(jobs)
-                ]
-            )
-
-    def _one_unit(
-        self,
-        index: int,
-        unit: Any,
-        seed: int | None,
-        numbering: tuple[int, int],
-        allowed: int,
-        stop: Any,
-        since: float | None,
-        tally: _Tally,
-    ) -> tuple[Any, StageFailure | None]:
-        """(a thread) One unit with its retries."""
-        value: Any = None
-        failed: StageFailure | None = None
-        attempt = 0
-        while stop is None or not stop.is_set():
-            key, _ = self.flight.begin(index, since)
-            since = None
-            try:
-                value, failed = self.run(unit, index, seed, numbering)
-            finally:
-                tally.add(self.flight.end(key))
-            if failed is None or attempt >= allowed:
-                break
-            attempt += 1
-        return value, failed
+            threads = self._threads
+            return tally.gather([threads.submit(_now, unit, k, *job) for k, job in enumerate(jobs)])
 
     async def _amany(
-        self,
-        jobs: Sequence[tuple[int, Any]],
-        seed: int | None,
-        numbering: tuple[int, int],
-        allowed: Callable[[int], int],
-        timeout: float | None,
-        stop: Any,
-        since: float | None,
-        tally: _Tally,
+        self, jobs: Sequence[tuple[int, Any]], unit: Callable[..., Any], tally: _Tally
     ) -> tuple[list[tuple[Any, StageFailure | None]], float]:
         import asyncio
 
         if self._gate is None:
             self._gate = asyncio.Semaphore(self.concurrency)
         gate = self._gate
-        flight = self.flight
 
-        async def one(k: int, index: int, unit: Any) -> tuple[Any, StageFailure | None]:
-            value: Any = None
-            failed: StageFailure | None = None
+        async def one(k: int, index: int, item: Any) -> tuple[Any, StageFailure | None]:
             async with gate:
-                first = since if k == 0 else None
-                attempt = 0
-                budget = allowed(index)
-                while stop is None or not stop.is_set():
-                    key, started = flight.begin(index, first)
-                    first = None
-                    try:
-                        if seed is not None:  # (this task's own context: no other unit's)
-                            value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
-                            seed_loaded(value)
-                            ITEM_SEED.set(value)
-                        value, failed = await self._astages(unit, timeout, started, key)
-                    finally:
-                        tally.add(flight.end(key))
-                    if failed is None or attempt >= budget:
-                        break
-                    attempt += 1
-            return value, failed
+                done: tuple[Any, StageFailure | None] = await unit(k, index, item)
+                return done
 
-        tasks = [asyncio.ensure_future(one(k, i, u)) for k, (i, u) in enumerate(jobs)]
+        tasks = [asyncio.ensure_future(one(k, *job)) for k, job in enumerate(jobs)]
         try:
             return list(await asyncio.gather(*tasks)), tally.busy
         except BaseException:
             for t in tasks:
                 t.cancel()
             raise
+
+
+_NEVER = threading.Event()  # a stop that never comes (inline, Ray)
+_RUN = object()  # (a position not passed on: run)
+
+
+def _now(make: Callable[..., Any], *args: Any) -> Any:
+    """What the coroutine ``make(*args)`` returns, run here to its end: one that never waits
+    (the tries of a plain unit: :func:`_retrying`)."""
+    coro = make(*args)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    msg = "a unit of plain stages waited"
+    raise RuntimeError(msg)
+
+
+def _unseed(seeded: Any) -> None:
+    """Undo :meth:`PreparedStages._seed`."""
+    if seeded is not None:
+        token, hooks = seeded
+        if hooks:
+            drop_hooks(hooks)
+        ITEM_SEED.reset(token)
+
+
+def _not_pickled(exc: BaseException) -> StageFailure:
+    """A unit whose result does not pickle on its way on (``exc``: why)."""
+    return StageFailure("<result pickling>", TypeError(f"the result cannot be pickled: {exc}"))
 
 
 def _refuse(name: str, value: CoroutineType[Any, Any, Any]) -> NoReturn:
@@ -904,43 +688,228 @@ class _Steps:
 
 
 class ChunkRun:
-    """A chunk of a hop that waits, started (:meth:`PreparedStages.start_chunk`)."""
+    """A chunk's units through one hop's prepared stages (unit ``k`` is unit ``base + k`` of
+    the hop): the one chunk executor, on every engine (a worker process, a Ray actor, the
+    caller for ``"inline"``).
+
+    :meth:`run` runs them one at a time, here; :meth:`start` (a hop that waits:
+    :attr:`PreparedStages.waits`) starts them on the place's slots, and :meth:`result` is
+    what they ran to. Either way each unit is retried while ``task`` allows
+    (:func:`_retrying`, the one retry loop); one that still fails becomes a
+    :class:`~easycore._protocol.Broken` in its place (a marker that came in passes on); a
+    sink writes the values (:meth:`_ran`, the one write path).
+    """
 
     __slots__ = ("base", "future", "passed", "stages", "task", "units")
 
-    def __init__(
-        self,
-        stages: PreparedStages,
-        task: Task,
-        units: Any,
-        base: int,
-        passed: dict[int, Any],
-        future: concurrent.futures.Future[tuple[list[tuple[Any, StageFailure | None]], float]],
-    ) -> None:
-        self.stages, self.task, self.units, self.base = stages, task, units, base
-        self.passed, self.future = passed, future
+    def __init__(self, stages: PreparedStages, units: Any, base: int, task: Task) -> None:
+        self.stages, self.units, self.base, self.task = stages, units, base, task
+        self.passed: dict[int, Any] = {}  # position -> a marker that came in (passed on)
+        self.future: concurrent.futures.Future[tuple[list[Any], float]] | None = None
+
+    def run(self, cur: Any, at: int, stop: Any = None, since: float | None = None) -> Ran:
+        """Run the units one at a time, here. The index of the unit in hand, and with a
+        timeout its start time, go into the slot ``cur[at:]`` (a worker's shared one);
+        ``since`` (when the chunk's unpickling began) is the first unit's start time.
+        ``stop`` (an Event): units not run yet are left out.
+
+        Returns:
+            The values (written by the sink when there is one), how many units ran (not
+            passed on), and whether any value is Broken.
+        """
+        stages, task, base = self.stages, self.task, self.base
+        only = stages.prepared[0] if len(stages.prepared) == 1 else None
+        if only is not None and not (
+            only.kwargs or task.seed is not None or task.timed or task.retries or task.marked
+        ):
+            # the hot path: one stage, nothing injected, no per-item seed, clock or retry
+            values: list[Any] = []
+            marked = False
+            fast = only.fn
+            append = values.append
+            where = float(base)
+            here = at + AT_INDEX  # (per item, only the store: this loop is W1's whole cost)
+            for item in self.units:
+                cur[here] = where
+                where += 1.0
+                try:
+                    value = fast(item)
+                    if type(value) is CoroutineType:
+                        _refuse(only.name, value)
+                    append(value)
+                except stages.catch as exc:
+                    append(stages.broken(base + len(values), StageFailure(only.name, exc)))
+                    marked = True
+        else:
+            stop = _NEVER if stop is None else stop
+            done = [
+                _now(
+                    _retrying,
+                    functools.partial(self._in_slot, item, index, cur, at),
+                    stages.retries_left(task, index),
+                    stop,
+                    since if k == 0 else None,
+                )
+                for k, (index, item) in enumerate(self._jobs())
+            ]
+            values, marked = self._placed(done)
+        if stages.writer is not None:
+            cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
+        return self._ran(values, marked)
+
+    def start(self, stop: Any = None, since: float | None = None) -> ChunkRun:
+        """Start the units on the place's ``concurrency`` slots, behind those of chunks
+        started earlier, so a slot that one chunk frees takes the next chunk's unit at once
+        (:meth:`PreparedStages.start_units`): an async unit is cancelled past the run's
+        timeout of its own time, counted from ``since`` for the first when a slot is free
+        for it then (its chunk's unpickling). ``stop`` (an Event): units not started yet
+        are left out. Returns this chunk; its ``future`` is done when every unit is."""
+        stages, task = self.stages, self.task
+        grace = cancel_grace(task.timeout) if stages.is_async and task.timeout else 0.0
+        stages.flight.timing = (task.timed, grace)
+        stop = _NEVER if stop is None else stop
+        tally = _Tally()
+
+        def unit(k: int, index: int, item: Any) -> Any:  # (a coroutine: the unit's tries)
+            attempt = functools.partial(self._flown, item, index, tally)
+            allowed = stages.retries_left(task, index)
+            return _retrying(attempt, allowed, stop, since if k == 0 else None)
+
+        self.future = stages.start_units(self._jobs(), unit, tally)
+        return self
 
     def result(self) -> tuple[Ran, float]:
-        """What ran (as :meth:`PreparedStages.run_chunk` returns it), and the slot-seconds,
-        once ``future`` is done; a sink has written the values."""
+        """What ran (as :meth:`run` returns it), and the slot-seconds, once ``future`` is
+        done; a sink has written the values."""
+        assert self.future is not None
         done, busy = self.future.result()
+        return self._ran(*self._placed(done)), busy
+
+    def unpicklable(self, values: Any, exc: BaseException, cur: Any = None, at: int = 0) -> Any:
+        """``values`` (of the units) did not pickle on their way on (``exc``): each that
+        does not pickle alone (every one not passed on, when none alone is the one) becomes
+        a Broken in its place (stage ``"<result pickling>"``), unless its unit, run again
+        while its retries allow (where the chunk ran: its slot ``cur[at:]``), gives a result
+        that pickles."""
+        values = list(values)
+        mine = [k for k, v in enumerate(values) if settled(v) is None]  # (not passed on)
+        bad = {k: e for k in mine if (e := pickling_error(values[k])) is not None}
+        for k in bad or mine:
+            failed: StageFailure | None = _not_pickled(bad.get(k, exc))
+            if cur is not None and k in bad:
+                values[k], failed = self._again(k, cur, at) or (None, failed)
+            if failed is not None:
+                values[k] = self.stages.broken(self.base + k, failed)
+        return values
+
+    def _again(self, k: int, cur: Any, at: int) -> tuple[Any, StageFailure | None] | None:
+        """Unit ``k``, whose result did not pickle, run again while its retries allow, until
+        its result pickles (None: no retry left)."""
+        index, item = self.base + k, self.units[k]
+        allowed = self.stages.retries_left(self.task, index)
+        if allowed <= 0:
+            return None
+
+        async def attempt(since: float | None) -> tuple[Any, StageFailure | None]:
+            value, failed = await self._in_slot(item, index, cur, at, since)
+            exc = pickling_error(value) if failed is None else None
+            return (value, failed) if exc is None else (None, _not_pickled(exc))
+
+        done: tuple[Any, StageFailure | None] = _now(_retrying, attempt, allowed - 1, _NEVER)
+        return done
+
+    def _jobs(self) -> list[tuple[int, Any]]:
+        """The units to run, ``(index, unit)``; markers that came in go to :attr:`passed`."""
+        jobs = []
+        marked = self.task.marked
+        for k, unit in enumerate(self.units):
+            done = settled(unit) if marked else None
+            if done is not None:
+                self.passed[k] = done
+            else:
+                jobs.append((self.base + k, unit))
+        return jobs
+
+    def _placed(self, done: Any) -> tuple[list[Any], bool]:
+        """The chunk's values: the markers passed on, and in the other places what its jobs
+        gave (``done``, in order; one that failed: a Broken); whether any is Broken."""
         values: list[Any] = []
         marked = False
         results = iter(done)
-        hop = self.stages.hop
         for k in range(len(self.units)):
-            value = self.passed.get(k, self)  # (self: not passed on, run)
-            if value is self:
+            value = self.passed.get(k, _RUN)
+            if value is _RUN:
                 value, failed = next(results)
                 if failed is not None:
-                    value = Broken(hop, self.base + k, failed.report())
+                    value = self.stages.broken(self.base + k, failed)
             marked = marked or type(value) is Broken
             values.append(value)
-        if self.stages.writer is not None:
-            marked = (
-                self.stages.write_chunk(self.base, values, self.units, self.task.keys) or marked
-            )
-        return (values, len(values) - len(self.passed), marked), busy
+        return values, marked
+
+    def _ran(self, values: list[Any], marked: bool) -> Ran:
+        """What the chunk ran to, written by the sink when there is one: each written value
+        becomes a small ``Wrote``; a unit whose result could not be written (every one, when
+        the file failed) fails as the sink's stage, a Broken."""
+        stages, base = self.stages, self.base
+        writer, sink = stages.writer, stages.sink
+        if writer is not None and sink is not None:
+            try:
+                bad = writer.write(base, values, (), (), self.task.keys)
+            except stages.catch as exc:
+                bad = [(k, exc) for k in range(len(values))]
+            for k, exc in bad:
+                values[k] = stages.broken(base + k, StageFailure(sink.name, exc))
+            marked = marked or bool(bad)
+        return values, len(values) - len(self.passed), marked
+
+    async def _in_slot(
+        self, item: Any, index: int, cur: Any, at: int, since: float | None
+    ) -> tuple[Any, StageFailure | None]:
+        """One try of unit ``index``, one at a time: its index (and when timed, its start:
+        ``since``, or now) in the slot ``cur[at:]``."""
+        task = self.task
+        cur[at + AT_INDEX] = float(index)
+        if task.timed:
+            cur[at + AT_STARTED] = time.monotonic() if since is None else since
+        return self.stages.run(item, index, task.seed, task.numbering, task.timeout)
+
+    async def _flown(
+        self, item: Any, index: int, tally: _Tally, since: float | None
+    ) -> tuple[Any, StageFailure | None]:
+        """One try of unit ``index`` among units in flight together: the place's
+        :class:`Flight` hears of it (its start: ``since`` when the place was idle since
+        then, else now), ``tally`` of its slot-seconds."""
+        stages, task = self.stages, self.task
+        key, started = stages.flight.begin(index, since)
+        try:
+            if stages.is_async:
+                return await stages.arun(
+                    item, index, task.seed, task.numbering, task.timeout, started, key
+                )
+            return stages.run(item, index, task.seed, task.numbering)
+        finally:
+            tally.add(stages.flight.end(key))
+
+
+async def _retrying(
+    attempt: Callable[[float | None], Awaitable[tuple[Any, StageFailure | None]]],
+    allowed: int,
+    stop: Any,
+    since: float | None = None,
+) -> tuple[Any, StageFailure | None]:
+    """The one retry loop: ``attempt(since)`` (one try of a unit), again while it fails and
+    ``allowed`` retries remain, each retry on a clock of its own; none once ``stop`` is set
+    (``(None, None)``: left out). Plain stages never wait in it (:func:`_now`)."""
+    value: Any = None
+    failed: StageFailure | None = None
+    for _ in range(max(allowed, 0) + 1):
+        if stop.is_set():
+            break
+        value, failed = await attempt(since)
+        since = None
+        if failed is None:
+            break
+    return value, failed
 
 
 class _Tally:
@@ -1004,6 +973,7 @@ class Flight:
         "n",
         "publish",
         "stepping",
+        "timing",
     )
 
     def __init__(self, by_step: bool = False) -> None:
@@ -1016,12 +986,31 @@ class Flight:
         self.by_step = by_step
         self.stepping: tuple[int, float] | None = None  # (index, own start) holding the loop
         self.last_end = 0.0  # when the last unit ended
+        self.timing = (False, 0.0)  # the newest chunk's: units timed, the grace added
 
     def watch(self, publish: Publish | None, flying: Callable[[int], None] | None = None) -> None:
         """Who hears of the oldest unit in flight (``(None, 0.0)``: none) and of their
         number."""
         with self.lock:
             self.publish, self.flying = publish, flying
+
+    def to_slot(self, cur: Any, at: int) -> None:
+        """The oldest unit in flight goes into the slot ``cur[at:]`` (its index, and its start
+        when its chunk is timed, with the grace of an async unit's own cancellation:
+        :attr:`timing`; else RUNNING), their number too."""
+
+        def publish(index: int | None, start: float | None) -> None:
+            if index is None:
+                cur[at + AT_STARTED] = RUNNING
+                return
+            cur[at + AT_INDEX] = float(index)
+            timed, grace = self.timing
+            cur[at + AT_STARTED] = start + grace if timed and start is not None else RUNNING
+
+        def flying(n: int) -> None:
+            cur[at + AT_FLIGHT] = float(n)
+
+        self.watch(publish, flying)
 
     def hold(self) -> None:
         with self.lock:

@@ -64,7 +64,6 @@ from easycore._protocol import (
     UNPICKLING,
     UNREADABLE,
     AddPeer,
-    Broken,
     Done,
     Drop,
     Ended,
@@ -78,8 +77,6 @@ from easycore._protocol import (
     Task,
     Unreadable,
     batches,
-    pickling_error,
-    settled,
     worker_view,
 )
 from easycore._reaping import (
@@ -89,7 +86,7 @@ from easycore._reaping import (
     remove_own_mp_tempdir,
 )
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import ChunkRun, PreparedStages, Ran, cancel_grace
+from easycore._stages import ChunkRun, PreparedStages, Ran
 from easycore._transport import CONTROL, Channel, Damaged
 
 __all__ = ["WorkerSpec", "code_in", "worker_main"]
@@ -335,33 +332,16 @@ class _ToCaller:
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if pickling kills us: this chunk
         try:
             frame = self.caller.encode(Done(task.chunk_id, values, n, marked, elapsed, busy))
-        except Exception:
-            for k in range(len(values)):
-                if settled(values[k]) is None:  # (a marker passed on stays)
-                    self._make_picklable(task, units, values, k)
+        except Exception as exc:  # (what does not pickle runs again while its retries allow)
+            assert self.stages is not None
+            run = ChunkRun(self.stages, units, task.start // self.unit, task)
+            values = run.unpicklable(values, exc, self.cur, self.at)
             frame = self.caller.encode(Done(task.chunk_id, values, n, True, elapsed, busy))
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             _die_with_caller()
         self.cur[self.at + AT_SENDING] = NOT_SENDING
-
-    def _make_picklable(self, task: Task, units: Any, values: list[Any], k: int) -> None:
-        """Probe result ``k``; re-run its unit while retries allow, else it is Broken."""
-        stages = self.stages
-        assert stages is not None
-        index = task.start // self.unit + k
-        allowed = stages.retries_left(task, index)
-        tries = 0
-        while (exc := pickling_error(values[k])) is not None:
-            if tries >= allowed:
-                values[k] = _unpicklable(stages.hop, index, exc)
-                return
-            tries += 1
-            values[k], failed = stages.run_marked(units[k], index, task, self.cur, self.at)
-            if failed is not None:
-                values[k] = Broken(stages.hop, index, failed.report())
-                return
 
     # (control traffic only concerns held chunks: a last hop never has any)
     def forward(self, chunk_id: int, key: int, peer: Channel | None) -> None:
@@ -390,12 +370,12 @@ class _ToNextHop:
     the sender thread encodes on downstream pipes, so their shared-memory segments need no lock.
     """
 
-    def __init__(self, caller: Channel, cur: Any, at: int, hop: int, unit: int) -> None:
+    def __init__(self, caller: Channel, cur: Any, at: int, unit: int) -> None:
         self.caller = caller
         self.cur = cur
         self.at = at
-        self.hop = hop
         self.unit = unit  # first-hop items per unit of this hop
+        self.stages: PreparedStages | None = None  # set once init has run
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread = threading.Thread(target=_or_die, args=(self._send_loop,), daemon=True)
         self.thread.start()
@@ -477,20 +457,11 @@ class _ToNextHop:
         result of this hop, when none alone is the one)."""
         try:
             return ch.encode(task)
-        except Exception as exc:
-            values = list(task.units)
-            base = task.start // self.unit
-            mine = [k for k, v in enumerate(values) if settled(v) is None]  # (not passed on)
-            bad = {k: e for k in mine if (e := pickling_error(values[k])) is not None}
-            for k in bad or mine:
-                values[k] = _unpicklable(self.hop, base + k, bad.get(k, exc))
+        except Exception as exc:  # (the units ran: no retry here)
+            assert self.stages is not None
+            run = ChunkRun(self.stages, task.units, task.start // self.unit, task)
+            values = run.unpicklable(task.units, exc)
             return ch.encode(task._replace(units=values, marked=True))
-
-
-def _unpicklable(hop: int, index: int, exc: BaseException) -> Broken:
-    """Unit ``index`` of ``hop``, whose result does not pickle on its way on."""
-    err = TypeError(f"the result cannot be pickled: {exc}")
-    return Broken(hop, index, ErrorReport.of("<result pickling>", err))
 
 
 def _flush_releases(upstream: set[Channel]) -> None:
@@ -530,9 +501,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     cur = worker_view(slots)
     at = spec.slot * SLOT_WIDTH
     outlet = (
-        _ToCaller(chan, cur, at, spec.unit)
-        if spec.last
-        else _ToNextHop(chan, cur, at, spec.hop, spec.unit)
+        _ToCaller(chan, cur, at, spec.unit) if spec.last else _ToNextHop(chan, cur, at, spec.unit)
     )
     reader = _Reader(chan, tasks, stop, outlet)
     # (a bare thread: Thread.start() waits until the new thread runs, milliseconds on a
@@ -558,8 +527,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         hop=spec.hop,
         concurrency=spec.concurrency,
     )
-    if isinstance(outlet, _ToCaller):
-        outlet.stages = stages
+    outlet.stages = stages
     failed = stages.start()
     if failed is not None:
         _send(chan, InitFailed(failed.report()))
@@ -609,7 +577,7 @@ def _serve(
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
         cur[at + AT_FLIGHT] = 1.0
-        ran = stages.run_chunk(units, task.start // spec.unit, task, cur, at, stop, since=t0)
+        ran = ChunkRun(stages, units, task.start // spec.unit, task).run(cur, at, stop, since=t0)
         cur[at + AT_STARTED] = IDLE
         cur[at + AT_FLIGHT] = 0.0
         if stop.is_set():
@@ -641,22 +609,11 @@ def _serve_waiting(
     clock = time.monotonic
     upstream: set[Channel] = set()
     pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
-    timing = [False, 0.0]  # the newest chunk's: whether units are timed, the grace added
-
-    def publish(index: int | None, start: float | None) -> None:
-        if index is None:
-            cur[at + AT_STARTED] = RUNNING
-            return
-        cur[at + AT_INDEX] = float(index)
-        cur[at + AT_STARTED] = start + timing[1] if timing[0] and start is not None else RUNNING
-
-    def flying(n: int) -> None:
-        cur[at + AT_FLIGHT] = float(n)
 
     def tick(_: Any) -> None:
         tasks.put(_TICK)
 
-    stages.flight.watch(publish, flying)
+    stages.flight.to_slot(cur, at)
     while True:
         k = 0
         while k < len(pending):  # answer what is done
@@ -695,11 +652,8 @@ def _serve_waiting(
         try:
             task = _take(entry, chan, upstream, cur, at, t0, pending)
             if task is not None:
-                timing[:] = [task.timed, 0.0]
-                if stages.is_async and task.timeout:
-                    timing[1] = cancel_grace(task.timeout)
                 units = _units_of(task, spec)
-                run = stages.start_chunk(units, task.start // spec.unit, task, stop, t0)
+                run = ChunkRun(stages, units, task.start // spec.unit, task).start(stop, t0)
                 run.future.add_done_callback(tick)
                 pending.append((run, t0))
         finally:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from easycore import producer
-from easycore._stages import PreparedStages
+from easycore._protocol import Task
+from easycore._stages import ChunkRun, PreparedStages
 
 
 @producer
@@ -53,9 +54,10 @@ def _place(stage: Any) -> PreparedStages:
 
 
 def _chunk(place: PreparedStages, base: int) -> list[Any]:
-    jobs = [(base + k, base + k) for k in range(6)]
-    future = place.start_many(jobs, seed=None, numbering=(0, 1), allowed=lambda _: 0)
-    return [value for value, failed in future.result()[0]]
+    units = [base + k for k in range(6)]
+    task = Task(0, None, base, units, False, 0, {})
+    (values, _, _), _ = ChunkRun(place, units, base, task).start().result()
+    return values
 
 
 def _at_once(*calls: Any) -> list[Any]:

@@ -10,7 +10,6 @@ a pipeline without producers.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -18,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from easycore._config import CfgNode
 from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
-from easycore._exec.markers import run_units, write_units
-from easycore._exec.plan import Chain, Hop, StageStats, idle_stats
+from easycore._exec.plan import Chain, StageStats, idle_stats
 from easycore._exec.sources import source_of
 from easycore._options import RunOptions
-from easycore._protocol import batches
+from easycore._protocol import SLOT_WIDTH, Task, batches
 from easycore._seeding import seed_loaded
-from easycore._stages import PreparedStages
+from easycore._stages import ChunkRun, PreparedStages
 
 if TYPE_CHECKING:
     from easycore._sinks import Sink
@@ -44,8 +42,7 @@ class InlineEngine:
         self.books: RunBooks | None = None  # the last run's, for stats()
         self.flying = [0] * len(chain.hops)  # per hop, the unit running now (0 or 1)
         self.sink: Sink | None = None
-        # per hop: it, its stages, and what tells its `flying` of the unit in hand
-        self.steps: list[tuple[Hop, PreparedStages, Callable[[int | None], None]]] = []
+        self.slot = [0.0] * SLOT_WIDTH  # the unit in hand (as a worker's: read by nobody)
 
     def start(self) -> None:
         """Run every ``init``.
@@ -103,10 +100,6 @@ class InlineEngine:
         group = min(WRITE_GROUP, sink.rows_per_file or WRITE_GROUP) if sink else 1
         books = RunBooks(self.chain, source_of(data), options, policy, bars, fixed=group)
         self.books = books
-        self.steps = [
-            (hop, stages, functools.partial(self._in_hand, hop.index))
-            for hop, stages in zip(self.chain.hops, self.prepared, strict=False)
-        ]
         yield from books.stream(self, is_current, ahead=False)  # (nothing runs ahead here)
 
     # -- the transport's part of the loop (core.RunBooks.stream) ----------------------------
@@ -133,30 +126,24 @@ class InlineEngine:
         if work is None:
             return
         options = books.options
+        seed, retries, timeout = options.run_seed, options.retries, options.timeout
+        numbering = books.numbering
+        keys = books.keys_of(work.items, work.start) if self.sink is not None else None
         units: list[Any] = list(work.items)
-        for hop, stages, in_hand in self.steps:
+        for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
             if hop.batch:
                 units = batches(units, hop.batch)
+            # (units may be markers; the timeout fails an async unit past it)
+            task = Task(0, seed, 0, units, False, retries, {}, numbering, True, timeout, keys)
             t0 = time.perf_counter()
-            units, n = run_units(
-                stages,
-                units,
-                work.start // hop.unit,
-                seed=options.run_seed,
-                retries=options.retries,
-                spent={},
-                numbering=books.numbering,
-                timeout=options.timeout,  # (fails an async unit past it)
-                in_hand=in_hand,
-            )
+            self.flying[hop.index] = 1
+            try:
+                run = ChunkRun(stages, units, work.start // hop.unit, task)
+                units, n, _ = run.run(self.slot, 0)
+            finally:
+                self.flying[hop.index] = 0
             books.count(hop.index, n, time.perf_counter() - t0)
-        if self.sink is not None:
-            keys = books.keys_of(work.items, work.start)
-            write_units(self.prepared[-1], work.start // books.align, units, units, keys)
         books.outputs(work, units, _here)
-
-    def _in_hand(self, hop: int, index: int | None) -> None:
-        self.flying[hop] = 0 if index is None else 1
 
 
 WRITE_GROUP = 256  # units written to one file (at most) in the calling process

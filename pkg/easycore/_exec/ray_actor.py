@@ -21,11 +21,22 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from easycore._exec.markers import broken, run_units, write_units
-from easycore._protocol import UNPICKLING, UNREADABLE, Broken, ErrorReport, batches, settled
+from easycore._protocol import (
+    AT_INDEX,
+    AT_STARTED,
+    IDLE,
+    RUNNING,
+    SLOT_WIDTH,
+    UNPICKLING,
+    UNREADABLE,
+    Broken,
+    ErrorReport,
+    Task,
+    batches,
+)
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import Finished, PreparedStages, cancel_grace
+from easycore._stages import ChunkRun, Finished, PreparedStages
 
 __all__ = ["Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
 
@@ -155,8 +166,9 @@ class StageActor:
         self.timeout = timeout
         self.concurrency = concurrency
         self.stages = PreparedStages((), device=self.device, cfg=None, worker=worker, hop=hop)
-        self.lock = threading.Lock()
-        self.current: tuple[int, float] | None = None  # (unit index, monotonic start)
+        # the unit in hand (the oldest in flight), as a local worker's shared slot holds it:
+        # its index, and its start (> RUNNING) as long as it runs
+        self.slot = [IDLE] * SLOT_WIDTH
         self.where = ""  # str(Placement), once started
 
     def start(self, task: bool = False) -> tuple[ErrorReport | None, Placement]:
@@ -192,7 +204,8 @@ class StageActor:
             hop=self.hop,
             concurrency=self.concurrency,
         )
-        self.stages.flight.watch(self._publish)
+        self.stages.where = self.where
+        self.stages.flight.to_slot(self.slot, 0)
         if not task:
             threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
         failed = self.stages.start()
@@ -210,8 +223,8 @@ class StageActor:
             timeout, clock = self.timeout, self.clock
             every = WATCH_EVERY if timeout is None else min(max(timeout / 4, 0.01), WATCH_EVERY)
             time.sleep(every)
-            with self.lock:
-                current = self.current
+            start = self.slot[AT_STARTED]
+            current = (int(self.slot[AT_INDEX]), start) if start > RUNNING else None
             if clock is None or current == told:
                 continue
             if told is not None:
@@ -242,85 +255,31 @@ class StageActor:
                 return self._failed(units.unit, base, units.failure, t0)
         if self.batch is not None:
             units = batches(units, self.batch)
+        stages = self.stages
+        charged = {(self.hop, index): n for index, n in spent.items()}
+        task = Task(0, seed, 0, units, True, retries, charged, numbering, True, self.timeout, keys)
+        busy = None
         try:
-            if not self.stages.open:
+            if not stages.open:
                 raise Finished("this actor has finished: the run it ran for is over")
-            if self.stages.waits:
-                return self._run_many(units, base, seed, retries, spent, numbering, t0, keys)
+            if stages.waits:
+                (out, n, _), busy = ChunkRun(stages, units, base, task).start().result()
         except (Finished, concurrent.futures.CancelledError) as exc:
             # The run is over (its end cancelled this chunk, or the chunk came after it):
             # nobody reads it. Its units fail, not the call: Ray would log a failed call
             # that nobody waits for as an unhandled error.
             return self._failed(len(units), base, ErrorReport.of("<run over>", exc), t0)
-        out, n = run_units(
-            self.stages,
-            units,
-            base,
-            seed=seed,
-            retries=retries,
-            spent=spent,
-            numbering=numbering,
-            where=self.where,
-            in_hand=self._in_hand,
-        )
-        write_units(self.stages, base, out, units, keys, self.where)
+        if busy is None:
+            out, n, _ = ChunkRun(stages, units, base, task).run(self.slot, 0)
+            self.slot[AT_STARTED] = IDLE
         took = time.perf_counter() - t0
-        return out, Meta(n, took, rss_bytes(), took)
+        return out, Meta(n, took, rss_bytes(), took if busy is None else busy)
 
     def _failed(self, n: int, base: int, failure: Any, t0: float) -> tuple[list[Any], Meta]:
         """Each of ``n`` units from ``base`` failed with ``failure``, before any ran."""
         took = time.perf_counter() - t0
         out = [Broken(self.hop, base + k, failure, self.where) for k in range(n)]
         return out, Meta(0, took, rss_bytes(), took)
-
-    def _in_hand(self, index: int | None) -> None:
-        """The unit in hand now (None: none), for the watchdog."""
-        with self.lock:
-            self.current = None if index is None else (index, time.monotonic())
-
-    def _run_many(
-        self,
-        units: Sequence[Any],
-        base: int,
-        seed: int | None,
-        retries: int,
-        spent: Mapping[int, int],
-        numbering: tuple[int, int],
-        t0: float,
-        keys: Sequence[Any] | None = None,
-    ) -> tuple[list[Any], Meta]:
-        """:meth:`run` for a hop that waits: units in flight together (``concurrency``),
-        the oldest one in hand for the watchdog."""
-        out: list[Any] = [None] * len(units)
-        jobs = []
-        for k, unit in enumerate(units):
-            done = settled(unit)
-            if done is not None:
-                out[k] = done
-                continue
-            jobs.append((base + k, unit))
-        timeout = self.timeout if self.stages.is_async else None
-        done, busy = self.stages.run_many(
-            jobs,
-            seed=seed,
-            numbering=numbering,
-            allowed=lambda index: max(retries - spent.get(index, 0), 0),
-            timeout=timeout,
-        )
-        for (index, _), (value, failed) in zip(jobs, done, strict=True):
-            out[index - base] = (
-                value if failed is None else broken(self.stages, index, failed, self.where)
-            )
-        write_units(self.stages, base, out, units, keys, self.where)
-        took = time.perf_counter() - t0
-        return out, Meta(len(jobs), took, rss_bytes(), busy)
-
-    def _publish(self, index: int | None, start: float | None) -> None:
-        """(a hop that waits) The unit the watchdog times (``Flight``), of any chunk."""
-        timeout = self.timeout if self.stages.is_async else None
-        shift = cancel_grace(timeout) if timeout else 0.0
-        with self.lock:
-            self.current = None if index is None or start is None else (index, start + shift)
 
     def unpack(self, packed: Packed, base: int) -> Any:
         """The items of a timed run, unpickled here on the clock: the first unit's (or, for
@@ -329,8 +288,8 @@ class StageActor:
         other chunks in flight meanwhile: the watchdog hears of them again afterwards.)"""
         flight = self.stages.flight
         flight.hold()
-        with self.lock:
-            self.current = (base if packed.n == 1 else int(UNPICKLING), time.monotonic())
+        self.slot[AT_INDEX] = base if packed.n == 1 else UNPICKLING
+        self.slot[AT_STARTED] = time.monotonic()
         try:
             return pickle.loads(packed.blob)
         except Exception as exc:
@@ -340,8 +299,7 @@ class StageActor:
             flight.release(self._idle)
 
     def _idle(self) -> None:
-        with self.lock:
-            self.current = None
+        self.slot[AT_STARTED] = IDLE
 
     def finish(self) -> ErrorReport | None:
         """Run every ``end``, then end what the work started; the first failure, or None."""
