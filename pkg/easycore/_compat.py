@@ -154,10 +154,7 @@ class BaseRunner:
     _ordered: ClassVar[bool] = False
 
     def __init__(
-        self,
-        devices: Any,
-        cfg: Mapping[str, Any] | None = None,
-        queue_scale: float = 3.0,
+        self, devices: Any, cfg: Mapping[str, Any] | None = None, queue_scale: float = 3.0
     ) -> None:
         self.devices = devices
         self.cfg: Mapping[str, Any] = CfgNode() if cfg is None else cfg

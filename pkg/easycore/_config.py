@@ -15,12 +15,13 @@ import ast
 import contextlib
 import copy as _copy
 import difflib
+import functools
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, TypeVar
 
-from easycore._errors import FrozenError, close_matches, did_you_mean
+from easycore._errors import FrozenError, close_matches, did_you_mean, short_repr
 from easycore._yaml import YamlIO
 
 __all__ = ["CfgNode"]
@@ -64,16 +65,8 @@ class _BriefRepr(reprlib.Repr):
         return "{" + ", ".join(pieces) + "}"
 
 
-_BRIEF = _BriefRepr()
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """A short ``repr`` of ``value`` for an error message, at most ``limit`` characters."""
-    try:
-        text = _BRIEF.repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+# A short repr of a value for an error message, at most 80 characters.
+_show = functools.partial(short_repr, as_text=_BriefRepr().repr)
 
 
 def _new(cls: type[_N], frozen: bool) -> _N:
@@ -197,10 +190,7 @@ class CfgNode(dict[str, Any], YamlIO):
     _frozen: bool
 
     def __init__(
-        self,
-        init_dict: Mapping[str, Any] | None = None,
-        copy: bool = True,
-        frozen: bool = True,
+        self, init_dict: Mapping[str, Any] | None = None, copy: bool = True, frozen: bool = True
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_frozen", frozen)

@@ -300,10 +300,10 @@ def close_matches(word: Any, candidates: Iterable[Any], n: int = 3) -> str:
     return did_you_mean(difflib.get_close_matches(str(word), names, n=n))
 
 
-def short_repr(obj: Any, limit: int = 80) -> str:
-    """``repr(obj)`` cut to ``limit`` characters, never raising."""
+def short_repr(obj: Any, limit: int = 80, as_text: Callable[[Any], str] = repr) -> str:
+    """``repr(obj)`` (or ``as_text(obj)``) cut to ``limit`` characters, never raising."""
     try:
-        text = repr(obj)
+        text = as_text(obj)
     except Exception:
         text = f"<{type(obj).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

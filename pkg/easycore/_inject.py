@@ -38,11 +38,7 @@ def _describe(fn: Callable[..., Any]) -> str:
 
 
 def injected_names(
-    fn: Callable[..., Any],
-    *,
-    role: str,
-    positional: int,
-    allowed: frozenset[str],
+    fn: Callable[..., Any], *, role: str, positional: int, allowed: frozenset[str]
 ) -> tuple[str, ...]:
     """Return the injectable names ``fn`` declares, checking its signature.
 

@@ -110,17 +110,14 @@ def _where(
     """Where a run's workers are, as :class:`~easycore.Runner` takes it (``concurrency``
     checked here, before anything else)."""
     check_concurrency(concurrency)
-    return {
-        "devices": devices,
-        "cfg": cfg,
-        "start_method": start_method,
-        "engine": engine,
-        "concurrency": concurrency,
-    }
+    return dict(
+        devices=devices, cfg=cfg, start_method=start_method, engine=engine, concurrency=concurrency
+    )
 
 
 class _Runs:
-    """``map``, ``imap`` and ``open``, written once for :class:`Pipeline` and :class:`Stage`.
+    """``map``, ``imap``, ``open`` and ``>>``, written once for :class:`Pipeline` and
+    :class:`Stage`.
 
     A stage runs as the one-stage pipeline ``compose(stage)``, so both take the same
     arguments (``stage.map(data, 2)``, ``stage.open(2)``) and cannot drift apart.
@@ -131,6 +128,12 @@ class _Runs:
     def _as_pipeline(self) -> Pipeline:
         """The pipeline to run: the pipeline itself, or a stage as a one-stage pipeline."""
         raise NotImplementedError
+
+    def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
+        return compose(self, other)
+
+    def __rrshift__(self, other: object) -> Pipeline:
+        return compose(other, self)  # raises TypeError naming it
 
     @surfaced
     def open(
@@ -422,13 +425,6 @@ class Stage(_Runs):
                 return (_import_stage, (module, qualname))
         return (Stage, tuple(getattr(self, a.name) for a in attrs.fields(Stage)))
 
-    # -- composition -------------------------------------------------------------------
-    def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
-        return compose(self, other)
-
-    def __rrshift__(self, other: object) -> Pipeline:
-        return compose(other, self)  # raises TypeError naming it
-
     def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
         """Give this producer its own pool of workers; see :meth:`Pipeline.on`.
 
@@ -685,12 +681,6 @@ class Pipeline(_Runs):
         _check_on_args(devices, batch_size, concurrency)
         binding = Binding(devices, batch_size, concurrency)
         return attrs.evolve(self, placement=(binding,) * len(self.producers))
-
-    def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
-        return compose(self, other)
-
-    def __rrshift__(self, other: object) -> Pipeline:
-        return compose(other, self)
 
     def __len__(self) -> int:
         return len(self.stages)

@@ -315,9 +315,8 @@ class YamlIO:
         1
         """
         if isinstance(path_or_file, (str, os.PathLike)):
-            path = os.fspath(path_or_file)
-            with open(path, encoding=encoding) as file:
-                return cls(_read(file, path), copy=False)  # type: ignore[call-arg]
+            with open(os.fspath(path_or_file), encoding=encoding) as file:
+                return cls.open(file)  # (named by its path)
         name = str(getattr(path_or_file, "name", "<stream>"))
         return cls(_read(path_or_file, name), copy=False)  # type: ignore[call-arg]
 

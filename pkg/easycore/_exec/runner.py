@@ -19,25 +19,12 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import surfaced
-from easycore._exec.commit import (
-    check_sink,
-    commit_written,
-    committing,
-    sink_of,
-    total_written,
-)
+from easycore._exec.commit import check_sink, commit_written, committing, sink_of, total_written
 from easycore._exec.core import PRIMED, RAISE, SKIP
 from easycore._exec.engine import Engine, ProcessEngine
 from easycore._exec.fold import collect, fold
 from easycore._exec.inline import InlineEngine
-from easycore._exec.plan import (
-    Chain,
-    PipelineDef,
-    StageStats,
-    first_batch,
-    frozen_cfg,
-    plan_chain,
-)
+from easycore._exec.plan import Chain, PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
 from easycore._exec.policy import set_aside
 from easycore._exec.position import Position, drop_passed, mark_passed, start_at
 from easycore._exec.resume import RunIdentity, RunLedger

@@ -42,10 +42,7 @@ class CfgNode(easycore.CfgNode):
     __slots__ = ()
 
     def __init__(
-        self,
-        init_dict: Mapping[str, Any] | None = None,
-        copy: bool = True,
-        frozen: bool = False,
+        self, init_dict: Mapping[str, Any] | None = None, copy: bool = True, frozen: bool = False
     ) -> None:
         super().__init__(init_dict, copy=copy, frozen=frozen)
 
