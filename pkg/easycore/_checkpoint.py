@@ -87,11 +87,7 @@ def save_checkpoint(
     path = os.path.join(directory, f"checkpoint-{step}")
     others = [found for found in _checkpoints(directory) if found[2] != path]
     _warn_lower_step(directory, step, others)
-    payload: dict[str, Any] = {}
-    for name, obj in objects.items():
-        state_dict = getattr(obj, "state_dict", None)
-        payload[name] = state_dict() if callable(state_dict) else obj
-    payload["step"] = step
+    payload = {name: _state_of(obj) for name, obj in objects.items()} | {"step": step}
     temp = os.path.join(directory, f".checkpoint-{step}.{os.getpid()}.tmp")
     try:
         with open(temp, "wb") as f:
@@ -111,6 +107,12 @@ def save_checkpoint(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old)
     return path
+
+
+def _state_of(obj: Any) -> Any:
+    """What a checkpoint keeps of ``obj``: its ``state_dict()`` when it has one."""
+    state_dict = getattr(obj, "state_dict", None)
+    return state_dict() if callable(state_dict) else obj
 
 
 def _save(torch: Any, payload: dict[str, Any], f: Any) -> None:
@@ -250,22 +252,21 @@ def _remove_stale_temps(directory: str) -> None:
     """Delete temporary files left by saves killed in this directory (their process gone)."""
     for entry in os.scandir(directory):
         m = _TEMP.fullmatch(entry.name)
-        if m is None or _alive(int(m.group(1))):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
+        if m is not None and not _alive(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # (an earlier save of this process that failed)
+    """Whether process ``pid`` runs, and is another than this one (whose temporary file is
+    that of an earlier save that failed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    except PermissionError:  # (another user's)
+        pass
+    return pid != os.getpid()
 
 
 def _sync_dir(directory: str) -> None:

@@ -142,10 +142,8 @@ class Sink:
 
     @property
     def ext(self) -> str:
-        ext = _EXT[self.kind]
-        if self.kind == "jsonl" and self.compression == "gzip":
-            ext += ".gz"
-        return ext
+        gzip = self.kind == "jsonl" and self.compression == "gzip"
+        return _EXT[self.kind] + (".gz" if gzip else "")
 
     is_sink = True  # (what the stages of a pool tell apart from producers by)
 
@@ -175,8 +173,7 @@ class Sink:
         except ImportError as exc:  # pragma: no cover - fsspec is installed in tests
             msg = f"writing to {self.path!r} needs fsspec: pip install 'easycore[fsspec]'"
             raise ImportError(msg) from exc
-        fs, root = fsspec.core.url_to_fs(self.path)
-        return fs, root
+        return fsspec.core.url_to_fs(self.path)
 
     def location(self, name: str) -> str:
         """The path or URL of file ``name`` as :class:`Written` names it."""
@@ -256,14 +253,14 @@ class SinkFiles:
             raise SinkError(msg) from exc
 
 
-def commit_shard(sink: Sink, shard: Shard, files: Any = None) -> str:
+def commit_shard(sink: Sink, shard: Shard) -> str:
     """Make ``shard`` visible under its final name (idempotent: a shard committed before,
     by an earlier run, is left as it is); returns its path or URL.
 
     Raises:
         FileNotFoundError: neither name is there (the run must not count its rows).
     """
-    files = files or SinkFiles(sink)
+    files = SinkFiles(sink)
     if files.exists(shard.temp):
         files.rename(shard.temp, shard.name)
     elif not files.exists(shard.name):
@@ -531,8 +528,6 @@ def _arrow_column(values: Any) -> Any:
                 return pa.concat_arrays([row.cast(typ) for row in rows])
     if _is_array(values) and len(values.shape) >= 1:
         arr = np.ascontiguousarray(values)
-        if arr.ndim == 1:
-            return _flat(arr)
         out = _flat(arr.reshape(-1))
         for depth in range(arr.ndim - 1, 0, -1):
             if arr.shape[depth]:

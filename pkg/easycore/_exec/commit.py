@@ -29,6 +29,7 @@ from easycore._errors import some
 from easycore._reaping import start_time
 from easycore._sinks import (
     RunSchema,
+    Shard,
     Sink,
     SinkFiles,
     Written,
@@ -297,14 +298,8 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
     try:
         yield next(stream)  # PRIMED
         for start, values in stream:
-            written = []
-            for value in values:
-                if type(value) is Wrote and value.shards:
-                    for shard in value.shards:
-                        schema.admit(shard)
-                        path = commit_shard(sink, shard)
-                        written.append(Written((path,), shard.rows, shard.nbytes))
-            yield start, written
+            shards = [shard for v in values if type(v) is Wrote for shard in v.shards]
+            yield start, [_commit(sink, schema, shard) for shard in shards]
         grew = schema.settle()  # (files rewritten in the run's schema: their new sizes)
         if grew:
             yield None, [Written((), 0, grew)]
@@ -313,6 +308,11 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
             stream.close()  # type: ignore[attr-defined]
         finally:
             lock.end()
+
+
+def _commit(sink: Sink, schema: RunSchema, shard: Shard) -> Written:
+    schema.admit(shard)  # (before the file takes its name: a conflict fails the run)
+    return Written((commit_shard(sink, shard),), shard.rows, shard.nbytes)
 
 
 def commit_written(stream: Iterator[Any]) -> Iterator[Written]:

@@ -42,6 +42,7 @@ import copyreg
 import functools
 import hashlib
 import io
+import operator
 import pickle
 import struct
 import sys
@@ -58,6 +59,7 @@ DIGEST_SIZE = 16
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 # what pickle takes as it is (in a canonical pickle too)
 _PICKLED = frozenset({type(None), bool, int, float, str, bytes, tuple, list})
+_first = operator.itemgetter(0)  # (a dict's entries sort by their keys)
 
 
 def _hasher() -> Any:
@@ -166,10 +168,6 @@ class _ByName:
         self.fn = fn
 
     def __call__(self) -> None: ...
-
-
-def _first(pair: tuple[Any, Any]) -> Any:
-    return pair[0]
 
 
 def _same(value: Any) -> Any:
@@ -308,14 +306,8 @@ class _FunctionHasher:
             self.active.discard(id(cls))
 
     def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
-        h.update(b"c")
-        for n in (
-            code.co_argcount,
-            code.co_posonlyargcount,
-            code.co_kwonlyargcount,
-            code.co_flags,
-        ):
-            h.update(_length(n))
+        counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+        h.update(b"c" + struct.pack("<4Q", *counts))
         for part in (code.co_code, getattr(code, "co_exceptiontable", b"")):
             h.update(_length(len(part)) + part)
         for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
@@ -385,9 +377,11 @@ def function_digest(fn: Callable[..., Any]) -> str:
     return _function_digest(fn, set()).hex()
 
 
-def _function_digest(fn: Callable[..., Any], active: set[int]) -> bytes:
+def _function_digest(
+    fn: Callable[..., Any], active: set[int], constants: dict[str, Any] | None = None
+) -> bytes:
     h = _hasher()
-    _FunctionHasher(active).feed(h, fn)
+    _FunctionHasher(active, constants).feed(h, fn)
     return bytes(h.digest())
 
 
@@ -400,10 +394,8 @@ def code_digest(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
     >>> constants
     {'DIGEST_SIZE': 16}
     """
-    h = _hasher()
     constants: dict[str, Any] = {}
-    _FunctionHasher(set(), constants).feed(h, fn)
-    return h.hexdigest(), constants
+    return _function_digest(fn, set(), constants).hex(), constants
 
 
 def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:
