@@ -524,7 +524,7 @@ def _arrow_column(values: Any) -> Any:
                 # would hold it, in the type that holds them all (a variable-length list
                 # where lengths differ, fixed-size lists inside where they do not)
                 rows = [_arrow_column(v[None]) for v in values]
-                typ = functools.reduce(_merge_type, [row.type for row in rows])
+                typ = functools.reduce(_merge_type, dict.fromkeys(row.type for row in rows))
                 return pa.concat_arrays([row.cast(typ) for row in rows])
     if _is_array(values) and len(values.shape) >= 1:
         arr = np.ascontiguousarray(values)
@@ -1012,38 +1012,18 @@ def _unit_error(exc: Exception, what: str) -> Exception:
 
 def _merge_type(a: Any, b: Any) -> Any:
     """The type that holds the values of types ``a`` and ``b``, or None when they conflict:
-    a null type gives way to the other; ints and floats make floats (signed ints, the wider
-    ints); lists of different lengths (fixed-size or not) are variable-length lists;
-    structs merge field by field (a field one lacks is null there: an empty struct, or a
-    tuple key of fewer places)."""
+    pyarrow's permissive promotion (a null type gives way to the other, numbers widen, lists
+    of different lengths are variable-length lists, structs merge field by field: a field
+    one lacks is null there)."""
     import pyarrow as pa
 
-    t = pa.types
-    if a.equals(b) or t.is_null(b):
+    if a.equals(b):
         return a
-    if t.is_null(a):
-        return b
-    signed = t.is_signed_integer
-    if (signed(a) or t.is_floating(a)) and (signed(b) or t.is_floating(b)):
-        if signed(a) and signed(b):
-            return a if a.bit_width >= b.bit_width else b
-        return pa.float64()
-    lists = (t.is_list, t.is_large_list, t.is_fixed_size_list)
-    if any(f(a) for f in lists) and any(f(b) for f in lists):
-        value = _merge_type(a.value_type, b.value_type)
-        if value is None:
-            return None
-        if t.is_fixed_size_list(a) and t.is_fixed_size_list(b) and a.list_size == b.list_size:
-            return pa.list_(value, a.list_size)
-        return pa.large_list(value) if t.is_large_list(a) or t.is_large_list(b) else pa.list_(value)
-    if t.is_struct(a) and t.is_struct(b):
-        fields = {f.name: f.type for f in a}
-        for f in b:
-            fields[f.name] = f.type if f.name not in fields else _merge_type(fields[f.name], f.type)
-        if None in fields.values():
-            return None
-        return pa.struct(list(fields.items()))
-    return None
+    one = [pa.schema([("_", typ)]) for typ in (a, b)]
+    try:
+        return pa.unify_schemas(one, promote_options="permissive").field(0).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
 
 
 def unify_schemas(schemas: Sequence[Any], keep: bool = False) -> Any:
