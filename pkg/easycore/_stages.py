@@ -27,7 +27,7 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
@@ -743,13 +743,7 @@ class ChunkRun:
         else:
             stop = _NEVER if stop is None else stop
             done = [
-                _now(
-                    _retrying,
-                    functools.partial(self._in_slot, item, index, cur, at),
-                    stages.retries_left(task, index),
-                    stop,
-                    since if k == 0 else None,
-                )
+                self._tries(item, index, cur, at, stop, since if k == 0 else None)
                 for k, (index, item) in enumerate(self._jobs())
             ]
             values, marked = self._placed(done)
@@ -810,8 +804,8 @@ class ChunkRun:
         if allowed <= 0:
             return None
 
-        async def attempt(since: float | None) -> tuple[Any, StageFailure | None]:
-            value, failed = await self._in_slot(item, index, cur, at, since)
+        def attempt(since: float | None) -> tuple[Any, StageFailure | None]:
+            value, failed = self._in_slot(item, index, cur, at, since)
             exc = pickling_error(value) if failed is None else None
             return (value, failed) if exc is None else (None, _not_pickled(exc))
 
@@ -862,7 +856,22 @@ class ChunkRun:
             marked = marked or bool(bad)
         return values, len(values) - len(self.passed), marked
 
-    async def _in_slot(
+    def _tries(
+        self, item: Any, index: int, cur: Any, at: int, stop: Any, since: float | None
+    ) -> tuple[Any, StageFailure | None]:
+        """Unit ``index`` run here, one at a time: its first try, then (when it failed) the
+        rest of its tries in the one retry loop."""
+        if stop.is_set():
+            return None, None
+        done = self._in_slot(item, index, cur, at, since)
+        allowed = self.stages.retries_left(self.task, index) if done[1] is not None else 0
+        if allowed <= 0:
+            return done
+        attempt = functools.partial(self._in_slot, item, index, cur, at)
+        retried: tuple[Any, StageFailure | None] = _now(_retrying, attempt, allowed - 1, stop)
+        return retried
+
+    def _in_slot(
         self, item: Any, index: int, cur: Any, at: int, since: float | None
     ) -> tuple[Any, StageFailure | None]:
         """One try of unit ``index``, one at a time: its index (and when timed, its start:
@@ -892,20 +901,19 @@ class ChunkRun:
 
 
 async def _retrying(
-    attempt: Callable[[float | None], Awaitable[tuple[Any, StageFailure | None]]],
-    allowed: int,
-    stop: Any,
-    since: float | None = None,
+    attempt: Callable[[float | None], Any], allowed: int, stop: Any, since: float | None = None
 ) -> tuple[Any, StageFailure | None]:
-    """The one retry loop: ``attempt(since)`` (one try of a unit), again while it fails and
-    ``allowed`` retries remain, each retry on a clock of its own; none once ``stop`` is set
-    (``(None, None)``: left out). Plain stages never wait in it (:func:`_now`)."""
+    """The one retry loop: ``attempt(since)`` (one try of a unit: its ``(value, failure)``,
+    or a coroutine of them), again while it fails and ``allowed`` retries remain, each retry
+    on a clock of its own; none once ``stop`` is set (``(None, None)``: left out). Plain
+    stages never wait in it (:func:`_now`)."""
     value: Any = None
     failed: StageFailure | None = None
     for _ in range(max(allowed, 0) + 1):
         if stop.is_set():
             break
-        value, failed = await attempt(since)
+        done = attempt(since)
+        value, failed = done if type(done) is tuple else await done
         since = None
         if failed is None:
             break
