@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["INLINE", "bind_gpus", "cpu_count", "gpu_count", "group_size", "parse_devices"]
+__all__ = ["INLINE", "bind_gpus", "cpu_count", "gpu_count", "parse_devices"]
 
 INLINE = "inline"  # no worker processes: everything runs in the calling process
 
@@ -78,13 +78,6 @@ def _one_group(entry: tuple[Any, ...], gpus: Callable[[], int]) -> str:
         msg = f"a device group names a GPU twice: {entry!r}"
         raise ValueError(msg)
     return "cuda:" + ",".join(numbers)
-
-
-def group_size(device: str) -> int:
-    """How many GPUs a worker's device string holds (``"cuda:0,1"``: 2; ``"cpu"``: 0)."""
-    if not device.startswith("cuda"):
-        return 0
-    return device.count(",") + 1
 
 
 def bind_gpus(device: str) -> str:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import attrs
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = [
@@ -210,6 +212,7 @@ class SkippedItemsWarning(RuntimeWarning):
     (one warning per run, with the count and the first :class:`Failure`)."""
 
 
+@attrs.define(eq=False, repr=False)
 class Failure:
     """An item set aside by ``errors="skip"``: it failed after its retries, and the run went on.
 
@@ -221,13 +224,10 @@ class Failure:
             ``WorkerDied``, ``ItemTimeout``, ``SerializationError``).
     """
 
-    __slots__ = ("error", "index", "item", "stage")
-
-    def __init__(self, index: int, item: Any, stage: str, error: BaseException) -> None:
-        self.index = index
-        self.item = item
-        self.stage = stage
-        self.error = error
+    index: int
+    item: Any
+    stage: str
+    error: BaseException
 
     def __repr__(self) -> str:
         first = str(self.error).split("\n", 1)[0]
@@ -235,9 +235,6 @@ class Failure:
             f"Failure(index={self.index}, item={short_repr(self.item, 60)}, "
             f"stage={self.stage!r}, error={type(self.error).__name__}: {first})"
         )
-
-    def __reduce__(self) -> Any:
-        return (Failure, (self.index, self.item, self.stage, self.error))
 
 
 def describe_exitcode(exitcode: int | None) -> str:

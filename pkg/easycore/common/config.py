@@ -116,9 +116,7 @@ class HierarchicalCfgNode:
             seen.append(path)
             chain.append(CfgNode.open(path, encoding=encoding))
         merged = chain.pop()
-        while chain:
-            cfg = chain.pop()
-            cfg.pop(cls.__BASE__, None)
+        for cfg in reversed(chain):  # each file over its base (its __BASE__ key dropped below)
             merged.merge(cfg)
         merged.pop(cls.__BASE__, None)
         return merged
