@@ -461,9 +461,8 @@ class RunLedger:
         run: the ledger keeps one result per key, so the second item would get the first's."""
         first: dict[str, int] = {}
         twice = [(key, first[key], j) for j, key in keyed if first.setdefault(key, j) != j]
-        marks = ",".join("?" * len(first))
-        query = f"SELECT key, unit FROM seen WHERE key IN ({marks})"
-        twice += [(key, j, first[key]) for key, j in self.db.execute(query, list(first))]
+        earlier = self._select("SELECT key, unit FROM seen", first)  # (earlier blocks')
+        twice += [(key, j, first[key]) for key, j in earlier]
         if twice:
             key, a, b = twice[0]
             msg = (
@@ -473,6 +472,12 @@ class RunLedger:
             )
             raise ValueError(msg)
         self.db.executemany("INSERT INTO seen VALUES (?, ?)", first.items())
+
+    def _select(self, query: str, keys: Iterable[str]) -> list[Any]:
+        """The rows ``query`` (a SELECT without WHERE) finds whose key is one of ``keys``."""
+        keys = list(keys)
+        where = f" WHERE key IN ({','.join('?' * len(keys))})"
+        return self.db.execute(query + where, keys).fetchall()
 
     def source(self, units: Iterable[Any]) -> Iterator[Any]:
         """The first-hop items of ``units`` (items, or batches), with ``CACHED`` markers in
@@ -493,32 +498,21 @@ class RunLedger:
                 keyed.append((j, items, unit, self._key(j, unit), digest))
             if self.key_fn is not None:
                 self._check_unique([(j, key) for j, _, _, key, _ in keyed])
-            marks = ",".join("?" * len(keyed))
-            rows = {
-                k: (d, e)
-                for k, d, e in self.db.execute(
-                    f"SELECT key, digest, error FROM units WHERE key IN ({marks})",
-                    [k for *_, k, _ in keyed],
-                )
-            }
+            query = "SELECT key, digest, error FROM units"
+            rows = {k: (d, e) for k, d, e in self._select(query, [k for *_, k, _ in keyed])}
             for j, items, unit, key, digest in keyed:
-                row = rows.get(key)
-                if row is not None and row[0] != digest:
+                recorded, error = rows.get(key, (digest, None))
+                if recorded != digest:
                     msg = (
                         f"{self.options.label(j)} ({short_repr(unit)}) differs from the one "
                         f"{self.path} recorded under key {key[2:]}: the input changed since "
                         "that run; use another file, or the same input"
                     )
                     raise ValueError(msg)
-                if row is None or (row[1] is not None and self.options.retry_failed):
-                    cached, state = False, "new"
-                else:
-                    cached, state = True, ("done" if row[1] is None else "failed")
+                new = key not in rows or (error is not None and self.options.retry_failed)
+                state = "new" if new else "done" if error is None else "failed"
                 self.pending[j] = (key, digest, state, unit)
-                if cached:
-                    yield from [CACHED] * len(items)
-                else:
-                    yield from items
+                yield from items if new else [CACHED] * len(items)
 
     # -- the results -------------------------------------------------------------------------
     def record(self, stream: Iterator[Any]) -> Iterator[Any]:
@@ -553,14 +547,8 @@ class RunLedger:
                     files.extend((s.name, s.temp, s.rows, s.nbytes) for s in value.shards)
         if stored:
             values = list(values)
-            marks = ",".join("?" * len(stored))
-            found = {
-                key: (error, stage, blob)
-                for key, error, stage, blob in self.db.execute(
-                    f"SELECT key, error, stage, result FROM units WHERE key IN ({marks})",
-                    [key for _, key, _ in stored],
-                )
-            }
+            query = "SELECT key, error, stage, result FROM units"
+            found = {key: rest for key, *rest in self._select(query, [k for _, k, _ in stored])}
             for k, key, unit in stored:
                 error, stage, blob = found[key]
                 if error is None:
