@@ -732,20 +732,15 @@ def compose(*parts: Any) -> Pipeline:
                 raise TypeError(msg)
             sink = part
             continue
-        sink_after = part.sink if isinstance(part, Pipeline) else None
-        if isinstance(part, Stage):
-            stages: tuple[Stage, ...] = (part,)
-            where: tuple[Binding | None, ...] = (None,)
-        elif isinstance(part, Pipeline):
-            stages = part.stages
-            where = (*part.placement, None)
-        else:
+        if isinstance(part, Stage):  # as a one-stage pipeline
+            part = Pipeline((part,)) if part.kind == "producer" else Pipeline(consumer=part)
+        if not isinstance(part, Pipeline):
             msg = (
                 f"cannot compose {part!r} (a {type(part).__name__}): operands of >> and compose "
                 "must be @producer/@consumer stages, pipelines or sinks (easycore.write)"
             )
             raise TypeError(msg)
-        for stage, binding in zip(stages, where, strict=False):
+        for stage, binding in zip(part.stages, (*part.placement, None), strict=False):
             if last is not None:
                 msg = (
                     f"nothing can follow the consumer {last!r}, but {stage!r} does: the consumer "
@@ -757,7 +752,5 @@ def compose(*parts: Any) -> Pipeline:
             else:
                 producers.append(stage)
                 placement.append(binding)
-        sink = sink_after
-    return Pipeline(
-        producers=tuple(producers), consumer=last, sink=sink, placement=tuple(placement)
-    )
+        sink = part.sink
+    return Pipeline(producers, last, sink, placement)

@@ -114,6 +114,12 @@ def _interleave(shares: list[list[Any]]) -> list[Any]:
     return out
 
 
+def _unpack(statuses: list[bytes]) -> tuple[list[Any], list[Any]]:
+    """The ranks' shares of results, and their failures, from their pickled statuses."""
+    unpacked = [cloudpickle.loads(b) for b in statuses]
+    return [v for tag, v in unpacked if tag == "ok"], [v for tag, v in unpacked if tag != "ok"]
+
+
 def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
     try:
         return collective(*args)
@@ -125,17 +131,8 @@ def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
         raise WorkerDied(msg) from exc
 
 
-def sharded_map(
-    pipeline: PipelineDef,
-    data: Iterable[Any],
-    options: RunOptions,
-    *,
-    devices: Any,
-    engine: str,
-    **where: Any,
-) -> Any:
-    """Share the units out between ranks, run each share, merge in order, fold once
-    (``where``: the rest of :class:`Runner`'s keyword arguments, ``cfg`` among them)."""
+def _check_supported(pipeline: PipelineDef, options: RunOptions, engine: str) -> None:
+    """Refuse, before anything starts, what a distributed map does not do (yet)."""
     if engine != "local":
         msg = f"distributed=True runs under torchrun on the local engine, not engine={engine!r}"
         raise ValueError(msg)
@@ -151,6 +148,20 @@ def sharded_map(
             ".on pools is not supported there yet (drop .on, or run it per rank)"
         )
         raise ValueError(msg)
+
+
+def sharded_map(
+    pipeline: PipelineDef,
+    data: Iterable[Any],
+    options: RunOptions,
+    *,
+    devices: Any,
+    engine: str,
+    **where: Any,
+) -> Any:
+    """Share the units out between ranks, run each share, merge in order, fold once
+    (``where``: the rest of :class:`Runner`'s keyword arguments, ``cfg`` among them)."""
+    _check_supported(pipeline, options, engine)
     distributed.init()
     me, world = distributed.rank(), distributed.world_size()
     size = options.batch_size
@@ -182,23 +193,20 @@ def sharded_map(
         status = cloudpickle.dumps(("error", _describe(exc, me)))
 
     if pipeline.consumer is None:
-        parts = _exchange(distributed.all_gather, "results", me, status)
-        statuses = [cloudpickle.loads(b) for b in parts]
-        failures = [s[1] for s in statuses if s[0] == "error"]
+        shares, failures = _unpack(_exchange(distributed.all_gather, "results", me, status))
         if failures:
             _raise_failure(failures, me, world, own)
-        return _interleave([s[1] for s in statuses])
+        return _interleave(shares)
 
     gathered = _exchange(distributed.gather, "results", me, status, 0)
     verdict: bytes | None = None
     if gathered is not None:  # rank 0: fold once, then tell everyone
-        statuses = [cloudpickle.loads(b) for b in gathered]
-        failures = [s[1] for s in statuses if s[0] == "error"]
+        shares, failures = _unpack(gathered)
         if failures:
             verdict = cloudpickle.dumps(("error", failures))
         else:
             try:
-                merged = _interleave([s[1] for s in statuses])
+                merged = _interleave(shares)
                 fold_only = _Part((), pipeline.consumer, (), pipeline)
                 with Runner(fold_only, "inline", cfg=where["cfg"]) as run:
                     result = run.run_map(merged, RunOptions(numbering=Numbering(batch=size)))
