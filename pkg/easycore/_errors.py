@@ -364,12 +364,9 @@ def user_error(
     ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run,
     whose traceback is local.
     """
-    if device is None:
-        where = "in the calling process"
-    elif remote:
-        where = f"on {device} (worker {worker})"
-    else:
-        where = f"inline on {device} (worker {worker})"
+    where = "in the calling process" if device is None else f"on {device} (worker {worker})"
+    if device is not None and not remote:
+        where = f"inline {where}"
     if issubclass(cls, ItemTimeout):  # (an async item, cancelled: no user code raised)
         return cls(f"{stage} {text}\n  {what} {where}", stage, device, worker, index)
     short = type_name.rsplit(".", 1)[-1]

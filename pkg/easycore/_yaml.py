@@ -95,12 +95,6 @@ def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
 _Loader.construct_mapping = _construct_mapping
 
 
-def _str_literal(text: str) -> str:
-    """A Python string literal that is also a safe piece of a plain YAML scalar: ASCII (the
-    rest escaped), with no ``": "`` or ``" #"`` (their space escaped)."""
-    return ascii(text).replace(": ", ":\\x20").replace(" #", "\\x20#")
-
-
 def _literal(value: Any) -> str | None:
     """Python literal text for ``value``, or None when it has none.
 
@@ -115,8 +109,8 @@ def _literal(value: Any) -> str | None:
         if math.isinf(value):
             return "1e999" if value > 0 else "-1e999"
         return repr(value)
-    if kind is str:
-        return _str_literal(value)
+    if kind is str:  # ASCII (the rest escaped); the space of ": " and " #" escaped too
+        return ascii(value).replace(": ", ":\\x20").replace(" #", "\\x20#")
     if kind is tuple or kind is list:
         parts = [_literal(v) for v in value]
         if any(p is None for p in parts):
@@ -151,12 +145,9 @@ def _force_block(node: Any, seen: set[int]) -> bool:
     seen.add(id(node))
     if isinstance(node, yaml.ScalarNode):
         return bool(node.tag == _TUPLE_TAG)
-    if isinstance(node, yaml.MappingNode):
-        children = [c for pair in node.value for c in pair]
-    else:
-        children = list(node.value)
+    pairs = node.value if isinstance(node, yaml.MappingNode) else [(c,) for c in node.value]
     found = False
-    for child in children:
+    for child in [c for pair in pairs for c in pair]:
         found = _force_block(child, seen) or found
     if found:
         node.flow_style = False

@@ -101,24 +101,16 @@ class LaunchInfo:
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name, "")
-    try:
-        return int(value)
-    except ValueError:
-        return default
+    with contextlib.suppress(ValueError):
+        return int(env.get(name, ""))
+    return default
 
 
 def _first_host(nodelist: str) -> str:
     """The first host of a Slurm node list: ``"node[01-02],gpu7"`` -> ``"node01"``."""
-    depth = 0
-    for k, ch in enumerate(nodelist):  # the first entry ends at a comma outside brackets
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            nodelist = nodelist[:k]
-            break
+    first = re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", nodelist)[0]  # to a comma outside []
     # each bracket group ("[01-04,07]") stands for its first member ("01"), zero-padding kept
-    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], nodelist.strip())
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first.strip())
 
 
 def _tasks_on_node(tasks_per_node: str, node: int) -> int | None:
