@@ -209,53 +209,30 @@ class _Runs:
         With ``distributed=True``, in a job launched by ``torchrun`` or Slurm (every rank
         calls ``map`` with the same ``data``): item (or batch) ``i`` runs on rank
         ``i % world_size`` on that rank's ``devices`` (``"local"``: its own GPU, else its
-        share of the CPU cores), results come back in input order (``ordered`` does not
-        apply), the consumer folds them once on rank 0, and every rank returns the same
-        result, equal to a single-process run with the same ``seed`` and ``batch_size``. An
-        error on any rank raises ``WorkerError`` on every rank. See
-        :mod:`easycore.distributed`.
+        share of the CPU cores), the consumer folds once on rank 0, and every rank returns
+        the result of a single-process run with the same ``seed`` and ``batch_size`` (an
+        error on any rank raises ``WorkerError`` on every rank; see
+        :mod:`easycore.distributed`).
 
-        Long jobs: ``errors="skip"`` sets aside an item that still fails after its retries
-        (an exception, its worker's death, a timeout, an item or result that does not
-        pickle): it is left out of the results, the consumer never sees it, and it is
-        reported as an :class:`~easycore.Failure` to ``on_error`` (called in this process),
-        or else in one warning per run. ``resume="run.db"`` keeps every finished item's key
-        (its index, or ``key(item)``: a str, an int or a tuple of them, a different one for
-        every item), a digest of the item and its result in that SQLite file; the same
-        call after a crash computes only what the file lacks (items set aside are tried
-        again only with ``retry_failed=True``); an item that differs from the one recorded
-        under its key is a ``ValueError``, and so is a file of another run (other producer
-        functions or ``init``, ``key=``, ``cfg``, ``seed`` or batch sizes; changed stage
-        code only is kept going with ``accept_changed_code=True``, with a warning) or a
-        path that cannot be a ledger. Results are stored pickled:
-        jobs with big outputs should write them to files and return the paths.
-        ``max_items_per_worker=n`` replaces a worker (its ``end``, a new process, its
-        ``init``) after ``n`` items, ``max_worker_memory`` (bytes, or ``"4GiB"``) once its
-        resident memory has passed that; both act between chunks, never in the middle of
-        an item, and nothing is lost or doubled.
+        Long jobs: ``errors="skip"`` sets aside an item that still fails after its retries,
+        reported as an :class:`~easycore.Failure` to ``on_error`` (else in one warning per
+        run); ``resume="run.db"`` records every finished item (its key, a digest of it and
+        its result) in that SQLite file, so the same call after a crash computes only what
+        the file lacks (a file of another run, or a changed item, is a ``ValueError``);
+        ``max_items_per_worker`` and ``max_worker_memory`` replace a worker between chunks.
+        Nothing is lost or doubled (see :class:`~easycore.RunKwargs` for each option).
 
         ``engine="ray"`` runs every pool as a group of Ray actors on the cluster that
-        ``ray.init()`` connects to (``RAY_ADDRESS``, else a local Ray started for the run and
-        shut down after it; a Ray this process initialised itself is used as it is and left
-        running). There ``devices=n`` means n actors of one CPU each and a GPU entry an
-        actor holding one GPU; results pass between pools as Ray object references.
-        Everything above holds the same (a seeded run gives the same results).
+        ``ray.init()`` connects to (``RAY_ADDRESS``, else a local Ray started for the run);
+        there ``devices=n`` means n actors of one CPU each and a GPU entry an actor holding
+        one GPU. Everything above holds the same (a seeded run gives the same results).
 
-        Stages that wait (on the network, a disk, a remote model): a producer and its
-        ``init``/``end`` may be ``async def``. ``concurrency=k`` lets each worker of the pool
-        ``devices`` describes hold up to ``k`` items at once (async producers as tasks of
-        one event loop per worker, plain ones on ``k`` threads of the worker); ``.on(n,
-        concurrency=k)`` sets it per pool. Order, retries, ``errors="skip"``, ``resume=``
-        hold per item; an async item past ``timeout`` is cancelled and its worker goes on
-        (a plain one on a thread cannot be: its worker is killed, as with ``concurrency=1``).
-        With ``seed=``, :func:`easycore.item_seed` is each item's own seed. With
-        ``devices="inline"`` async stages run on an event loop in this process, one item
-        at a time.
-
-        ``epoch=e`` (an int >= 0, default 0): with ``seed``, every item gets a seed of its
-        own that differs between epochs and is the same on every run
-        (:func:`easycore.derive_seed` ``(seed, index, epoch=e)``; epoch 0 gives the seeds
-        of a run without ``epoch``).
+        Stages that wait: a producer and its ``init``/``end`` may be ``async def``;
+        ``concurrency=k`` lets each worker of the pool ``devices`` describes hold up to ``k``
+        items at once (async producers as tasks of one event loop per worker, plain ones on
+        ``k`` threads; ``.on(n, concurrency=k)`` sets it per pool), each item with its own
+        :func:`easycore.item_seed`. ``epoch=e``: with ``seed``, every item gets a seed of its
+        own in every epoch, the same on every run (:func:`easycore.derive_seed`).
 
         Args:
             data: any iterable (generators too), consumed lazily under backpressure.
