@@ -5,7 +5,7 @@ Where names are looked for: the docstrings of the package (every string statemen
 ``pkg/easycore``: module, class, function and attribute docstrings), ``ARCHITECTURE.md``, the
 README and the pages of ``docs/`` (their prose, not the fenced examples, which run). A name is a
 code span that is a dotted path of identifiers with at most one argument list at its end
-(stripped: ``RunBooks.window()`` is ``RunBooks.window``), or such a path written bare in the
+(stripped: ``RunBooks.take()`` is ``RunBooks.take``), or such a path written bare in the
 prose (``Run.dispatch``, as the data-flow diagram of ``_exec`` writes them).
 
 It names something of the package when its first part is
@@ -286,9 +286,9 @@ CASES = {
     ("~easycore.RunKwargs", True): True,
     ("easycore.write.parquet(...)", True): True,
     ("_exec.core", True): True,
-    ("RunBooks.window()", True): True,
+    ("RunBooks.take()", True): True,
     ("runner.stats()", True): True,
-    ("books.window()", True): True,
+    ("books.take()", True): True,
     ("hop.unit", True): True,
     ("_exec/runner.py", True): True,
     ("run.py", True): True,

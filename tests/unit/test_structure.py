@@ -112,7 +112,7 @@ class TestLayering:
         modules = _modules()
         graph, _ = _imports(modules)
         assert "easycore._exec.run" in modules
-        assert "easycore._exec.ledger" in graph["easycore._exec.run"]
+        assert "easycore._exec.scheduler" in graph["easycore._exec.run"]
 
     def test_the_checker_finds_a_cycle(self):
         """A cycle in a made-up graph is reported."""

@@ -31,7 +31,7 @@ from easycore._errors import (
     some,
 )
 from easycore._exec.core import RunBooks, Work
-from easycore._exec.ledger import Chunk
+from easycore._exec.scheduler import Chunk
 from easycore._exec.workers import Worker
 from easycore._protocol import UNPICKLING, Slots, pickling_error
 

@@ -26,10 +26,9 @@ and every run, however the workers' timing goes.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -310,18 +309,6 @@ class RunBooks:
         return self.options.retries > 0 or self.policy.isolates
 
     # -- what goes out -----------------------------------------------------------------------
-    def window(self, n_workers: int) -> int:
-        """First-hop units that may be taken and not yet yielded (backpressure): what the
-        workers may hold (``depth`` chunks each), and a chunk more per worker, so new work
-        goes out while results just received still wait to be yielded; ``2 x depth``
-        chunks of a unit each, at least. Slots that wait count ``k`` units as a chunk, and
-        their units in flight (``k`` a worker) on top: those hold no result while they
-        wait, so one long wait leaves the others' results room to pile up behind it in
-        order. The bound docs/guide/performance.md gives."""
-        depth, n, k = self.depth, n_workers, self.slots
-        flying = n * k if k > 1 else 0
-        return max((depth + 1) * n * self.chunk_size, 2 * depth * n * max(self.align, k) + flying)
-
     def take(self, room: int, limit: int | None = None) -> Work | None:
         """The next chunk: a re-run, or new input (at most ``room`` units; ``limit``: at most
         that many for the worker it goes to)."""
@@ -416,22 +403,6 @@ class RunBooks:
         if ran:
             self.sizers[hop].update(ran, elapsed, nbytes)
             self.resize()
-
-    def room(self, hop: int, ran: int, has: Iterable[Work]) -> int:
-        """Units of ``hop`` that a worker may still take under ``max_items_per_worker`` (no
-        bound: ``sys.maxsize``): those it ran (``ran``) and those it has (``has``: queued, or
-        on their way) count."""
-        most = self.options.max_items_per_worker
-        if most is None:
-            return sys.maxsize
-        return most - ran - sum(self.hops[hop].units(len(w.items)) for w in has)
-
-    def retires(self, units: int, rss: Callable[[], int] = lambda: 0) -> bool:
-        """Whether a worker that has taken ``units`` units, its resident memory ``rss()``
-        bytes, is due for a fresh one (``max_items_per_worker``, ``max_worker_memory``): it
-        takes nothing more and is replaced once it has finished what it has."""
-        most, memory = self.options.max_items_per_worker, self.options.max_worker_memory
-        return (most is not None and units >= most) or (memory is not None and rss() > memory)
 
     # -- what comes back ---------------------------------------------------------------------
     def store(self, start: int, values: list[Any], n: int, failed: bool = False) -> None:

@@ -419,7 +419,14 @@ class RayEngine:
     def _new_actor(self, hop: int, index: int, device: str) -> Actor:
         h = self.chain.hops[hop]
         if self.as_tasks[hop]:
-            return Actor(hop, index, device, None, task=self._task_sender(hop, index))
+            return Actor(
+                hop=hop,
+                index=index,
+                device=device,
+                handle=None,
+                task=self._task_sender(hop, index),
+                lone=True,
+            )
         gpus = _gpus_of(device)
         opts: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
         if self.waits[hop]:
@@ -447,7 +454,7 @@ class RayEngine:
                 h.concurrency,
             )
         )
-        actor = Actor(hop, index, device, handle)
+        actor = Actor(hop=hop, index=index, device=device, handle=handle, concurrency=h.concurrency)
         self.keys[actor] = key
         return actor
 
@@ -529,29 +536,27 @@ class RayEngine:
                 killed.append((actor, held[0]))
         return killed
 
-    def recycle_idle(self) -> None:
-        """Replace each actor due for it that has finished its chunks (its ``end``, then a
-        fresh actor's ``init``).
+    def recycle(self, due: Sequence[Any]) -> None:
+        """Replace each actor ``due`` for it (``Scheduler.retirees``: it has finished its
+        chunks): its ``end``, then a fresh actor's ``init``.
 
         Raises:
             WorkerError: its ``end`` raised.
         """
         ray = ray_module()
 
-        for pool in self.pools:
-            for actor in list(pool):
-                if actor.retiring and not (actor.queue or actor.dead):
-                    report = None
-                    with contextlib.suppress(ray.exceptions.RayError):
-                        report = ray.get(actor.handle.finish.remote())
-                    if report is not None:
-                        raise report.to_error(
-                            what=f"while ending ({actor.where})",
-                            device=actor.device,
-                            worker=actor.index,
-                            index=None,
-                        )
-                    self.replace(actor)
+        for actor in due:
+            report = None
+            with contextlib.suppress(ray.exceptions.RayError):
+                report = ray.get(actor.handle.finish.remote())
+            if report is not None:
+                raise report.to_error(
+                    what=f"while ending ({actor.where})",
+                    device=actor.device,
+                    worker=actor.index,
+                    index=None,
+                )
+            self.replace(actor)
 
     def stop(self, grace: float | None, report: bool) -> None:
         """Run ``end`` on every actor (``grace`` seconds at most), then kill them all.
@@ -562,7 +567,7 @@ class RayEngine:
         ray = ray_module()
 
         every = [a for pool in self.pools for a in pool if a.task is None]
-        actors = [a for a in every if not a.dead]
+        actors = [a for a in every if not a.gone]
         self.pools = []
         failure: BaseException | None = None
         try:
@@ -618,7 +623,7 @@ class RayEngine:
             return
         self.timeout = timeout
         told = []
-        for a in [a for pool in self.pools for a in pool if a.task is None and not a.dead]:
+        for a in [a for pool in self.pools for a in pool if a.task is None and not a.gone]:
             ref = a.handle.watch.remote(timeout, self.clock)
             if self.waits[a.hop]:
                 told.append(ref)

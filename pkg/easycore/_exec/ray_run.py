@@ -8,8 +8,10 @@ docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -17,7 +19,8 @@ from easycore._exec.blame import Dead, blame_in_order, settle_death, unpicklable
 from easycore._exec.core import ErrorPolicy, RunBooks, Work
 from easycore._exec.plan import StageStats
 from easycore._exec.ray_actor import Meta, Packed
-from easycore._exec.ray_ledger import Actor, ActorPools, RayChunk, RayLedger, first_line, ray_module
+from easycore._exec.ray_ledger import Actor, ActorPools, first_line, ray_module
+from easycore._exec.scheduler import Chunk, Revive, Scheduler
 from easycore._exec.sources import Source
 from easycore._options import RunOptions
 from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, UNREADABLE, Broken, is_cached
@@ -25,6 +28,13 @@ from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, UNREADABLE, Broken,
 __all__ = ["POLL", "RayRun"]
 
 POLL = 0.05  # seconds between looks at a live source or the clock, while waiting
+
+
+class Refs(NamedTuple):
+    """A chunk's object references: each hop's ``Meta``, and the last hop's values."""
+
+    metas: list[Any]
+    values: Any
 
 
 class RayRun:
@@ -43,27 +53,30 @@ class RayRun:
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars, shares=1)
         self.options = options
-        self.ledger = RayLedger(engine)
+        self.sched = Scheduler(self.books, lambda h: engine.pools[h], itertools.count(), True)
+        self.pending: dict[Any, tuple[Chunk, int]] = {}  # meta ref -> (chunk, hop)
+        # references of forgotten chunks, read once ready: Ray logs an error that nobody
+        # read as an "Unhandled error" (a death or a failed hop fails every later hop's)
+        self.dropped: list[Any] = []
         self.last_probe = time.monotonic()
-        self.widest = max(len(h.devices) for h in self.hops)
 
     # -- the transport's part of the loop (core.RunBooks.stream) ----------------------------
     def busy(self) -> bool:
-        return bool(self.ledger)
+        return bool(self.pending)
 
     def wait(self) -> None:
         """Wait for a chunk's hop to finish (a live source or the clock: a while at most)."""
         ray = ray_module()
 
         live = self.books.source.wakeup() is not None
-        refs = list(self.ledger.pending)
+        refs = list(self.pending)
         if refs:
             wait = POLL if live or self.options.timeout else 1.0
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
-                if ref in self.ledger.pending:
+                if ref in self.pending:
                     self.on_ready(ref)
         elif live:
             time.sleep(POLL)
@@ -72,82 +85,40 @@ class RayRun:
             raise self.books.stalled()
         if self.options.timeout is not None:
             self.check_clock()
-        self.engine.recycle_idle()
-        self.ledger.sweep()
+        self.engine.recycle(self.sched.retirees())
+        self.sweep()
 
     def dispatch(self, most_chunks: int | None = None) -> None:
-        """Send chunks while the window has room: re-runs first, then new input.
+        """Carry out the scheduler's commands: actors due for it replaced, then chunks sent
+        down the chain while the window has room (re-runs first), a dead actor replaced
+        when its pool has no other to take one."""
+        self.engine.recycle(self.sched.retirees())
+        for cmd in self.sched.sends(most_chunks):
+            if isinstance(cmd, Revive):
+                self.engine.replace(cmd.place)  # (only now: see on_death)
+            else:
+                self.send(cmd.chunk)
 
-        Re-runs (counted in the window already, and perhaps split into many) go out while
-        fewer chunks than the window's worth are in flight.
-        """
+    def send(self, chunk: Chunk) -> None:
+        """Send ``chunk`` down the chain, to the actor of each hop on its path."""
         books = self.books
-        chunks = (books.depth + 1) * self.widest  # chunks in flight, at most
-        sent = 0
-        while most_chunks is None or sent < most_chunks:
-            sent += 1
-            # (depth + 1) chunks an actor of the widest pool; a pool that waits: the books'
-            # window, its actors' units in flight counted on top
-            window = books.window(self.widest) if books.slots > 1 else chunks * books.chunk_size
-            if books.redo:
-                if self.ledger.chunks() >= chunks:
-                    return
-            elif books.taken >= window:
-                return
-            work = books.take(window - books.taken)
-            if work is None or not self.send(work):
-                return
-
-    def send(self, work: Work) -> bool:
-        """Send ``work`` down the chain (False: every actor of a pool is being replaced)."""
-        books = self.books
-        if all(is_cached(u) for u in work.items):  # resume=: every result is known
-            n = len(work.items)
-            books.store(work.start, [CACHED] * self.hops[-1].units(n), n)
-            return True
-        picks = []
-        fits = len(work.items)  # first-hop units that every actor picked may still take
-        for pool, hop in zip(self.engine.pools, self.hops, strict=True):
-            # An actor running a solo chunk takes nothing else; a solo chunk needs an idle
-            # one. A slot of tasks holds one chunk at a time: Ray would run more of them at
-            # once, so a pool would use more CPUs (and hold more items) than its devices say.
-            spent = [a for a in pool if not (a.dead or a.retiring or a.queue) and self.room(a) <= 0]
-            if spent:  # done with its max_items_per_worker in an earlier run: replaced
-                for a in spent:
-                    a.retiring = True
-                self.engine.recycle_idle()
-            free = [
-                a
-                for a in pool
-                if not (a.dead or a.retiring or any(c.work.solo for c in a.queue))
-                and not (a.queue and (work.solo or a.task is not None))
-                and self.room(a) > 0
-            ]
-            if not free:
-                dead = next((a for a in pool if a.dead), None)
-                if dead is None:
-                    books.redo.appendleft(work)
-                    return False
-                free = [self.engine.replace(dead)]  # (only now: see on_death)
-            picks.append(min(free, key=lambda a: len(a.queue)))
-            fits = min(fits, self.room(picks[-1]) * hop.unit)
-        if fits < len(work.items):  # no actor takes more than it may still run (as a worker)
-            fits = max(books.align, fits - fits % books.align)  # (whole output units)
-            if fits < len(work.items):
-                books.again([Work(work.start + fits, work.items[fits:], work.solo)])
-                work = Work(work.start, work.items[:fits], work.solo)
-        chunk = RayChunk(work, picks)
-        spent = books.charges.spent(work.start, work.end)
-        arg: Any = work.items
-        keys = books.keys_of(work.items, work.start)  # (key= raising is its own error)
-        for hop, actor in zip(self.hops, picks, strict=True):
+        if all(is_cached(u) for u in chunk.items):  # resume=: every result is known
+            self.sched.finish(chunk)
+            n = len(chunk.items)
+            books.store(chunk.start, [CACHED] * self.hops[-1].units(n), n)
+            return
+        spent = books.charges.spent(chunk.start, chunk.end)
+        arg: Any = chunk.items
+        keys = books.keys_of(chunk.items, chunk.start)  # (key= raising is its own error)
+        chunk.refs = Refs([], None)
+        for hop, actor in zip(self.hops, chunk.path, strict=True):
             try:
                 if hop.index == 0 and self.options.timeout is not None:
                     # unpickled inside run(), on the clock (see ray_actor.Packed)
-                    arg = Packed(len(work.items), cloudpickle.dumps(list(work.items), PROTOCOL))
+                    arg = Packed(len(chunk.items), cloudpickle.dumps(list(chunk.items), PROTOCOL))
                 arg, meta = actor.run(
                     arg,
-                    work.start // hop.unit,
+                    chunk.start // hop.unit,
                     self.options.run_seed,
                     self.options.retries,
                     {i: k for (h, i), k in spent.items() if h == hop.index},
@@ -155,80 +126,101 @@ class RayRun:
                     keys if hop is self.hops[-1] else None,
                 )
             except Exception as exc:  # an item that cannot be pickled
-                unpicklable(books, work, exc)
-                return True
-            self.ledger.send(chunk, hop.index, meta)
-        chunk.values = arg
-        return True
+                self.forget(chunk)
+                unpicklable(books, chunk, exc)
+                return
+            chunk.refs.metas.append(meta)
+            self.pending[meta] = (chunk, hop.index)
+        chunk.refs = chunk.refs._replace(values=arg)
 
-    def room(self, actor: Actor) -> int:
-        """Units ``actor`` may still take (``max_items_per_worker``; see RunBooks.room)."""
-        return self.books.room(actor.hop, actor.ran, (c.work for c in actor.queue))
+    def forget(self, chunk: Chunk) -> None:
+        """Forget ``chunk``: the scheduler's books, its pending references (read once
+        ready: :meth:`sweep`)."""
+        self.sched.untrack(chunk)
+        refs: Refs | None = chunk.refs
+        if refs is not None:
+            for meta in refs.metas:
+                self.pending.pop(meta, None)
+            self.dropped += [r for r in (*refs.metas, refs.values) if r is not None]
+
+    def sweep(self, wait: float = 0.0) -> None:
+        """Read the forgotten references that are ready (``wait``: seconds to wait for the
+        rest), so that Ray does not log their errors as unhandled."""
+        if not self.dropped:
+            return
+        ray = ray_module()
+        ready, self.dropped = ray.wait(self.dropped, num_returns=len(self.dropped), timeout=wait)
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                ray.get(ref, timeout=0)
 
     # -- results -----------------------------------------------------------------------------
     def on_ready(self, ref: Any) -> None:
         ray = ray_module()
 
         books = self.books
-        chunk, h = self.ledger.pending[ref]
-        actor = chunk.actors[h]
+        chunk, h = self.pending[ref]
+        actor: Actor = chunk.path[h]
         try:
             meta: Meta = ray.get(ref)
-            values = ray.get(chunk.values) if h == len(self.hops) - 1 else None
+            values = ray.get(chunk.refs.values) if h == len(self.hops) - 1 else None
         except ray.exceptions.RayError as exc:
             if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
                 dead = self.dead_actor(chunk)
                 if dead.task is None:
                     self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
                 else:  # a task's process died: that chunk alone was running there
-                    self.ledger.forget(chunk)
-                    books.again(self.blame(dead, [chunk.work], exc, None))
+                    self.forget(chunk)
+                    books.again(self.blame(dead, [chunk], exc, None))
             elif isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
                 # a result that would not pickle there, or not unpickle here (a class this
                 # process lacks, a __setstate__ that raises): its unit fails, named
                 at = self.dead_actor(chunk)  # (the first hop that failed; else the last)
-                self.ledger.forget(chunk)
+                self.forget(chunk)
                 cause = getattr(exc, "cause", None) or exc
-                unpicklable(books, chunk.work, cause, (at.hop, at.device, at.index))
-            if ref in self.ledger.pending:  # lost with its node, or not the dead actor's:
-                self.ledger.forget(chunk)  # run it again
-                books.again([Work(chunk.work.start, chunk.work.items)])
+                unpicklable(books, chunk, cause, (at.hop, at.device, at.index))
+            if ref in self.pending:  # lost with its node, or not the dead actor's:
+                self.forget(chunk)  # run it again
+                books.again([Work(chunk.start, chunk.items)])
             return
-        self.ledger.done(ref)
-        books.count(h, meta.n, meta.busy, chunk.work.items, meta.elapsed)
-        actor.ran += meta.n  # (replaced once it has finished what it has)
-        actor.retiring = actor.retiring or books.retires(actor.ran, lambda: meta.rss)
+        del self.pending[ref]
+        self.sched.done(actor, chunk.id)
+        books.count(h, meta.n, meta.busy, chunk.items, meta.elapsed)
+        self.sched.count(actor, meta.n, lambda: meta.rss)  # (replaced once it has finished)
         if values is not None:
+            self.sched.finish(chunk)
             if len(values) > 1 and any(_unreadable(v) for v in values):
-                books.again(books.rerun(chunk.work))  # one unit a chunk (blame.isolate)
+                books.again(books.rerun(chunk))  # one unit a chunk (blame.isolate)
                 return
-            books.outputs(
-                chunk.work, values, lambda h: (chunk.actors[h].device, chunk.actors[h].index)
-            )
+            path = chunk.path
+            books.outputs(chunk, values, lambda h: (path[h].device, path[h].index))
 
     # -- failures ----------------------------------------------------------------------------
-    def dead_actor(self, chunk: RayChunk) -> Actor:
+    def dead_actor(self, chunk: Chunk) -> Actor:
         """The first actor on ``chunk``'s path that failed (later hops fail because of it)."""
         ray = ray_module()
 
-        for h, meta in enumerate(chunk.metas):
+        path: list[Actor] = chunk.path
+        for h, meta in enumerate(chunk.refs.metas):
             try:
                 ray.get(meta, timeout=0)
             except ray.exceptions.GetTimeoutError:
                 continue
             except ray.exceptions.RayError:
-                return chunk.actors[h]
-        return chunk.actors[-1]
+                return path[h]
+        return path[-1]
 
     def on_death(self, actor: Actor, exc: BaseException, culprit: int | None) -> None:
         """``actor`` is gone: blame the chunk it was running, re-run the rest; it is
-        replaced once its pool needs it (:meth:`send`), not here: a run that the death fails
+        replaced once its pool needs it (``Scheduler.sends``), not here: a run that the death fails
         raises without waiting for a fresh actor's start and ``init`` (many seconds on a
         busy machine: Ray starts workers at a low priority).
 
         ``culprit``: the unit (of ``actor``'s hop) known to be in hand (a timeout).
         """
-        lost = self.ledger.lose(actor)
+        _, lost = self.sched.died(actor)
+        for chunk in lost:
+            self.forget(chunk)
         # A sync actor runs its chunks in order, so the oldest it had was running, unless
         # replies of chunks it finished died with it (a reply goes out on Ray's own thread,
         # after the next task has started: an os._exit there loses it). With several chunks
@@ -242,11 +234,10 @@ class RayRun:
             again = [Work(work.start, work.items, solo=True) for work in lost]
         elif lost:
             again = self.blame(actor, lost, exc, culprit)  # (may raise)
-        actor.dead = True
         self.books.again(again)
 
     def blame(
-        self, actor: Actor, lost: list[Work], exc: BaseException, culprit: int | None
+        self, actor: Actor, lost: Sequence[Work], exc: BaseException, culprit: int | None
     ) -> list[Work]:
         """Blame the chunk ``actor`` was running for its death (its oldest; not known, every
         chunk it had: ``blame_in_order``); what runs again. ``culprit``: the unit in hand,
@@ -281,29 +272,57 @@ class RayRun:
         """An early stop: wait for what is in flight and drop it (the actors stay up)."""
         ray = ray_module()
 
-        refs = list(self.ledger.pending)
+        refs = list(self.pending)
         if refs:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait(refs, num_returns=len(refs), timeout=None)
-        self.ledger.clear()
+        self.clear()
 
     def close(self) -> None:
         """The run is over: cancel what is still queued (an error or an interrupt) and
         forget every chunk (the books clear themselves)."""
         ray = ray_module()
 
-        for ref, (chunk, h) in list(self.ledger.pending.items()):
+        for ref, (chunk, h) in list(self.pending.items()):
             # Not a plain task's: ray.cancel of a normal task that is finishing races Ray's
             # reply callback and can abort this process (a RAY_CHECK in its task manager,
             # ray-project/ray#54846); such a chunk, already sent, runs to its end unseen.
-            if chunk.actors[h].task is None:
+            if not chunk.path[h].lone:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
-        self.ledger.clear(cut_short=True)  # (an actor that had a chunk may be mid-unit)
+        self.clear(cut_short=True)  # (an actor that had a chunk may be mid-unit)
+
+    def clear(self, cut_short: bool = False) -> None:
+        """Forget every chunk (``cut_short``: an actor that had one may be mid-unit)."""
+        for actor in [a for pool in self.engine.pools for a in pool]:
+            actor.cut_short = actor.cut_short or (cut_short and bool(actor.queue))
+        self.sched.clear()
+        self.pending.clear()
+        self.sweep(wait=1.0)  # (a failed hop's later hops fail at once)
+        self.dropped.clear()
 
     def stats(self) -> list[StageStats]:
-        queued, flying = self.ledger.units(self.hops)
-        return self.books.stats(queued, [0] * len(self.hops), flying)
+        """Per hop, units sent and not done, and the estimate of those in flight: an actor
+        is not asked mid-chunk; in flight are the units of the chunks it is on (its oldest,
+        once the hops before have finished it; an actor that waits runs all it has), up to
+        its concurrency. (Snapshots: a submit run's thread may change the books.)"""
+        hops = self.hops
+        queued, _ = self.sched.units()
+        flying = [0] * len(hops)
+        for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:
+            h = actor.hop
+            chunks = sorted(list(actor.queue.values()), key=lambda c: c.id)
+            if not self.engine.waits[h]:
+                chunks = chunks[:1]  # (one at a time, in order)
+            metas = [c.refs.metas[:h] if c.refs else [None] for c in chunks]  # (None: unsent)
+            ready = [
+                c
+                for c, ms in zip(chunks, metas, strict=True)
+                if not any(m in self.pending for m in ms)
+            ]
+            units = sum(hops[h].units(len(c.items)) for c in ready)
+            flying[h] += min(hops[h].concurrency, units)
+        return self.books.stats(queued, [0] * len(hops), flying)
 
 
 def _unreadable(value: Any) -> bool:

@@ -6,7 +6,7 @@ and turns what comes back (Done, Held, Sent, Unreadable, deaths, timeouts) into
 entries in those books. Results come back per chunk, so the per-item cost in the caller is a
 list append, not a message.
 
-Kept here: exactly-once (the ledger knows where every chunk is; a dead worker's chunks re-run
+Kept here: exactly-once (the scheduler knows where every chunk is; a dead worker's chunks re-run
 under new ids, a late reply for an old id is dropped) and which unit a death or a timeout
 blames (``blame.assign_blame``, from the worker's shared slot).
 """
@@ -21,8 +21,8 @@ from typing import Any
 from easycore._errors import SerializationError, describe_exitcode
 from easycore._exec.blame import Dead, assign_blame, isolate, settle_death, unpicklable
 from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
-from easycore._exec.ledger import Ledger
 from easycore._exec.plan import Chain, StageStats
+from easycore._exec.scheduler import Scheduler, Send
 from easycore._exec.sources import Source
 from easycore._exec.workers import Worker, WorkerSet
 from easycore._options import RunOptions
@@ -70,18 +70,18 @@ class Run:
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars)
         self.options = options
-        self.ledger = Ledger(workers, ids, len(self.hops), options.ordered)
+        self.sched = Scheduler(self.books, lambda h: workers.of_hop(self.hops[h]), ids)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: dict[int, int] = {}
 
     # -- insight -----------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
-        queued, waiting = self.ledger.units(self.hops)
+        queued, waiting = self.sched.units()
         return self.books.stats(queued, waiting, self.workers.in_flight())
 
     # -- the transport's part of the loop (core.RunBooks.stream) -------------------------
     def busy(self) -> bool:
-        return bool(self.ledger)
+        return bool(self.sched)
 
     def wait(self) -> None:
         """Wait for the next message, death or submitted item; handle it; enforce timeouts."""
@@ -89,7 +89,7 @@ class Run:
         wake = source.wakeup()
         # Nothing in flight and every worker idle, yet work remains: waiting would hang
         # forever. (A worker being replaced comes back: its goodbye wakes us.)
-        idle = not self.ledger and (wake is None or source.exhausted)
+        idle = not self.sched and (wake is None or source.exhausted)
         if idle and all(w.ready and not w.retiring for w in self.workers.workers):
             raise self.books.stalled()
         timeout = self.options.timeout
@@ -102,95 +102,51 @@ class Run:
 
     # -- dispatch ----------------------------------------------------------------------------
     def dispatch(self, most_chunks: int | None = None) -> None:
-        """Route held chunks on, give releases back, replace workers due for it (once they
-        hold no chunk), then send new chunks to the first hop (at most ``most_chunks``)."""
-        self._route()
+        """Carry out the scheduler's commands: held chunks on to the next pool, releases
+        given back, workers due for it replaced (once they hold no chunk), then new chunks
+        to the first pool (at most ``most_chunks``)."""
+        sched, books, options = self.sched, self.books, self.options
+        for fwd in sched.forwards():
+            chunk, src, dst = fwd
+            try:
+                key, fd = self.workers.pair(src, dst)
+            except OSError:
+                sched.unforward(fwd)  # dst is dying: its sentinel will tell us
+                break
+            try:
+                src.chan.send_control(Forward(chunk.id, key), fd)
+            except OSError:
+                break  # the holder is dying: its death re-runs the chunk
+            finally:
+                if fd is not None:
+                    os.close(fd)
         self.workers.give_back(self.chain.last)
-        self.workers.retire_idle()
-        books = self.books
-        # One chunk at a time to the worker holding the fewest, so consecutive chunks go to
-        # different workers: an ordered stream is then fed by all of them at once, not by one
-        # worker working through a deep queue of consecutive chunks while the others' results
-        # wait behind it (a deep prefetch would otherwise starve the caller).
-        open_ = [w for w in self.workers.of_hop(self.hops[0]) if w.has_room(books.depth)]
-        sent = 0
-        while open_ and (most_chunks is None or sent < most_chunks):
-            w = min(open_, key=lambda w: len(w.outstanding))
-            limit = books.room(w.hop, w.units_done, w.outstanding.values())
-            if limit <= 0:  # (max_items_per_worker: it takes no more than it may still run)
-                open_.remove(w)
-                if not w.outstanding:  # done with its share in an earlier run: replaced
-                    w.retiring = True
-                    self.workers.retire_idle()
-                continue
-            work = books.take(books.window(len(self.workers.workers)) - books.taken, limit)
-            if work is None:
-                return
-            chunk_id = next(self.ledger.ids)
+        self.workers.retire(sched.retirees())
+        for send in sched.sends(most_chunks):
+            assert isinstance(send, Send)  # (a worker process is respawned as it dies)
+            chunk = send.chunk
+            w = chunk.place
             task = Task(
-                chunk_id,
-                self.options.run_seed,
-                work.start,
-                work.items,
-                self.options.timeout is not None,
-                self.options.retries,
-                books.charges.spent(work.start, work.end),
+                chunk.id,
+                options.run_seed,
+                chunk.start,
+                chunk.items,
+                options.timeout is not None,
+                options.retries,
+                books.charges.spent(chunk.start, chunk.end),
                 books.numbering,
-                self.options.markers,
-                self.options.timeout,
-                books.keys_of(work.items, work.start),
+                options.markers,
+                options.timeout,
+                books.keys_of(chunk.items, chunk.start),
             )
             try:
                 frame = w.chan.encode(task)
             except Exception as exc:
-                unpicklable(books, work, exc)
+                sched.untrack(chunk)
+                unpicklable(books, chunk, exc)
                 continue
-            self.ledger.send(chunk_id, work.start, work.items, w)
-            try:
+            with contextlib.suppress(OSError):  # dying: its death runs the chunk again
                 w.chan.send_frame(frame)
-            except OSError:
-                open_.remove(w)  # it is dying; its sentinel will tell us and we re-queue
-                continue
-            sent += 1
-            if not w.has_room(books.depth):
-                open_.remove(w)
-
-    def _route(self) -> None:
-        """Send chunks finished by hop h to workers of hop h + 1 that have room.
-
-        With ``max_items_per_worker``, a chunk goes to a worker that may still run all of
-        its units, or else to one that has nothing and may run some (a chunk is never cut:
-        such a worker runs less than a chunk past the bound, then is replaced)."""
-        books = self.books
-        for h in range(len(self.hops) - 2, -1, -1):
-            targets = self.workers.of_hop(self.hops[h + 1])
-            while (held := self.ledger.next_held(h)) is not None:
-                chunk, src = held
-                units = self.hops[h + 1].units(len(chunk.items))
-                room = [
-                    t
-                    for t in targets
-                    if t.has_room(books.depth)
-                    and (
-                        (r := books.room(t.hop, t.units_done, t.outstanding.values())) >= units
-                        or (r > 0 and not t.outstanding)
-                    )
-                ]
-                if not room:
-                    break
-                dst = min(room, key=lambda t: len(t.outstanding))
-                try:
-                    key, fd = self.workers.pair(src, dst)
-                except OSError:
-                    break  # dst is dying: its sentinel will tell us, the chunk stays held
-                try:
-                    src.chan.send_control(Forward(chunk.id, key), fd)
-                except OSError:
-                    break  # the holder is dying: its death re-runs the chunk
-                finally:
-                    if fd is not None:
-                        os.close(fd)
-                self.ledger.move(chunk, src, dst)
 
     # -- messages ----------------------------------------------------------------------------
     def on_message(self, w: Worker, msg: Any) -> None:
@@ -200,7 +156,7 @@ class Run:
         elif isinstance(msg, Done | Held):
             self._on_finished(w, msg)
         elif isinstance(msg, Sent):
-            chunk = self.ledger.sent(w, msg.chunk_id)
+            chunk = self.sched.sent(w, msg.chunk_id)
             if chunk is not None:
                 self.books.sizers[w.hop].limit_bytes(len(chunk.items), msg.nbytes)
                 self.books.resize()
@@ -211,7 +167,7 @@ class Run:
 
     def _on_finished(self, w: Worker, msg: Done | Held) -> None:
         held = isinstance(msg, Held)
-        chunk = self.ledger.current(w, msg.chunk_id)
+        chunk = self.sched.done(w, msg.chunk_id)
         if chunk is None:
             if held:  # its results wait in w for nothing
                 with contextlib.suppress(OSError):
@@ -221,13 +177,13 @@ class Run:
         books = self.books
         n = msg.n_done
         books.count(w.hop, n, msg.busy, chunk.items, msg.elapsed, 0 if held else w.last_nbytes)
-        w.count_done(n, books.retires)
+        self.sched.count(w, n, w.resident_bytes)
         if isinstance(msg, Held):  # (a failed unit travels on as a Broken marker)
-            self.ledger.hold(chunk, w)
+            self.sched.hold(chunk, w)
             return
-        self.ledger.finish(chunk)
+        self.sched.finish(chunk)
         if msg.marked:
-            path = [self.workers.workers[slot] for slot in chunk.path]
+            path = chunk.path
             books.outputs(chunk, msg.values, lambda h: (path[h].device, path[h].index))
         else:
             books.store(chunk.start, msg.values, len(chunk.items))
@@ -239,7 +195,7 @@ class Run:
         if not isinstance(done, Done):
             text = f"a message from worker {w.index} on {w.device} could not be unpickled here"
             raise SerializationError(f"{text}: {msg.error}") from msg.error
-        chunk = self.ledger.live.get(done.chunk_id)
+        chunk = self.sched.live.get(done.chunk_id)
         if chunk is None:
             return  # (a stale id: dropped, as _on_finished drops it)
         error = SerializationError(
@@ -256,11 +212,11 @@ class Run:
     def _on_unreadable(self, w: Worker, msg: Unreadable) -> None:
         """A chunk did not unpickle in ``w`` (which unit's item is not known): see
         ``blame.isolate``."""
-        chunk = self.ledger.oldest_at(w)
+        chunk = self.sched.oldest_at(w)
         if chunk is None:
             text = f"a chunk could not be unpickled in worker {w.index} on {w.device}"
             raise SerializationError(text)
-        self.ledger.untrack(chunk)
+        self.sched.untrack(chunk)
         books, per = self.books, self.hops[w.hop].unit
 
         def lone(out: int) -> BaseException:
@@ -277,7 +233,7 @@ class Run:
     # -- deaths ----------------------------------------------------------------------------
     def on_death(self, w: Worker) -> None:
         """A worker is gone: blame what it held, charge retries, re-queue, respawn it."""
-        running, lost = self.ledger.forget(w)
+        running, lost = self.sched.died(w)
         assert self.workers.slots is not None
         blame = assign_blame(self.books, w, self.workers.slots, running, lost)
         if not blame.charged:
@@ -298,11 +254,11 @@ class Run:
         """Wait for the chunks in flight and drop their results (the caller stopped early)."""
         self.books.source.exhausted = True
         self.books.redo.clear()
-        for chunk in self.ledger.drop_held():
+        for chunk in self.sched.drop_held():
             with contextlib.suppress(OSError):
-                self.workers.workers[chunk.slot].chan.send_control(Drop(chunk.id))
+                chunk.place.chan.send_control(Drop(chunk.id))
         timeout = self.options.timeout
-        while self.ledger:
+        while self.sched:
             self.workers.wait_and_handle(self.workers.wait_time(timeout), self._discard)
             self.workers.kill_overdue(timeout)
 
@@ -310,20 +266,20 @@ class Run:
         if isinstance(msg, Damaged):
             msg = msg.message
         if msg is None:
-            self.ledger.forget(w)
+            self.sched.died(w)
             self.workers.respawn(w.slot)
         elif isinstance(msg, Sent):
-            self.ledger.sent(w, msg.chunk_id)
+            self.sched.sent(w, msg.chunk_id)
         elif isinstance(msg, Unreadable):
-            chunk = self.ledger.oldest_at(w)
+            chunk = self.sched.oldest_at(w)
             if chunk is not None:
-                self.ledger.untrack(chunk)
+                self.sched.untrack(chunk)
         else:
-            self.ledger.withdraw(w, msg.chunk_id)
+            self.sched.withdraw(w, msg.chunk_id)
             if isinstance(msg, Held):
                 with contextlib.suppress(OSError):
                     w.chan.send_control(Drop(msg.chunk_id))
 
     def close(self) -> None:
         """Forget the chunks once the run is over (the books drop its input and results)."""
-        self.ledger.clear()
+        self.sched.clear()

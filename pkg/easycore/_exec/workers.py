@@ -28,6 +28,7 @@ from easycore._config import CfgNode
 from easycore._devices import cpu_count
 from easycore._errors import SerializationError, WorkerDied, WorkerError, describe_exitcode
 from easycore._exec.plan import Chain, Hop, pack_payload
+from easycore._exec.scheduler import Place
 from easycore._exec.startup import (
     adopt_for,
     context,
@@ -71,52 +72,23 @@ def poller(fds: Sequence[int]) -> Any:
     return poll
 
 
-@attrs.define(eq=False)
-class Worker:
-    """One worker process as the caller sees it, and the chunks it has."""
+@attrs.define(eq=False, kw_only=True)
+class Worker(Place):
+    """One worker process as the caller sees it (the chunks it has: :class:`Place`)."""
 
     slot: int  # global: its place in the worker set and in the shared slots
-    index: int  # within its hop (the `worker` injected into its functions)
-    hop: int
     device: str
     proc: Any
     chan: Channel
     ready: bool = False
-    alive: bool = True
-    # chunks it runs or will run, or has run and not yet been read back, by chunk id
-    outstanding: dict[int, Any] = attrs.Factory(dict)
-    # chunks whose results it holds for the next hop, or is sending there
-    holding: dict[int, Any] = attrs.Factory(dict)
     timed_out: int | None = None  # index of the unit we killed it for
-    units_done: int = 0  # units it finished (max_items_per_worker)
-    retiring: bool = False  # takes no more chunks: it is replaced once it holds none
     stopping: bool = False  # told to end (retiring): its goodbye brings a fresh worker
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
-    concurrency: int = 1  # units it runs at once (its hop's concurrency=k)
-    unit: int = 1  # first-hop items per unit of its hop
     _exit_poll: Any = None
 
     @property
     def conn(self) -> Any:
         return self.chan.conn
-
-    def has_room(self, depth: int) -> bool:
-        """Whether it may take another chunk: it holds fewer than ``depth`` chunks (a worker
-        that is still starting queues them; it runs them once its ``init`` is done); one
-        with ``concurrency=k`` (whose chunks are answered as each ends) fewer than ``depth
-        x k`` units, queued, in flight or done and on their way back."""
-        if not self.alive or self.retiring:
-            return False
-        if self.concurrency == 1:
-            return len(self.outstanding) < depth
-        held = sum(len(c.items) for c in self.outstanding.values())
-        return held < depth * self.concurrency * self.unit
-
-    def count_done(self, n: int, retires: Callable[[int, Callable[[], int]], bool]) -> None:
-        """It finished ``n`` units; ``retires(units done, its memory)``: whether it is due
-        for replacement (the run's books decide)."""
-        self.units_done += n
-        self.retiring = retires(self.units_done, self.resident_bytes)
 
     def resident_bytes(self) -> int:
         """Its own resident memory now: pages it shares with the process it was forked
@@ -366,7 +338,7 @@ class WorkerSet:
         if slots is None:
             return [0] * len(self.chain.hops)
         return [
-            sum(slots.in_flight(w.slot) for w in self.of_hop(hop) if w.alive)
+            sum(slots.in_flight(w.slot) for w in self.of_hop(hop) if not w.gone)
             for hop in self.chain.hops
         ]
 
@@ -408,7 +380,7 @@ class WorkerSet:
             WorkerError: an ``init`` raised.
             WorkerDied: a worker died before it was ready.
         """
-        live = [w for w in self.workers if w.alive]
+        live = [w for w in self.workers if not w.gone]
         fds = [w.conn.fileno() for w in live] + [w.proc.sentinel for w in live]
         fds += [x if isinstance(x, int) else x.fileno() for x in extra]
         ready = self._waiter.wait(fds, timeout)
@@ -470,7 +442,7 @@ class WorkerSet:
             w.kill()
             w.proc.join(1.0)
         kill_group(w.proc.pid, w.proc.exitcode)  # and whatever it started
-        w.alive = False
+        w.gone = True
         with contextlib.suppress(Exception):
             w.chan.close()
 
@@ -483,15 +455,16 @@ class WorkerSet:
         if last.index == 0:
             return
         for w in self.of_hop(last):
-            if w.alive and w.chan.released:
+            if not w.gone and w.chan.released:
                 with contextlib.suppress(OSError):
                     w.chan.send(None)
 
-    def retire_idle(self) -> None:
-        """Ask each worker due for replacement that holds no chunk to run ``end`` and exit;
-        a fresh worker replaces it when it has (see :meth:`_read`)."""
-        for w in self.workers:
-            if w.retiring and not (w.stopping or w.outstanding or w.holding):
+    def retire(self, due: Iterable[Any]) -> None:
+        """Ask workers ``due`` for replacement (``Scheduler.retirees``: they hold no chunk)
+        to run ``end`` and exit; a fresh worker replaces each when it has (see
+        :meth:`_read`)."""
+        for w in due:
+            if not w.stopping:
                 w.stopping = True
                 with contextlib.suppress(OSError, ValueError):  # dying: its sentinel tells us
                     w.conn.send_bytes(STOP)
@@ -507,7 +480,7 @@ class WorkerSet:
         nearest = timeout
         for w in self.workers:
             start = slots.started(w.slot)
-            if w.alive and start > 1.0:  # timed units, also of chunks no longer tracked
+            if not w.gone and start > 1.0:  # timed units, also of chunks no longer tracked
                 nearest = min(nearest, start + timeout - now)
         # A worker may start a unit without telling us; look again at least every 0.25 s.
         return max(0.0, min(nearest, 0.25))
@@ -521,7 +494,7 @@ class WorkerSet:
         assert slots is not None
         now = time.monotonic()
         for w in self.workers:
-            if not w.alive or w.timed_out is not None:
+            if w.gone or w.timed_out is not None:
                 continue
             index, start = slots.index(w.slot), slots.started(w.slot)
             if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
@@ -549,13 +522,13 @@ class WorkerSet:
         ended: set[int] = set()  # slots that said goodbye (they exit by themselves)
         try:
             for w in workers:
-                if w.alive:
+                if not w.gone:
                     with contextlib.suppress(OSError, ValueError):
                         w.conn.send_bytes(STOP)
             now = time.monotonic()
             deadline = None if grace is None else now + grace
             unit_deadline = None if grace is None else now + min(grace, UNIT_GRACE)
-            waiting = {w.slot: w for w in workers if w.alive}
+            waiting = {w.slot: w for w in workers if not w.gone}
             while waiting:
                 for w in list(waiting.values()):
                     done, err = self._read_goodbye(w)
@@ -585,7 +558,7 @@ class WorkerSet:
                 kill_group(w.proc.pid, w.proc.exitcode)  # what it started ends with it
                 with contextlib.suppress(Exception):
                     w.chan.close()
-                w.alive = False
+                w.gone = True
             if self._finalizer is not None:
                 self._finalizer.detach()
                 self._finalizer = None
