@@ -155,10 +155,10 @@ class Scheduler:
         what they may hold (``prefetch`` chunks each), and a chunk more each, so new work
         goes out while results just received still wait to be yielded; ``2 x prefetch``
         chunks of a unit each, at least (not on Ray's plain pools: a chunk more than
-        prefetch an actor of the widest pool, however small). Slots that wait count ``k`` units as a chunk, and
-        their units in flight (``k`` a place) on top: those hold no result while they wait,
-        so one long wait leaves the others' results room to pile up behind it in order.
-        The bound docs/guide/performance.md gives."""
+        prefetch an actor of the widest pool, however small). Slots that wait count ``k``
+        units as a chunk, and their units in flight (``k`` a place) on top: those hold no
+        result while they wait, so one long wait leaves the others' results room to pile up
+        behind it in order. The bound docs/guide/performance.md gives."""
         sizes = [len(self.pool(h)) for h in range(len(self.hops))]
         n = max(sizes) if self.pipelined else sum(sizes)
         books, depth, k = self.books, self.depth, self.books.slots
