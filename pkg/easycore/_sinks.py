@@ -285,7 +285,7 @@ def recover(sink: Sink, committed: Iterable[Shard]) -> list[str]:
             files.rename(shard.temp, shard.name)
         elif shard.name not in names:
             gone.append(shard.name)
-    sweep(sink, files)
+    sweep(files)
     return gone
 
 
@@ -304,10 +304,9 @@ def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
         raise ValueError(msg)
 
 
-def sweep(sink: Sink, files: Any = None) -> None:
-    """Remove the temporary files left in the sink's directory (a dead worker's, or those
-    of chunks whose results were not kept)."""
-    files = files or SinkFiles(sink)
+def sweep(files: SinkFiles) -> None:
+    """Remove the temporary files left in a sink's directory (a dead worker's, or those of
+    chunks whose results were not kept)."""
     for name in files.names():
         if _TEMP.match(name):
             files.remove(name)
@@ -620,9 +619,8 @@ def _table(cols: Mapping[str, Any], n: int) -> Any:
         empty = pa.Table.from_arrays([pa.nulls(n)], names=["__empty__"])
         return empty.drop_columns(["__empty__"])
     arrays = [_arrow_column(v) for v in cols.values()]
-    for i, a in enumerate(arrays):  # (Parquet holds no struct of no fields: a column of nulls)
-        if pa.types.is_struct(a.type) and a.type.num_fields == 0:
-            arrays[i] = pa.nulls(len(a))
+    # (Parquet holds no struct of no fields: a column of nulls)
+    arrays = [pa.nulls(len(a)) if a.type == pa.struct([]) else a for a in arrays]
     return pa.Table.from_arrays(arrays, names=list(cols))
 
 
@@ -670,8 +668,7 @@ class ShardWriter:
     """A sink in a worker: writes a chunk's rows to temporary files of the sink's format."""
 
     def __init__(self, sink: Sink, worker: int) -> None:
-        self.sink = sink
-        self.worker = worker
+        self.sink = sink  # (worker: its number, not needed here)
         self.files = SinkFiles(sink)
         self.files.makedirs()
         self.schema = sink.schema  # fixed by the first rows written when not given

@@ -134,7 +134,7 @@ class DirLock:
             return
         self.held = False
         try:
-            sweep(self.sink)
+            sweep(self.files)
         finally:
             if self.read() == self.text:
                 self.files.remove(LOCK_NAME)

@@ -88,18 +88,18 @@ def start_at(
     data = items_of(data)
     values = (options.seed, options.epoch, options.batch_size, align, length_of(data))
     identity = dict(zip(_IDENTITY, values, strict=True))
-    position = Position(identity, align)
     if options.state is None:
-        return options, data, position
+        return options, data, Position(identity, align)
     if options.resume is not None:
         msg = "state= and resume= are two ways to resume: give one of them"
         raise ValueError(msg)
     first, passed = read_state(options.state, identity)
-    position.prefix, position.beyond = first, set(passed)
     data = resumable_tail(data, first * (options.batch_size or 1))
+    position = Position(identity, align, first, passed)
     return attrs.evolve(options, first=first, passed=passed), data, position
 
 
+@attrs.define
 class Position:
     """The first-hop units whose results the caller has received (or that were set aside).
 
@@ -107,12 +107,10 @@ class Position:
     prefix that were received too (``ordered=False``).
     """
 
-    def __init__(self, identity: dict[str, Any], align: int, prefix: int = 0, beyond: Any = ()):
-        self.identity = identity
-        self.align = align
-        self.prefix = prefix
-        self.beyond: set[int] = set(beyond)
-        self.results = 0  # results returned to the caller by this stream
+    identity: dict[str, Any]
+    align: int
+    prefix: int = 0
+    beyond: set[int] = attrs.field(factory=set, converter=set)
 
     def passed(self, start: int) -> None:
         """The output unit that begins at first-hop unit ``start`` is behind the caller."""
@@ -157,13 +155,12 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
     received = state.get("received")
     if not (isinstance(received, list) and all(_is_int(s) for s in received)):
         _refuse(state, "received", f"is {short_repr(received)}, not a list of ints")
-    diffs = []
-    for name in _IDENTITY:
-        was, now = state[name], identity[name]
-        if name == "total" and (was is None or now is None):
-            continue  # a length that one of the runs did not know cannot differ
-        if was != now:
-            diffs.append(f"{name} {was!r} -> {now!r}")
+    unknown = None in (state["total"], identity["total"])  # (a length one run did not know)
+    diffs = [
+        f"{name} {state[name]!r} -> {identity[name]!r}"
+        for name in _IDENTITY
+        if state[name] != identity[name] and not (name == "total" and unknown)
+    ]
     if diffs:
         msg = (
             f"state= is the position of another run ({'; '.join(diffs)}): resume with the "
