@@ -545,6 +545,15 @@ def consumer(
     return wrap if fn is None else wrap(fn)
 
 
+# attrs converters typed for mypy (``converter=tuple`` leaves the element type unknown)
+def _stages_tuple(value: Iterable[Stage]) -> tuple[Stage, ...]:
+    return tuple(value)
+
+
+def _bindings_tuple(value: Iterable[Binding | None]) -> tuple[Binding | None, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(repr=False)
 class Pipeline(_Runs):
     """An immutable chain: producer stages, then at most one consumer.
@@ -570,11 +579,11 @@ class Pipeline(_Runs):
         placement: per producer, the pool ``.on`` bound it to, or None (the run's devices).
     """
 
-    producers: tuple[Stage, ...] = attrs.field(converter=tuple, default=())
+    producers: tuple[Stage, ...] = attrs.field(converter=_stages_tuple, default=())
     consumer: Stage | None = None
     sink: Any = None  # an easycore.write sink: where the results go, in place of a consumer
     # One entry per producer: the pool it is bound to by ``.on``, or None (the run's devices).
-    placement: tuple[Binding | None, ...] = attrs.field(converter=tuple, default=())
+    placement: tuple[Binding | None, ...] = attrs.field(converter=_bindings_tuple, default=())
 
     def __attrs_post_init__(self) -> None:
         if len(self.placement) != len(self.producers):

@@ -249,6 +249,7 @@ def init(backend: str | None = None, *, timeout: float | None = None) -> None:
     import torch
     import torch.distributed as dist
 
+    delta = None if timeout is None else datetime.timedelta(seconds=timeout)
     if not dist.is_available():
         msg = f"{info.launcher} started {info.world_size} processes, but this torch build has no "
         msg += "torch.distributed"
@@ -260,8 +261,8 @@ def init(backend: str | None = None, *, timeout: float | None = None) -> None:
             torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
         kwargs: dict[str, Any] = {"backend": chosen, "rank": info.rank}
         kwargs["world_size"] = info.world_size
-        if timeout is not None:
-            kwargs["timeout"] = datetime.timedelta(seconds=timeout)
+        if delta is not None:  # (torch 2.1 refuses timeout=None here)
+            kwargs["timeout"] = delta
         if info.launcher == "slurm":
             kwargs["init_method"] = f"tcp://{info.master_addr}:{info.master_port}"
         # torchrun: env:// (the default), which joins the store torchrun's agent already
@@ -270,8 +271,7 @@ def init(backend: str | None = None, *, timeout: float | None = None) -> None:
         _STATE.created = True
         atexit.register(_destroy)
     if dist.get_backend() != "gloo":
-        group_timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
-        _STATE.group = dist.new_group(backend="gloo", timeout=group_timeout)
+        _STATE.group = dist.new_group(backend="gloo", timeout=delta)
     _STATE.ready = True
 
 
