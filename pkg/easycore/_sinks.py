@@ -189,12 +189,9 @@ class _Local:
 
     open = open
     exists = staticmethod(os.path.exists)
+    isdir = staticmethod(os.path.isdir)
     mv = staticmethod(os.replace)
     rm = staticmethod(os.unlink)
-
-    @staticmethod
-    def isfile(path: str) -> bool:  # (anything but a directory: no sink can write there)
-        return os.path.exists(path) and not os.path.isdir(path)
 
     @staticmethod
     def makedirs(path: str, exist_ok: bool = False) -> None:
@@ -489,14 +486,9 @@ def rows_of(value: Any, batched: bool) -> tuple[dict[str, list[Any]], int]:
             return {k: _to_numpy(v) for k, v in value.items()}, lengths.pop()
         return {k: [_to_numpy(v)] for k, v in value.items()}, 1
     if isinstance(value, list | tuple) and all(isinstance(r, Mapping) for r in value):
-        cols: dict[str, list[Any]] = {}
-        for j, row in enumerate(value):
-            row = _named(row)
-            for k in row:
-                cols.setdefault(k, [None] * j)
-            for k, col in cols.items():
-                col.append(_to_numpy(row.get(k)))
-        return cols, len(value)
+        rows = [_named(row) for row in value]
+        names = dict.fromkeys(k for row in rows for k in row)  # (in the order first seen)
+        return {k: [_to_numpy(row.get(k)) for row in rows] for k in names}, len(rows)
     msg = (
         "a result written by a sink must be a mapping (one row), a list of mappings, a "
         f"mapping of columns or a pyarrow Table; got {short_repr(value)} (of type "
@@ -825,7 +817,6 @@ class ShardWriter:
     def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
         units = [u for u in units if u.n]
         bad: list[tuple[int, BaseException]] = []
-        table = None
         try:
             table = self._fit(_together(units)) if units else None
         except Exception:
@@ -836,10 +827,9 @@ class ShardWriter:
                     good.append(u)
                 except Exception as exc:
                     bad.append((u.pos, _unit_error(exc, "its rows do not fit the file's schema")))
-            units = good
-            if tables:  # (in the schema the last one widened, if one did)
-                table = _concat([_conform(t, self.schema) for t in tables])
-        if table is None or table.num_rows == 0:
+            units = good  # (tables in the schema the last one widened, if one did)
+            table = _concat([_conform(t, self.schema) for t in tables]) if tables else None
+        if table is None:
             return [], bad
         return self._parquet_files(table, [u.key for u in units], [u.n for u in units]), bad
 

@@ -114,9 +114,9 @@ class DirLock:
         Raises:
             ValueError: the path is a file, or the directory cannot be made or written.
         """
-        sink, root = self.sink, self.files.root
+        sink, root, fs = self.sink, self.files.root, self.files.fs
         try:
-            if self.files.fs.isfile(root):
+            if fs.exists(root) and not fs.isdir(root):
                 msg = f"{sink!r}: {root} is a file; a sink writes into a directory"
                 raise ValueError(msg)
             self.files.makedirs()
