@@ -245,9 +245,7 @@ class BaseRunner:
             WorkerError: one of the six methods raised (the runner is closed afterwards).
             WorkerDied: a worker process died.
         """
-        if self._runner is None:  # pragma: no cover - __init__ always sets it or raises
-            msg = "this runner is closed: call runner.activate() to start its workers again"
-            raise RuntimeError(msg)
+        assert self._runner is not None  # (__init__ sets it or raises)
         return self._runner.map(data_iter, ordered=self._ordered)
 
     def activate(self) -> None:

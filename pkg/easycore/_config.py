@@ -11,7 +11,6 @@ given twice refused).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import copy as _copy
 import difflib
@@ -22,7 +21,7 @@ from itertools import islice
 from typing import Any, TypeVar
 
 from easycore._errors import FrozenError, close_matches, did_you_mean, short_repr
-from easycore._yaml import YamlIO
+from easycore._yaml import YamlIO, python_literal
 
 __all__ = ["CfgNode"]
 
@@ -590,12 +589,7 @@ def _suggest(node: CfgNode, parents: list[str], part: str, rest: list[str]) -> s
 
 def _coerce(key: str, current: Any, raw: Any) -> Any:
     """Parse an override and check it against the key's current value."""
-    value = raw
-    if isinstance(raw, str):
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            value = raw
+    value = python_literal(raw, raw) if isinstance(raw, str) else raw
     if current is None or value is None or type(value) is type(current):
         return value
     if isinstance(current, str) and isinstance(raw, str):

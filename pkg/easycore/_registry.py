@@ -170,8 +170,7 @@ class Registry:
             msg = f"the 'type' of a {self._name!r} config must be a registered name, got {kind!r}"
             raise TypeError(msg)
         factory: Callable[..., Any] = self.get(kind)
-        kwargs = {key: value for key, value in cfg.items() if key != "type"}
-        return factory(**kwargs)
+        return factory(**{key: value for key, value in cfg.items() if key != "type"})
 
     def __contains__(self, name: object) -> bool:
         return name in self._objects

@@ -317,13 +317,9 @@ def seed_on_import(n_threads: int | None = None) -> list[Any]:
     Returns the import hooks put in place (each removes itself once its module loads), for
     :func:`drop_hooks`.
     """
-    hooks: list[Any] = []
-    if "torch" not in sys.modules:
-        hooks.append(_AfterImport("torch", functools.partial(_torch_loaded, n_threads)))
-    if "numpy.random" not in sys.modules:
-        hooks.append(_AfterImport("numpy.random", _numpy_loaded))
-    for hook in hooks:
-        sys.meta_path.insert(0, hook)
+    wanted = {"torch": functools.partial(_torch_loaded, n_threads), "numpy.random": _numpy_loaded}
+    hooks = [_AfterImport(name, then) for name, then in wanted.items() if name not in sys.modules]
+    sys.meta_path[:0] = hooks
     return hooks
 
 

@@ -26,7 +26,7 @@ import yaml
 
 from easycore._errors import short_repr
 
-__all__ = ["YamlIO"]
+__all__ = ["YamlIO", "python_literal"]
 
 _M = TypeVar("_M", bound="YamlIO")
 
@@ -50,12 +50,17 @@ for _cls in (_Loader, _Dumper):
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT_RE, list("-+.0123456789"))
 
 
+def python_literal(text: str, default: Any) -> Any:
+    """The Python literal ``text`` holds (``ast.literal_eval``), or ``default`` if none."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return default
+
+
 def _construct_tuple(loader: Any, node: Any) -> Any:
     text = loader.construct_scalar(node)
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
+    value = python_literal(text, text)
     return value if isinstance(value, tuple) else text
 
 
