@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from easycore._errors import short_repr, some
-from easycore._options import check_count
+from easycore._options import check_count, parse_bytes
 from easycore._protocol import Broken, is_cached
 
 __all__ = [
@@ -130,7 +130,9 @@ class Sink:
     rows_per_file: int | None = attrs.field(
         default=None, validator=lambda _, a, value: check_count(a.name, value)
     )
-    bytes_per_file: int = 256 << 20
+    bytes_per_file: int = attrs.field(
+        default=256 << 20, converter=lambda value: parse_bytes(value, "bytes_per_file")
+    )
     compression: str | None = None
     schema: Any = None
     key_column: str | None = attrs.field(default=None, validator=_check_key_column)
@@ -757,14 +759,10 @@ class ShardWriter:
         rows = [values[k] for k in at]
         if any(type(row) is not dict or row.keys() != names for row in rows):
             return False
-        cols: dict[str, Any] = {}
-        for name in names:
-            col = [row[name] for row in rows]
+        cols = _named({name: [row[name] for row in rows] for name in names})
+        for name, col in cols.items():
             if any(issubclass(t, _types("torch", "Tensor")) for t in {type(v) for v in col}):
-                col = [_to_numpy(v) for v in col]
-            cols[name if type(name) is str else str(name)] = col
-        if len(cols) < len(names):
-            _named(rows[0])  # (raises, naming the names that are one)
+                cols[name] = [_to_numpy(v) for v in col]
         firsts = [(base + k) * self.sink.align for k in at]
         try:
             if self.sink.key_column is not None:
@@ -808,10 +806,9 @@ class ShardWriter:
             raise SinkError(msg) from None
 
     def _names(self, key: int, offset: int) -> tuple[str, str]:
-        stem = f"part-{key:012d}-{offset:06d}"
+        stem, ext = f"{key:012d}-{offset:06d}", self.sink.ext
         tag = os.urandom(6).hex()  # (not uuid: importing it costs every worker ~5 ms)
-        temp = f"{TEMP_PREFIX}{key:012d}-{offset:06d}-{tag}{self.sink.ext}"
-        return temp, stem + self.sink.ext
+        return f"{TEMP_PREFIX}{stem}-{tag}{ext}", f"part-{stem}{ext}"
 
     # -- formats ---------------------------------------------------------------------------
     def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from easycore._options import check_count, parse_bytes
+from easycore._options import check_count
 from easycore._sinks import Sink, Written
 
 __all__ = ["Sink", "Written", "jsonl", "parquet", "webdataset"]
@@ -84,7 +84,7 @@ def parquet(
     if schema is not None and not hasattr(schema, "names"):
         msg = f"schema must be a pyarrow.Schema, got {type(schema).__name__}"
         raise TypeError(msg)
-    return _sink("parquet", path, rows_per_file, bytes_per_file, compression, key_column, schema)
+    return Sink("parquet", path, rows_per_file, bytes_per_file, compression, schema, key_column)
 
 
 def jsonl(
@@ -116,7 +116,7 @@ def jsonl(
     if compression not in (None, "gzip"):
         msg = f"compression must be None or 'gzip', got {compression!r}"
         raise ValueError(msg)
-    return _sink("jsonl", path, rows_per_file, bytes_per_file, compression, key_column)
+    return Sink("jsonl", path, rows_per_file, bytes_per_file, compression, key_column=key_column)
 
 
 def webdataset(
@@ -145,17 +145,4 @@ def webdataset(
         ValueError: a limit that is not positive.
     """
     check_count("samples_per_file", samples_per_file)
-    return _sink("webdataset", path, samples_per_file, bytes_per_file)
-
-
-def _sink(
-    kind: str,
-    path: str,
-    rows_per_file: int | None,
-    bytes_per_file: int | str,
-    compression: str | None = None,
-    key_column: str | None = None,
-    schema: Any = None,
-) -> Sink:
-    limit = parse_bytes(bytes_per_file, "bytes_per_file")
-    return Sink(kind, path, rows_per_file, limit, compression, schema, key_column)
+    return Sink("webdataset", path, samples_per_file, bytes_per_file)

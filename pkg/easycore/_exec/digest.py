@@ -62,8 +62,11 @@ _PICKLED = frozenset({type(None), bool, int, float, str, bytes, tuple, list})
 _first = operator.itemgetter(0)  # (a dict's entries sort by their keys)
 
 
-def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=DIGEST_SIZE)
+def _hasher(*parts: Any) -> Any:
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    for part in parts:
+        h.update(part)
+    return h
 
 
 def _length(n: int) -> bytes:
@@ -91,10 +94,7 @@ class _Canonical(pickle.Pickler):
 
     def digest(self, obj: Any) -> bytes:
         self.dump(obj)
-        h = _hasher()
-        h.update(self.stream.getbuffer())
-        h.update(self.values.digest())
-        return bytes(h.digest())
+        return bytes(_hasher(self.stream.getbuffer(), self.values.digest()).digest())
 
     def persistent_id(self, obj: Any) -> Any:
         """What stands for ``obj`` in the pickle, or None: pickle's own (for every value,
@@ -194,9 +194,7 @@ def _item_digest(obj: Any, active: set[int]) -> bytes:
     try:
         return _Canonical(active).digest(obj)
     except Exception:  # a cycle, or what pickle cannot take: its cloudpickle (or its error)
-        h = _hasher()
-        h.update(b"P" + cloudpickle.dumps(obj))
-        return bytes(h.digest())
+        return bytes(_hasher(b"P" + cloudpickle.dumps(obj)).digest())
 
 
 # -- functions ---------------------------------------------------------------------------------
