@@ -529,8 +529,7 @@ def _arrow_column(values: Any) -> Any:
                 offsets = np.zeros(int(np.prod(arr.shape[:depth])) + 1, np.int32)
                 out = pa.ListArray.from_arrays(_flat(offsets), out)
         return out
-    plain = _plain_column(values)
-    if plain is not None:
+    if (plain := _plain_column(values)) is not None:
         return plain
     try:
         return pa.array(values)
@@ -1226,9 +1225,7 @@ def _cell(col: Any, j: int) -> Any:
 def _row_keys(first: int, n: int, align: int) -> list[int]:
     """The item (first-hop unit) of each of an output unit's ``n`` rows: one each when the
     rows are as many as those, else the unit's first."""
-    if align > 1 and n == align:
-        return [first + j for j in range(n)]
-    return [first] * n
+    return list(range(first, first + n)) if align > 1 and n == align else [first] * n
 
 
 def _passes(value: Any) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pathlib
 import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -178,8 +179,7 @@ class DirLock:
         data, fs = self.text.encode(), self.files.fs
         if self.files.local:
             temp = f"{self.path}.{os.getpid()}-{os.urandom(4).hex()}"
-            with open(temp, "wb") as f:
-                f.write(data)
+            pathlib.Path(temp).write_bytes(data)
             try:
                 os.link(temp, self.path)  # (fails where a lock is: O_EXCL with its text)
             except FileExistsError:
@@ -208,9 +208,8 @@ class DirLock:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return
-        with open(aside) as f:
-            moved = f.read()
-        if moved != stale:  # a live lock, made after the dead one was read: put it back
+        # a live lock, made after the dead one was read: put it back
+        if pathlib.Path(aside).read_text() != stale:
             with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
         os.unlink(aside)

@@ -59,7 +59,6 @@ DIGEST_SIZE = 16
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 # what pickle takes as it is (in a canonical pickle too)
 _PICKLED = frozenset({type(None), bool, int, float, str, bytes, tuple, list})
-_first = operator.itemgetter(0)  # (a dict's entries sort by their keys)
 
 
 def _hasher(*parts: Any) -> Any:
@@ -103,7 +102,7 @@ class _Canonical(pickle.Pickler):
         if kind in _PICKLED:
             return None
         if kind is dict:
-            return "M", self._sorted(list(obj.items()), key=_first)
+            return "M", self._sorted(list(obj.items()), key=operator.itemgetter(0))
         if kind is set or kind is frozenset:
             return kind.__name__, self._sorted(list(obj), key=_same)
         if kind is types.FunctionType:
@@ -147,7 +146,7 @@ class _Canonical(pickle.Pickler):
         func, args, *rest = rv
         rest += [None] * (4 - len(rest))
         if isinstance(obj, dict):  # (a defaultdict: its default_factory in args)
-            rest[2] = rest[2] and iter(self._sorted(list(rest[2]), key=_first))
+            rest[2] = rest[2] and iter(self._sorted(list(rest[2]), key=operator.itemgetter(0)))
         if isinstance(func, types.FunctionType):
             func = _ByName(func)
         return func, args, *rest

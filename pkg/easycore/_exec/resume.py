@@ -34,7 +34,7 @@ import json
 import os
 import pickle
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -87,9 +87,11 @@ def _refuse(path: str, why: str) -> ValueError:
     return ValueError(f"resume={path!r} cannot be a run ledger: {why}")
 
 
-def _check_place(path: str) -> None:
-    """Raises ValueError unless ``path`` can hold a ledger: a new file in a folder that
-    exists, an empty file, or an SQLite file (what is in it is :func:`_read_ledger`'s)."""
+def _check_place(path: str, identity: RunIdentity) -> None:
+    """Raises ValueError unless ``path`` can hold a ledger of ``identity``: a new file in a
+    folder that exists, an empty file, or an SQLite file (what is in it is
+    :func:`_read_ledger`'s), not inside the directory of the run's sink."""
+    _beside_sink(path, identity)
     if path in ("", ":memory:"):
         raise _refuse(path, "the ledger must be a file, to outlive this process")
     if os.path.isdir(path):
@@ -147,8 +149,7 @@ def check_ledger(path: str | os.PathLike[str], identity: RunIdentity) -> None:
     Reads only (nothing is created), so that ``map`` can ask before any worker starts.
     """
     path = os.fspath(path)
-    _beside_sink(path, identity)
-    _check_place(path)
+    _check_place(path, identity)
     if not os.path.exists(path):
         return
     with contextlib.closing(sqlite3.connect(path)) as db:
@@ -343,9 +344,7 @@ def _beside_sink(path: str, identity: RunIdentity) -> None:
 
 
 def _sink_text(sink: Any) -> str:
-    if not sink:
-        return "(none)"
-    return f"write.{sink['kind']}({sink['path']!r})"
+    return f"write.{sink['kind']}({sink['path']!r})" if sink else "(none)"
 
 
 def key_text(value: Any, where: str = "an item") -> str:
@@ -395,16 +394,14 @@ class RunLedger:
         self.options = options
         self.align = align
         self.identity = identity
-        self.key_fn: Callable[[Any], Any] | None = options.key
-        _beside_sink(self.path, identity)
-        _check_place(self.path)
+        _check_place(self.path, identity)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._open()
         except BaseException:
             self.close()
             raise
-        if self.key_fn is not None:
+        if self.options.key is not None:
             self.db.execute(_SEEN)
         # per output unit taken from the input and not yet delivered: (key, digest, state,
         # items) with state "new", "done" (the result is in the file) or "failed"
@@ -450,10 +447,10 @@ class RunLedger:
 
     # -- the input ---------------------------------------------------------------------------
     def _key(self, index: int, items: Any) -> str:
-        if self.key_fn is None:
+        if self.options.key is None:
             return f"i:{self.options.global_index(index)}"
         label = self.options.label(index)
-        key = call_key(self.key_fn, items, self.options.global_index(index), label)
+        key = call_key(self.options.key, items, self.options.global_index(index), label)
         return f"k:{key_text(key, label)}"
 
     def _check_unique(self, keyed: list[tuple[int, str]]) -> None:
@@ -496,7 +493,7 @@ class RunLedger:
                 unit = items[0] if self.align == 1 else items
                 digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
-            if self.key_fn is not None:
+            if self.options.key is not None:
                 self._check_unique([(j, key) for j, _, _, key, _ in keyed])
             query = "SELECT key, digest, error FROM units"
             rows = {k: (d, e) for k, d, e in self._select(query, [k for *_, k, _ in keyed])}
