@@ -672,16 +672,12 @@ class ShardWriter:
             import pyarrow.parquet  # noqa: F401
 
     def write(
-        self,
-        base: int,
-        values: list[Any],
-        inputs: Sequence[Any],
-        skip: Iterable[int],
-        keys: tuple[bool, Sequence[Any] | None] | None = None,
+        self, base: int, values: list[Any], keys: tuple[bool, Sequence[Any] | None] | None = None
     ) -> list[tuple[int, BaseException]]:
-        """Write units ``base + k`` (``values[k]``) that did not fail (``skip``): each is
-        replaced by a :class:`Wrote`, the last written one carrying the shards. Returns the
-        ``(position, error)`` of the units that could not be written (their value: None).
+        """Write units ``base + k`` (``values[k]``) that did not fail (a failed one's value
+        is passed over): each is replaced by a :class:`Wrote`, the last written one carrying
+        the shards. Returns the ``(position, error)`` of the units that could not be written
+        (their value: None).
 
         ``keys``: ``(batched, keys)`` from the run (None: ``(False, None)``): whether the
         units are batches (the pool's ``batch_size``: a mapping of columns is then many rows,
@@ -696,11 +692,10 @@ class ShardWriter:
         gc.disable()
         try:
             batched, by = keys or (False, None)
-            skipped = set(skip)
             single = self.sink.kind == "parquet" and not batched
-            if single and self._single_rows(base, values, skipped, by):
+            if single and self._single_rows(base, values, by):
                 return []
-            units, errors = self._units(base, values, skipped, by, batched)
+            units, errors = self._units(base, values, by, batched)
             writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
             shards, bad = writer[self.sink.kind](units)
             errors += bad
@@ -715,18 +710,13 @@ class ShardWriter:
                 gc.enable()
 
     def _units(
-        self,
-        base: int,
-        values: list[Any],
-        skipped: set[int],
-        keys: Sequence[Any] | None,
-        batched: bool,
+        self, base: int, values: list[Any], keys: Sequence[Any] | None, batched: bool
     ) -> tuple[list[_Unit], list[tuple[int, BaseException]]]:
         """The rows of each unit to write (their key column added), or its error."""
         units: list[_Unit] = []
         errors: list[tuple[int, BaseException]] = []
         for k, value in enumerate(values):
-            if k in skipped or _passes(value):
+            if _passes(value):
                 continue
             try:
                 cols, n = rows_of(value, batched)
@@ -740,22 +730,14 @@ class ShardWriter:
             units.append(_Unit(k, first, cols, n, index))
         return units, errors
 
-    def _single_rows(
-        self,
-        base: int,
-        values: list[Any],
-        skipped: set[int],
-        keys: Sequence[Any] | None,
-    ) -> bool:
+    def _single_rows(self, base: int, values: list[Any], keys: Sequence[Any] | None) -> bool:
         """Parquet, when every unit written is one row (a dict, for an item) with the same
         columns, which is most chunks: the columns are taken from the rows at once, with no
         object per row. False (nothing done) when a unit is anything else, or the rows do not
         fit the file's schema: the general path then names the units at fault."""
-        at = [k for k in range(len(values)) if k not in skipped]
-        if not at or type(values[at[0]]) is not dict or not values[at[0]]:
+        if not values or type(values[0]) is not dict or not values[0]:
             return False
-        names = values[at[0]].keys()
-        rows = [values[k] for k in at]
+        names, rows, at = values[0].keys(), values, range(len(values))
         if any(type(row) is not dict or row.keys() != names for row in rows):
             return False
         cols = _named({name: [row[name] for row in rows] for name in names})
@@ -977,7 +959,7 @@ class ShardWriter:
         return shards, bad + repeated
 
 
-def _mark(values: list[Any], at: list[int], rows: list[int], shards: list[Shard]) -> None:
+def _mark(values: list[Any], at: Sequence[int], rows: list[int], shards: list[Shard]) -> None:
     """The units at positions ``at`` (``rows[i]`` rows each) written: each value a
     :class:`Wrote`, the last one carrying the chunk's ``shards``."""
     one = Wrote(1)  # (shared: a chunk of single rows makes no object per row)

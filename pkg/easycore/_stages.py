@@ -848,7 +848,7 @@ class ChunkRun:
         writer, sink = stages.writer, stages.sink
         if writer is not None and sink is not None:
             try:
-                bad = writer.write(base, values, (), (), self.task.keys)
+                bad = writer.write(base, values, self.task.keys)
             except stages.catch as exc:
                 bad = [(k, exc) for k in range(len(values))]
             for k, exc in bad:
