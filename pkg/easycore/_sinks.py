@@ -660,8 +660,8 @@ class _Unit(NamedTuple):
 class ShardWriter:
     """A sink in a worker: writes a chunk's rows to temporary files of the sink's format."""
 
-    def __init__(self, sink: Sink, worker: int) -> None:
-        self.sink = sink  # (worker: its number, not needed here)
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
         self.files = SinkFiles(sink)
         self.files.makedirs()
         self.schema = sink.schema  # fixed by the first rows written when not given

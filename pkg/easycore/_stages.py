@@ -337,7 +337,7 @@ class PreparedStages:
             try:
                 from easycore._sinks import ShardWriter
 
-                self.writer = ShardWriter(self.sink, self.context["worker"])
+                self.writer = ShardWriter(self.sink)
             except self.catch as exc:
                 return StageFailure(f"{self.sink.name} (init)", exc)
         self.open = True
