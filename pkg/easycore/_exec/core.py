@@ -57,6 +57,7 @@ __all__ = [
     "RunBooks",
     "Transport",
     "Work",
+    "stage_stats",
 ]
 
 
@@ -530,37 +531,6 @@ class RunBooks:
         """Something waits to be re-run or yielded."""
         return bool(self.redo or self.segments or self.ready)
 
-    def stats(
-        self,
-        queued: Sequence[int],
-        waiting: Sequence[int],
-        in_flight: Sequence[int],
-        concurrent: bool = True,
-    ) -> list[StageStats]:
-        """Per hop: done, busy (of its slots' time), queued, in flight and waiting units.
-
-        ``queued``: units at its workers and not finished, those in flight included (the
-        engine's snapshot); ``count`` summed slot-seconds into ``busy``. ``concurrent``:
-        False where units run one at a time whatever ``concurrency`` says (inline).
-        """
-        wall = max((self.finished or time.monotonic()) - self.started, 1e-9)
-        out = []
-        for h, hop in enumerate(self.hops):
-            k = hop.concurrency if concurrent else 1
-            out.append(
-                StageStats(
-                    hop.name,
-                    hop.devices,
-                    done=self.done[h],
-                    busy=min(1.0, self.busy[h] / (wall * len(hop.devices) * k)),
-                    queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
-                    waiting=waiting[h],
-                    in_flight=in_flight[h],
-                    concurrency=k,
-                )
-            )
-        return out
-
     def clear(self) -> None:
         """The run is over: drop its input and results (the counters stay, for stats)."""
         self.source = source_of(())
@@ -568,3 +538,35 @@ class RunBooks:
         self.segments.clear()
         self.ready.clear()
         self.raises.clear()
+
+
+def stage_stats(
+    books: RunBooks,
+    queued: Sequence[int],
+    waiting: Sequence[int],
+    in_flight: Sequence[int],
+    concurrent: bool = True,
+) -> list[StageStats]:
+    """Per hop: done, busy (of its slots' time), queued, in flight and waiting units.
+
+    ``queued``: units at its workers and not finished, those in flight included (the
+    engine's snapshot); ``count`` summed slot-seconds into ``busy``. ``concurrent``:
+    False where units run one at a time whatever ``concurrency`` says (inline).
+    """
+    wall = max((books.finished or time.monotonic()) - books.started, 1e-9)
+    out = []
+    for h, hop in enumerate(books.hops):
+        k = hop.concurrency if concurrent else 1
+        out.append(
+            StageStats(
+                hop.name,
+                hop.devices,
+                done=books.done[h],
+                busy=min(1.0, books.busy[h] / (wall * len(hop.devices) * k)),
+                queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
+                waiting=waiting[h],
+                in_flight=in_flight[h],
+                concurrency=k,
+            )
+        )
+    return out

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from easycore._config import CfgNode
-from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
+from easycore._exec.core import RAISE, ErrorPolicy, RunBooks, stage_stats
 from easycore._exec.plan import Chain, StageStats, idle_stats
 from easycore._exec.sources import source_of
 from easycore._options import RunOptions
@@ -80,7 +80,7 @@ class InlineEngine:
         if self.books is None:
             return idle_stats(self.chain, concurrent=False)
         nothing = [0] * len(self.chain.hops)  # nothing queued: a unit runs when it is pulled
-        return self.books.stats(nothing, nothing, self.flying, concurrent=False)
+        return stage_stats(self.books, nothing, nothing, self.flying, concurrent=False)
 
     def stream(
         self,

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from easycore._exec.blame import Dead, blame_in_order, settle_death, unpicklable
-from easycore._exec.core import ErrorPolicy, RunBooks, Work
+from easycore._exec.core import ErrorPolicy, RunBooks, Work, stage_stats
 from easycore._exec.plan import StageStats
 from easycore._exec.ray_actor import Meta, Packed
 from easycore._exec.ray_ledger import Actor, ActorPools, first_line, ray_module
@@ -322,7 +322,7 @@ class RayRun:
             ]
             units = sum(hops[h].units(len(c.items)) for c in ready)
             flying[h] += min(hops[h].concurrency, units)
-        return self.books.stats(queued, [0] * len(hops), flying)
+        return stage_stats(self.books, queued, [0] * len(hops), flying)
 
 
 def _unreadable(value: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from easycore._errors import SerializationError, describe_exitcode
 from easycore._exec.blame import Dead, assign_blame, isolate, settle_death, unpicklable
-from easycore._exec.core import RAISE, ErrorPolicy, RunBooks
+from easycore._exec.core import RAISE, ErrorPolicy, RunBooks, stage_stats
 from easycore._exec.plan import Chain, StageStats
 from easycore._exec.scheduler import Scheduler, Send
 from easycore._exec.sources import Source
@@ -77,7 +77,7 @@ class Run:
     # -- insight -----------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
         queued, waiting = self.sched.units()
-        return self.books.stats(queued, waiting, self.workers.in_flight())
+        return stage_stats(self.books, queued, waiting, self.workers.in_flight())
 
     # -- the transport's part of the loop (core.RunBooks.stream) -------------------------
     def busy(self) -> bool:

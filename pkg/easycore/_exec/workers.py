@@ -531,13 +531,13 @@ class WorkerSet:
             waiting = {w.slot: w for w in workers if not w.gone}
             while waiting:
                 for w in list(waiting.values()):
-                    done, err = self._read_goodbye(w)
+                    done, err = _read_goodbye(self.chain, w)
                     if err is not None and failure is None:
                         failure = err
                     if done:
                         del waiting[w.slot]
                         ended.add(w.slot)
-                until = self._wait_until(waiting.values(), deadline, unit_deadline)
+                until = _wait_until(self.slots, waiting.values(), deadline, unit_deadline)
                 if not waiting or until == 0.0:
                     break
                 objs = [w.conn for w in waiting.values()] + [
@@ -564,64 +564,68 @@ class WorkerSet:
                 self._finalizer = None
         return failure
 
-    def _wait_until(
-        self, waiting: Iterable[Worker], deadline: float | None, unit_deadline: float | None
-    ) -> float | None:
-        """Until when to wait for the goodbyes of ``waiting`` (None: for good; 0.0: not at all).
 
-        A worker still in ``init`` cannot run ``end`` before it is done; one in a unit only
-        once the unit is: it is waited for until ``unit_deadline`` (then, between units, it
-        is running ``end``, and has until ``deadline``).
-        """
-        if deadline is None or unit_deadline is None:
-            return None
-        now = time.monotonic()
-        if now >= deadline:
-            return 0.0
-        assert self.slots is not None
-        until = 0.0
-        for w in waiting:
-            if not w.ready:
-                continue  # still in init: not worth waiting for
-            if self.slots.started(w.slot) == IDLE:
-                return deadline  # running `end` (or about to): it has the grace
-            if now < unit_deadline:
-                until = unit_deadline  # in a unit: it may be about to finish it
-        return until
+def _wait_until(
+    slots: Slots | None,
+    waiting: Iterable[Worker],
+    deadline: float | None,
+    unit_deadline: float | None,
+) -> float | None:
+    """Until when to wait for the goodbyes of ``waiting`` (None: for good; 0.0: not at all).
 
-    def _read_goodbye(self, w: Worker) -> tuple[bool, BaseException | None]:
-        """Read what a stopping worker sends; (finished?, error from its `end`)."""
-        try:
-            while w.chan.poll():
-                msg = w.chan.recv()
-                if isinstance(msg, Ready):
-                    w.ready = True
-                    note_torch(msg.torch_loaded)
-                elif isinstance(msg, Ended):
-                    note_torch(msg.torch_loaded)
-                    return True, None
-                elif isinstance(msg, EndFailed | InitFailed):
-                    what = "while ending" if isinstance(msg, EndFailed) else "while starting"
-                    error: WorkerError = msg.error.to_error(
-                        what=what, device=w.device, worker=w.index, index=None
-                    )
-                    return True, error
-                # replies of chunks that no longer matter are dropped
-        except (EOFError, OSError):
-            pass
-        if not w.proc.is_alive():
-            w.proc.join(0.1)
-            code = w.proc.exitcode
-            if code not in (0, None):
-                when = "while ending" if w.ready else "while starting (during init)"
-                return True, WorkerDied(
-                    f"{self.chain.who(w.hop, w.index)} on {w.device} died {when}: "
-                    f"{describe_exitcode(code)}",
-                    w.device,
-                    w.index,
-                    code,
-                    None,
-                    self.chain.hops[w.hop].name,
+    A worker still in ``init`` cannot run ``end`` before it is done; one in a unit only
+    once the unit is: it is waited for until ``unit_deadline`` (then, between units, it
+    is running ``end``, and has until ``deadline``).
+    """
+    if deadline is None or unit_deadline is None:
+        return None
+    now = time.monotonic()
+    if now >= deadline:
+        return 0.0
+    assert slots is not None
+    until = 0.0
+    for w in waiting:
+        if not w.ready:
+            continue  # still in init: not worth waiting for
+        if slots.started(w.slot) == IDLE:
+            return deadline  # running `end` (or about to): it has the grace
+        if now < unit_deadline:
+            until = unit_deadline  # in a unit: it may be about to finish it
+    return until
+
+
+def _read_goodbye(chain: Chain, w: Worker) -> tuple[bool, BaseException | None]:
+    """Read what a stopping worker sends; (finished?, error from its `end`)."""
+    try:
+        while w.chan.poll():
+            msg = w.chan.recv()
+            if isinstance(msg, Ready):
+                w.ready = True
+                note_torch(msg.torch_loaded)
+            elif isinstance(msg, Ended):
+                note_torch(msg.torch_loaded)
+                return True, None
+            elif isinstance(msg, EndFailed | InitFailed):
+                what = "while ending" if isinstance(msg, EndFailed) else "while starting"
+                error: WorkerError = msg.error.to_error(
+                    what=what, device=w.device, worker=w.index, index=None
                 )
-            return True, None
-        return False, None
+                return True, error
+            # replies of chunks that no longer matter are dropped
+    except (EOFError, OSError):
+        pass
+    if not w.proc.is_alive():
+        w.proc.join(0.1)
+        code = w.proc.exitcode
+        if code not in (0, None):
+            when = "while ending" if w.ready else "while starting (during init)"
+            return True, WorkerDied(
+                f"{chain.who(w.hop, w.index)} on {w.device} died {when}: {describe_exitcode(code)}",
+                w.device,
+                w.index,
+                code,
+                None,
+                chain.hops[w.hop].name,
+            )
+        return True, None
+    return False, None
