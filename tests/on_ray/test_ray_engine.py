@@ -111,6 +111,17 @@ class TestResults:
         )
         assert list(square.imap(range(30), devices=1, engine="ray")) == [x * x for x in range(30)]
 
+    def test_a_consumer_that_raises_at_once_gives_its_error(self):
+        """The consumer's error, also when it stops the run before any actor answered (the
+        run's books are cleared after the engine has let go of its actors)."""
+
+        @consumer(init=0)
+        def fails(acc, y):
+            raise ValueError("the consumer said no")
+
+        with pytest.raises(WorkerError, match="the consumer said no"):
+            (square >> fails).map([0], devices=1, engine="ray")
+
     def test_a_seeded_run_equals_the_local_one(self):
         """The same seed gives the same results on Ray as locally, whatever the counts."""
         local = noisy.map(range(24), devices=2, seed=7)

@@ -53,7 +53,8 @@ class RayRun:
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars, shares=1)
         self.options = options
-        self.sched = Scheduler(self.books, lambda h: engine.pools[h], itertools.count(), True)
+        pools = lambda h: engine.pools[h] if engine.pools else []  # (none once stopped)  # noqa: E731
+        self.sched = Scheduler(self.books, pools, itertools.count(), pipelined=True)
         self.pending: dict[Any, tuple[Chunk, int]] = {}  # meta ref -> (chunk, hop)
         # references of forgotten chunks, read once ready: Ray logs an error that nobody
         # read as an "Unhandled error" (a death or a failed hop fails every later hop's)
