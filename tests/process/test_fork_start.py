@@ -75,6 +75,11 @@ SCRIPT = textwrap.dedent(
             run = inc.on(1) >> parent.on(1)
         elif case == "recycle":  # replaced workers fork too, and nothing is lost or doubled
             opts = {"max_items_per_worker": 3}
+        elif case == "closed":  # a closed runner the caller keeps: its pipes are closed
+            closed = inc.open(devices=1)
+            closed.map([1])
+            closed.close()
+            kept.append(closed)
         elif case == "cuda":
             torch.cuda.init()
             devices = ["cuda:0"]
@@ -108,17 +113,20 @@ def test_a_fork_where_it_is_safe_and_the_forkserver_where_not():
     descriptor but its standard streams: a fork, whose worker keeps neither the caller's
     signal handlers nor any lock it held (easycore runs inside it), and sees the caller's
     environment as a forkserver's worker does; so does a worker that replaces one (the
-    others' pipes are easycore's own). The forkserver for: a start
+    others' pipes are easycore's own), and a worker started after a run (its worker set
+    gone with its runner, or kept closed by the caller: its pipes, closed, no longer count
+    as easycore's). The forkserver for: a start
     method asked for, several pools, torch's OpenMP pool after a parallel op (a worker
     forked then would hang on its first parallel op, here after earlier forks stopped
     OpenBLAS's pool), a file the caller keeps open, a running thread."""
-    got = run_cases("bare", "torch", "nested", "recycle", "asked", "pools", "omp")
+    got = run_cases("bare", "torch", "nested", "recycle", "closed", "asked", "pools", "omp")
     fork, server = {"forked": True, "ok": True}, {"forked": False, "ok": True}
     assert got == {
         "bare": fork,
         "torch": fork,
         "nested": fork,
         "recycle": fork,
+        "closed": fork,
         "asked": server,
         "pools": server,
         "omp": server,

@@ -70,7 +70,8 @@ class Run:
         self.hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars)
         self.options = options
-        self.sched = Scheduler(self.books, lambda h: workers.of_hop(self.hops[h]), ids)
+        hops = self.hops  # (not self: a cycle would keep the worker set alive past its run)
+        self.sched = Scheduler(self.books, lambda h: workers.of_hop(hops[h]), ids)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: dict[int, int] = {}
 

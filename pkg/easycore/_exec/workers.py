@@ -518,6 +518,7 @@ class WorkerSet:
         worker reads STOP only between units), is killed at once.
         """
         workers, self.workers = self.workers, []
+        self.descriptors = {}  # (closed now: their numbers go to later descriptors)
         failure: BaseException | None = None
         ended: set[int] = set()  # slots that said goodbye (they exit by themselves)
         try:
