@@ -691,7 +691,9 @@ def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path, init):
     # (Ray's services end after the script, on their own: slowly on a loaded machine)
     assert wait_for(lambda: not ({p.pid for p in our_actors()} & actors), 60)
     assert wait_for(lambda: not (ray_services() & theirs), 60), "the script's Ray is still up"
-    assert ray.is_initialized() and ours <= ray_services()  # the module's Ray is untouched
+    # the module's Ray is untouched (it still answers; the services seen at the start may
+    # have included another Ray's, ending then)
+    assert ray.is_initialized() and ray.get(ray.put(1), timeout=60) == 1
 
 
 def ray_services() -> set[int]:
