@@ -15,7 +15,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
-import easycore._exec.startup
+import easycore._exec.process.startup
 
 sys.path.insert(0, str(Path(__file__).parent))  # `from strategies import ...`
 
@@ -46,7 +46,9 @@ def _service_pids() -> set[int]:
     fs = getattr(multiprocessing.forkserver, "_forkserver", None)
     if fs is not None and getattr(fs, "_forkserver_pid", None):
         pids.add(fs._forkserver_pid)
-    light = easycore._exec.startup.light_forkserver_pid()  # easycore's forkserver without torch
+    light = (
+        easycore._exec.process.startup.light_forkserver_pid()
+    )  # easycore's forkserver without torch
     if light is not None:
         pids.add(light)
     rt = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)

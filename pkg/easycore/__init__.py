@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
-from easycore._config import CfgNode
+from easycore._config.cfgnode import CfgNode
+from easycore._config.registry import Registry
 from easycore._errors import (
     EasycoreError,
     Failure,
@@ -34,22 +35,21 @@ from easycore._errors import (
 )
 from easycore._options import RunKwargs
 from easycore._pipeline import Pipeline, Stage, compose, consumer, producer
-from easycore._registry import Registry
 from easycore._seeding import derive_seed, item_seed, permutation, seed_everything
 
 if TYPE_CHECKING:
     from easycore import write
-    from easycore._checkpoint import load_checkpoint, save_checkpoint
-    from easycore._exec import Runner, StageStats
-    from easycore._sinks import Written
+    from easycore._exec.entry import Runner, StageStats
+    from easycore._longjobs.checkpoint import load_checkpoint, save_checkpoint
+    from easycore._longjobs.sinks import Written
 
 # Loaded on first use, like the executor: a worker process never pays for them.
 _LAZY = {
-    "Runner": "easycore._exec",
-    "StageStats": "easycore._exec",
-    "Written": "easycore._sinks",
-    "load_checkpoint": "easycore._checkpoint",
-    "save_checkpoint": "easycore._checkpoint",
+    "Runner": "easycore._exec.entry",
+    "StageStats": "easycore._exec.entry",
+    "Written": "easycore._longjobs.sinks",
+    "load_checkpoint": "easycore._longjobs.checkpoint",
+    "save_checkpoint": "easycore._longjobs.checkpoint",
 }
 
 __all__ = [

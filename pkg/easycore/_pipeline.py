@@ -25,7 +25,7 @@ from easycore._options import RunKwargs, check_concurrency, check_count, run_opt
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from easycore._exec import Runner
+    from easycore._exec.entry import Runner
 
 __all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]
 
@@ -178,7 +178,7 @@ class _Runs:
             TypeError: ``concurrency`` not an int.
             WorkerError: an ``init`` raised.
         """
-        from easycore._exec import Runner
+        from easycore._exec.entry import Runner
 
         where = _where(devices, cfg, start_method, engine, concurrency)
         return Runner(self._as_pipeline(), **where, prefetch=prefetch, epoch=epoch)
@@ -273,7 +273,7 @@ class _Runs:
         >>> square.map(range(4), devices="inline")
         [0, 1, 4, 9]
         """
-        from easycore._exec import run_map
+        from easycore._exec.entry import run_map
 
         where = _where(devices, cfg, start_method, engine, concurrency)
         run = run_options("map", positional, options)
@@ -335,7 +335,7 @@ class _Runs:
                 f"{pipeline.consumer!r}: use map"
             )
             raise TypeError(msg)
-        from easycore._exec import run_imap
+        from easycore._exec.entry import run_imap
 
         where = _where(devices, cfg, start_method, engine, concurrency)
         return run_imap(pipeline, data, run_options("imap", positional, options), **where)
@@ -709,7 +709,7 @@ def compose(*parts: Any) -> Pipeline:
                 "pipeline, in place of a consumer"
             )
             raise TypeError(msg)
-        if getattr(part, "is_sink", False) is True:  # (easycore._sinks.Sink; duck-typed)
+        if getattr(part, "is_sink", False) is True:  # (easycore._longjobs.sinks.Sink; duck-typed)
             if last is not None:
                 msg = (
                     f"the sink {part!r} cannot follow the consumer {last!r}: a pipeline ends "

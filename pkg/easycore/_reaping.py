@@ -10,7 +10,8 @@ found through its parents instead:
   started is the worker's descendant while the worker lives, and it ends them all before it
   exits (:func:`end_children`);
 * a worker that is killed, or dies on its own, cannot: its children go to the nearest
-  subreaper above it, its forkserver, which ends what it adopts (``easycore._forkserver``);
+  subreaper above it, its forkserver, which ends what it adopts
+  (``easycore._exec.process.forkserver``);
   a caller that kills a worker first collects the worker's descendants
   (:func:`descendants`) and ends them too;
 * a worker started by ``spawn`` or ``fork`` has the caller for its parent: the caller is then

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from easycore._longjobs.sinks import Sink, Written
 from easycore._options import check_count
-from easycore._sinks import Sink, Written
 
 __all__ = ["Sink", "Written", "jsonl", "parquet", "webdataset"]
 

@@ -10,7 +10,7 @@ prose (``Run.dispatch``, as the data-flow diagram of ``_exec`` writes them).
 
 It names something of the package when its first part is
 
-- ``easycore``, or a module of the package by its last part (``_exec``, ``core``, ``blame``,
+- ``easycore``, or a module of the package by its last part (``_exec``, ``books``, ``blame``,
   ``common``; ``torch`` alone is the library): resolved from that module (from any of them
   where modules share the last part);
 - a class the package defines (``RunBooks.take``), or such a class's name in lower case, as
@@ -53,7 +53,7 @@ PACKAGE = ROOT / "pkg" / "easycore"
 PAGES = [*markdown_pages(), ROOT / "ARCHITECTURE.md"]
 
 # First parts that are modules of the package by name but, alone, mean another library.
-FOREIGN = {"torch"}
+FOREIGN = {"torch", "ray"}
 # Instances named otherwise than their class in lower case.
 INSTANCES = {"books": "RunBooks"}
 # File names: ``run.py``, ``cache.json``.
@@ -124,7 +124,7 @@ def dotted_name(span: str) -> str | None:
 
 def module_file(span: str) -> str | None:
     """The file of the package a span names (``run.py``, ``_exec/runner.py``,
-    ``pkg/easycore/_sinks.py``), or None when it names no file of the package."""
+    ``pkg/easycore/_longjobs/sinks.py``), or None when it names no file of the package."""
     if not PYFILE.fullmatch(span):
         return None
     inside = span.removeprefix("pkg/easycore/")
@@ -285,7 +285,7 @@ CASES = {
     ("easycore.common.config.CfgNode", True): True,
     ("~easycore.RunKwargs", True): True,
     ("easycore.write.parquet(...)", True): True,
-    ("_exec.core", True): True,
+    ("_exec.core.books", True): True,
     ("RunBooks.take()", True): True,
     ("runner.stats()", True): True,
     ("books.take()", True): True,
@@ -293,7 +293,7 @@ CASES = {
     ("_exec/runner.py", True): True,
     ("run.py", True): True,
     ("easycore.Runner.no_such_method", True): False,
-    ("core.RunBooks.no_such_method", True): False,
+    ("books.RunBooks.no_such_method", True): False,
     ("RunBooks.no_such_method()", True): False,
     ("_exec/no_such_module.py", True): False,
     ("_no_such_module.py", True): False,
@@ -309,17 +309,18 @@ CASES = {
     ("runner.no_such_method", False): None,
     ("Runner.no_such_method", False): False,
     ("_exec.no_such_name", False): False,
-    ("_exec.core.RunBooks.take()", False): True,
+    ("_exec.core.books.RunBooks.take()", False): True,
 }
 
 # Resolving imports every module of the package, which a test process must not do (the
-# forkserver's ``_preload`` wraps ``os.fork``): it runs in a fresh interpreter.
+# forkserver's ``preload`` wraps ``os.fork``): it runs in a fresh interpreter.
 RUNNER = """
 import json, test_names_resolve as t
 cases = [*t.CASES, *((span, True) for span in t.ALLOWED)]
 verdicts = [t.verdict(span, in_span) for span, in_span in cases]
 written = sorted({text for _, text, _ in t.mentions()} & set(t.ALLOWED))
-roles = [t.local_name("easycore._stages", n) for n in ("PreparedStages", "waits", "no_such")]
+stages = "easycore._exec.core.stages"
+roles = [t.local_name(stages, n) for n in ("PreparedStages", "waits", "no_such")]
 print(json.dumps({"stale": t.stale_names(), "verdicts": verdicts, "written": written,
                   "roles": roles}))
 """
@@ -363,7 +364,7 @@ def test_what_the_check_sees(checked, case, expected):
 
 
 def test_a_role_names_its_own_module(checked):
-    """:class:`PreparedStages` and :attr:`waits` (an instance attribute) in ``_stages``
+    """:class:`PreparedStages` and :attr:`waits` (an instance attribute) in ``stages``
     resolve, a name missing from the module does not."""
     assert checked["roles"] == [True, True, False]
 

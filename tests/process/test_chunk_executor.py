@@ -1,5 +1,5 @@
-"""The one chunk executor of every engine (``easycore._stages.ChunkRun``): its one retry loop
-counts every failure of a unit against the same ``retries``."""
+"""The one chunk executor of every engine (``easycore._exec.core.stages.ChunkRun``): its one
+retry loop counts every failure of a unit against the same ``retries``."""
 
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ def test_an_openblas_that_hides_its_shutdown_is_paused_by_its_own_fork_handler()
                     raise AttributeError(name)
                 return super().__getattr__(name)
         ctypes.CDLL = Hiding
-        from easycore._exec.startup import fork_is_safe
+        from easycore._exec.process.startup import fork_is_safe
         before = len(os.listdir("/proc/self/task"))
         print(before, fork_is_safe(), len(os.listdir("/proc/self/task")))
         """

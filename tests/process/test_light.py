@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     import psutil
     from easycore import WorkerDied, producer
-    import easycore._exec.startup as ex
+    import easycore._exec.process.startup as ex
     from easycore._devices import cpu_count
 
     out = {}
@@ -146,7 +146,7 @@ KILLED = textwrap.dedent(
     """
     import os, sys, time
     from easycore import producer
-    import easycore._exec.startup as ex
+    import easycore._exec.process.startup as ex
 
     def slow(x):
         os.write(1, b"busy\\n")  # one write: the two workers' lines never interleave

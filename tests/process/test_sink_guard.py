@@ -138,9 +138,9 @@ def test_memory_url_with_worker_processes_is_refused_before_they_start(tmp_path)
 def test_a_commit_whose_file_is_gone_fails_the_run(tmp_path):
     """(The commit step alone: a worker's file vanishing between its write and its commit
     cannot be timed from outside.)"""
-    from easycore._exec.commit import commit_written, committing
-    from easycore._exec.core import PRIMED
-    from easycore._sinks import Shard, Wrote
+    from easycore._exec.core.books import PRIMED
+    from easycore._longjobs.commit import commit_written, committing
+    from easycore._longjobs.sinks import Shard, Wrote
 
     gone = Shard(
         ".part-000000000000-000000-0a0b0c.parquet", "part-000000000000-000000.parquet", 3, 9

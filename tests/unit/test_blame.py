@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from easycore import WorkerDied, producer
-from easycore._exec.blame import Dead, assign_blame, blame_in_order, settle_death
-from easycore._exec.core import RAISE, SKIP, ErrorPolicy, RunBooks, Work
-from easycore._exec.plan import plan_chain
-from easycore._exec.scheduler import Chunk
-from easycore._exec.sources import source_of
+from easycore._exec.core.blame import Dead, assign_blame, blame_in_order, settle_death
+from easycore._exec.core.books import RAISE, SKIP, ErrorPolicy, RunBooks, Work
+from easycore._exec.core.plan import plan_chain
+from easycore._exec.core.protocol import UNPICKLING
+from easycore._exec.core.scheduler import Chunk
+from easycore._exec.core.sources import source_of
 from easycore._options import Numbering, RunOptions
-from easycore._protocol import UNPICKLING
 
 DEAD = Dead(0, 0, "cpu", "Ray actor 0 of stage 'f'", "it died")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from easycore import producer
-from easycore._config import CfgNode
-from easycore._exec.core import PRIMED
+from easycore._config.cfgnode import CfgNode
+from easycore._exec.core.books import PRIMED
+from easycore._exec.core.outcomes import Segment
+from easycore._exec.core.plan import plan_chain
 from easycore._exec.inline import InlineEngine
-from easycore._exec.outcomes import Segment
-from easycore._exec.plan import plan_chain
 from easycore._options import RunOptions
 
 

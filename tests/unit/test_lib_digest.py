@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from easycore import producer
-from easycore._exec.digest import item_digest
+from easycore._longjobs.digest import item_digest
 
 
 @dataclasses.dataclass
@@ -89,7 +89,7 @@ def test_a_value_that_holds_itself_has_a_digest():
 
 SCRIPT = """
 import sys
-from easycore._exec.digest import item_digest
+from easycore._longjobs.digest import item_digest
 value = {"tags": {f"t{i}" for i in range(30)}, "ids": frozenset(range(30)), b"k": (b"x", 1.5)}
 print(item_digest(value).hex())
 """
@@ -121,7 +121,7 @@ def test_a_ledger_of_the_earlier_digests_is_refused(tmp_path):
     with sqlite3.connect(db) as con:
         con.execute("UPDATE meta SET value = ? WHERE name = 'format'", (json.dumps(2),))
     con.close()
-    with pytest.raises(ValueError, match=r"ledger format: 2 -> 3 \(another easycore wrote it\)"):
+    with pytest.raises(ValueError, match=r"ledger format: 2 -> 4 \(another easycore wrote it\)"):
         double.map([1, 2], devices="inline", resume=db)
 
 

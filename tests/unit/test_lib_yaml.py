@@ -1,4 +1,4 @@
-"""CfgNode's YAML (``easycore._yaml``): tuples of awkward strings keep their plain
+"""CfgNode's YAML (``easycore._config.yaml_io``): tuples of awkward strings keep their plain
 ``(a, b)`` form and read back equal (no processes here)."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from easycore import producer
-from easycore._exec.core import RAISE, RunBooks, Work
-from easycore._exec.plan import plan_chain
-from easycore._exec.scheduler import Forward, Place, Revive, Scheduler, Send
-from easycore._exec.sources import source_of
+from easycore._exec.core.books import RAISE, RunBooks, Work
+from easycore._exec.core.plan import plan_chain
+from easycore._exec.core.scheduler import Forward, Place, Revive, Scheduler, Send
+from easycore._exec.core.sources import source_of
 from easycore._options import RunOptions
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from easycore import producer
-from easycore._protocol import Task
-from easycore._stages import ChunkRun, PreparedStages
+from easycore._exec.core.protocol import Task
+from easycore._exec.core.stages import ChunkRun, PreparedStages
 
 
 @producer
@@ -124,8 +124,8 @@ def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(
 ) -> None:
     # (Ray logs a failed call nobody waits for as an unhandled error; such a chunk belongs
     # to a run that is over)
-    from easycore._exec.ray_actor import StageActor
-    from easycore._protocol import Broken
+    from easycore._exec.core.protocol import Broken
+    from easycore._exec.ray.actor import StageActor
 
     actor = StageActor(b"", [], "cpu", worker=0, hop=1, entropy=1, batch=None, concurrency=4)
     actor.stages = _place(stage)

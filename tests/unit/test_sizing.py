@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from easycore._exec.sizing import (
+from easycore._exec.core.sizing import (
     TAIL_CHUNK_SECONDS,
     TARGET_CHUNK_SECONDS,
     WRITE_CHUNK_SECONDS,

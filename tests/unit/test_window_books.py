@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from easycore import producer
-from easycore._exec.core import RAISE, RunBooks
-from easycore._exec.plan import plan_chain
-from easycore._exec.scheduler import Place, Scheduler
-from easycore._exec.sources import source_of
+from easycore._exec.core.books import RAISE, RunBooks
+from easycore._exec.core.plan import plan_chain
+from easycore._exec.core.scheduler import Place, Scheduler
+from easycore._exec.core.sources import source_of
 from easycore._options import RunOptions
 
 

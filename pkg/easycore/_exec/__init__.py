@@ -34,32 +34,26 @@ background thread). A pipeline is a chain of hops (pools); one pool is a chain o
                           is killed, then as above, raising ItemTimeout when retries are spent
 
 Big tensors/arrays travel in shared-memory segments in both directions, only their ids in the
-pickle (``easycore._transport``). Modules, in the order data meets them:
+pickle (``easycore._exec.process.channel``). Modules, by folder (ARCHITECTURE.md has a line
+for each):
 
-    runner.py    Runner: lifecycle, one run at a time (submit.Seat), map/imap/submit
-    plan.py      the pipeline cut into a Chain of Hops; StageStats
-    core.py      the run's books, engine-neutral: input under the window, re-runs, retry
-                 charges, the error policy, ordering, chunk sizes, stats; Segment, Failed
-    engine.py    ProcessEngine (worker processes) beside inline.py's InlineEngine
-    ray_engine.py  RayEngine (engine="ray"): each hop a group of Ray actors (ray_actor.py),
-                 runs in ray_run.py; imported only when a run asks for Ray
-    startup.py   forkservers and the process-global state, in one module that says so
-    workers.py   WorkerSet: spawn, respawn, pair across hops, wait on pipes + sentinels, stop
-    sources.py   where items come from (iterable, range, submitted one at a time)
-    sizing.py    adaptive chunk sizes, per hop
-    scheduler.py where every chunk is (queued / held / moving) and goes, for every engine
-                 with workers: window, room, routing, deaths (no I/O)
-    run.py       Run: the process transport, the loop of named steps over the chain
-    blame.py     after a death: the unit to charge, the error naming it, what re-runs
-    fold.py      the consumer, in the calling process
-    policy.py    errors="skip": failed units set aside and reported
-    resume.py    resume=: the run ledger in SQLite (finished units sent as CACHED markers),
-                 which knows what run it belongs to (RunIdentity)
-    digest.py    digests equal in every process: of items, functions and cfg (for resume.py)
-    position.py  imap's state_dict()/state=: what the caller received, a stream that starts
-                 there (sequences by index; units received beyond it sent as CACHED markers)
+    entry.py     run_map / run_imap (Pipeline.map/imap) and Runner (Pipeline.open)
+    runner.py    Runner: lifecycle, one run at a time (submit.Seat), picks the engine
     submit.py    Seat and SubmitFeeder behind Runner.submit
     sharded.py   map(distributed=True): a Runner per rank of a torchrun/Slurm job
+    inline.py    the inline engine: every hop in the calling process
+    core/        engine-neutral, no I/O: the run's books (books.py: input under the window,
+                 re-runs, charges, the error policy, ordering, stats), the scheduler, the plan
+                 (a Chain of Hops), sources, chunk sizes, blame after a death, outcomes, the
+                 consumer's fold, the prepared stages and the messages every engine shares
+    process/     the process engine: ProcessEngine, Run (the transport over the pipes),
+                 WorkerSet, startup (fork or forkserver), and the worker's side
+                 (worker_loop.py, channel.py, forkserver.py, preload.py, preload_light.py)
+    ray/         the Ray engine: RayEngine, RayRun, the driver's Actor records, StageActor;
+                 imported only when a run asks for Ray
+
+around any run, on every engine: ``easycore._longjobs`` (resume=, state=, errors="skip",
+sinks, checkpoints).
 
 Why this shape:
 
@@ -84,68 +78,3 @@ Why this shape:
   the reorder buffer holds at most that many results (a slow item stalls the stream instead
   of growing memory).
 """
-
-from __future__ import annotations
-
-from collections.abc import Iterable, Iterator
-from typing import Any
-
-from easycore._exec.plan import PipelineDef, StageStats
-from easycore._exec.position import check_state
-from easycore._exec.resume import RunIdentity, check_ledger
-from easycore._exec.runner import OwnedResults, Runner
-from easycore._options import RunOptions
-
-__all__ = ["Runner", "StageStats", "run_imap", "run_map"]
-
-
-def run_map(
-    pipeline: PipelineDef,
-    data: Iterable[Any],
-    options: RunOptions,
-    distributed: bool = False,
-    **where: Any,
-) -> Any:
-    """``Pipeline.map``: fresh workers for one run, closed after it (``where``: the keyword
-    arguments of :class:`Runner` that say where: ``devices``, ``cfg``, ``start_method``,
-    ``engine``, ``concurrency``)."""
-    if distributed:
-        from easycore._exec.sharded import sharded_map  # imports torch.distributed helpers
-
-        return sharded_map(pipeline, data, options, **where)
-    with _one_shot(pipeline, options, where) as runner:
-        return runner.run_map(data, options)
-
-
-def run_imap(
-    pipeline: PipelineDef, data: Iterable[Any], options: RunOptions, **where: Any
-) -> Iterator[Any]:
-    """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
-    are exhausted, closed or dropped."""
-    runner = _one_shot(pipeline, options, where)
-    try:
-        results = runner.run_imap(data, options)
-    except BaseException as exc:
-        runner.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    return OwnedResults(runner, results)
-
-
-def _one_shot(pipeline: PipelineDef, options: RunOptions, where: dict[str, Any]) -> Runner:
-    """The runner of one ``map``/``imap`` call: a ``resume`` path that is no ledger, or
-    another run's, is refused before any worker starts; work goes to each worker as soon as
-    it is ready (init errors surface in the run)."""
-    check_state(options, getattr(pipeline, "sink", None))
-    if options.resume is not None:
-        check_ledger(options.resume, RunIdentity.of(pipeline, where["cfg"], options))
-    return Runner(pipeline, **where, _wait=False, _tasks=_stateless(options))
-
-
-def _stateless(options: RunOptions) -> bool:
-    """Whether a one-shot run keeps nothing per worker between chunks (no ``timeout`` clock,
-    no recycling): on Ray its init-less pools then run as plain tasks, not actors."""
-    return (
-        options.timeout is None
-        and options.max_items_per_worker is None
-        and options.max_worker_memory is None
-    )

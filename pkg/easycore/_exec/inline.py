@@ -1,6 +1,6 @@
 """``devices="inline"``: every hop in the calling process, so a debugger's breakpoints work.
 
-The same prepared stages as a worker process runs (``easycore._stages``), with the same
+The same prepared stages as a worker process runs (``easycore._exec.core.stages``), with the same
 ordering, injection (``device="cpu"``, ``worker=0``), seeds, retries and errors; ``timeout``
 is not enforced on plain functions (nothing can be killed), and fails an ``async def`` unit
 past it (run on an event loop here, one unit at a time: ``concurrency`` does not apply; on
@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from easycore._config import CfgNode
-from easycore._exec.core import RAISE, ErrorPolicy, RunBooks, stage_stats
-from easycore._exec.plan import Chain, StageStats, idle_stats
-from easycore._exec.sources import source_of
+from easycore._config.cfgnode import CfgNode
+from easycore._exec.core.books import RAISE, ErrorPolicy, RunBooks, stage_stats
+from easycore._exec.core.plan import Chain, StageStats, idle_stats
+from easycore._exec.core.protocol import SLOT_WIDTH, Task, batches
+from easycore._exec.core.sources import source_of
+from easycore._exec.core.stages import ChunkRun, PreparedStages
 from easycore._options import RunOptions
-from easycore._protocol import SLOT_WIDTH, Task, batches
 from easycore._seeding import seed_loaded
-from easycore._stages import ChunkRun, PreparedStages
 
 if TYPE_CHECKING:
-    from easycore._sinks import Sink
+    from easycore._longjobs.sinks import Sink
 
 __all__ = ["InlineEngine"]
 
@@ -102,7 +102,7 @@ class InlineEngine:
         self.books = books
         yield from books.stream(self, is_current, ahead=False)  # (nothing runs ahead here)
 
-    # -- the transport's part of the loop (core.RunBooks.stream) ----------------------------
+    # -- the transport's part of the loop (books.RunBooks.stream) ----------------------------
     def busy(self) -> bool:
         return False  # (a chunk runs within dispatch)
 

@@ -19,18 +19,27 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import surfaced
-from easycore._exec.commit import check_sink, commit_written, committing, sink_of, total_written
-from easycore._exec.core import PRIMED, RAISE, SKIP
-from easycore._exec.engine import Engine, ProcessEngine
-from easycore._exec.fold import collect, fold
+from easycore._exec.core.books import PRIMED, RAISE, SKIP
+from easycore._exec.core.engine import Engine
+from easycore._exec.core.fold import collect, fold
+from easycore._exec.core.plan import (
+    Chain,
+    PipelineDef,
+    StageStats,
+    first_batch,
+    frozen_cfg,
+    plan_chain,
+)
+from easycore._exec.core.sources import LiveSource, batched, items_of
 from easycore._exec.inline import InlineEngine
-from easycore._exec.plan import Chain, PipelineDef, StageStats, first_batch, frozen_cfg, plan_chain
-from easycore._exec.policy import set_aside
-from easycore._exec.position import Position, drop_passed, mark_passed, start_at
-from easycore._exec.resume import RunIdentity, RunLedger
-from easycore._exec.sources import LiveSource, batched, items_of
-from easycore._exec.startup import check_capacity
+from easycore._exec.process.engine import ProcessEngine
+from easycore._exec.process.startup import check_capacity
 from easycore._exec.submit import Seat
+from easycore._longjobs.commit import check_sink, commit_written, committing, sink_of, total_written
+from easycore._longjobs.position import Position, drop_passed, mark_passed, start_at
+from easycore._longjobs.resume import RunIdentity, RunLedger
+from easycore._longjobs.sinks import Sink
+from easycore._longjobs.skip import set_aside
 from easycore._options import (
     DEFAULT_PREFETCH,
     RunKwargs,
@@ -40,7 +49,6 @@ from easycore._options import (
     run_options,
 )
 from easycore._seeding import check_epoch
-from easycore._sinks import Sink
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -659,7 +667,7 @@ def _make_engine(
         if isinstance(devices, str) and devices == INLINE:
             msg = "devices='inline' runs in this process; it does not go with engine='ray'"
             raise ValueError(msg)
-        from easycore._exec.ray_engine import RayEngine  # imports ray: only here
+        from easycore._exec.ray.engine import RayEngine  # imports ray: only here
 
         # connects: "auto" counts it
         return RayEngine(pipeline, devices, cfg, concurrency, tasks=tasks)

@@ -28,11 +28,11 @@ import cloudpickle
 
 from easycore import distributed
 from easycore._errors import WorkerDied, WorkerError
-from easycore._exec.plan import PipelineDef
+from easycore._exec.core.plan import PipelineDef
+from easycore._exec.core.protocol import pack_exception, unpack_exception
+from easycore._exec.core.sources import batched, items_of
 from easycore._exec.runner import Runner, count_units
-from easycore._exec.sources import batched, items_of
 from easycore._options import Numbering, RunOptions
-from easycore._protocol import pack_exception, unpack_exception
 
 __all__ = ["sharded_map"]
 

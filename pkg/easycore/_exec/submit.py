@@ -2,8 +2,8 @@
 
 A :class:`Seat` says who holds a runner (nobody, one ``map``/``imap`` stream, or the submit
 feeder), under one lock. The :class:`SubmitFeeder` is a thread running one unordered run
-under the skip policy (``core.SKIP``: a failure is delivered, not raised) over a
-:class:`~easycore._exec.sources.LiveSource`: submitted items join it as they come, each
+under the skip policy (``books.SKIP``: a failure is delivered, not raised) over a
+:class:`~easycore._exec.core.sources.LiveSource`: submitted items join it as they come, each
 result or error goes to its own future, and the run (and the feeder) ends as soon as nothing
 is queued or running; the next ``submit`` starts a new one.
 """
@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._errors import EasycoreError
-from easycore._exec.outcomes import Failed
-from easycore._exec.sources import LiveSource
+from easycore._exec.core.outcomes import Failed
+from easycore._exec.core.sources import LiveSource
 from easycore._options import RunOptions
 
 __all__ = ["Seat", "SubmitFeeder"]

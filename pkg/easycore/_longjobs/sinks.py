@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 import attrs
 
 from easycore._errors import short_repr, some
+from easycore._exec.core.protocol import Broken, is_cached
 from easycore._options import check_count, parse_bytes
-from easycore._protocol import Broken, is_cached
 
 __all__ = [
     "TEMP_PREFIX",
@@ -1213,6 +1213,6 @@ def _row_keys(first: int, n: int, align: int) -> list[int]:
 def _passes(value: Any) -> bool:
     """A unit the sink does not write: the run ledger holds it (CACHED), or it failed
     (a worker's None with an error, a Ray actor's Broken, an inline Failed)."""
-    from easycore._exec.outcomes import Failed  # (here: easycore._exec imports this module)
+    from easycore._exec.core.outcomes import Failed  # (here: easycore._exec imports this module)
 
     return is_cached(value) or isinstance(value, Broken | Failed)

@@ -34,19 +34,19 @@ from typing import Any, Protocol
 import attrs
 
 from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries
-from easycore._exec.outcomes import Failed, Segment
-from easycore._exec.plan import Chain, StageStats
-from easycore._exec.sizing import (
+from easycore._exec.core.outcomes import Failed, Segment
+from easycore._exec.core.plan import Chain, StageStats
+from easycore._exec.core.protocol import UNREADABLE, Broken, is_cached
+from easycore._exec.core.sizing import (
     MAX_CHUNK,
     TARGET_CHUNK_SECONDS,
     WRITE_CHUNK_SECONDS,
     ChunkSizer,
 )
-from easycore._exec.sources import Source, source_of
+from easycore._exec.core.sources import Source, source_of
+from easycore._exec.core.stages import StageFailure, call_key
+from easycore._longjobs.sinks import SinkError
 from easycore._options import DEFAULT_PREFETCH, RunOptions
-from easycore._protocol import UNREADABLE, Broken, is_cached
-from easycore._sinks import SinkError
-from easycore._stages import StageFailure, call_key
 
 __all__ = [
     "PRIMED",
@@ -203,7 +203,7 @@ class RunBooks:
         self.numbering = (0, 1) if n is None else (n.first, n.step)
         self.charges = Charges(chain)
         # A resumed stream (imap's state=) begins at first-hop unit `first`: every index,
-        # seed and message is then the uninterrupted run's (see easycore._exec.position).
+        # seed and message is then the uninterrupted run's (see easycore._longjobs.position).
         self.first = options.first
         self.pulled = self.first  # first-hop units taken from the source (the next one's index)
         self.taken = 0  # first-hop units taken and not yet yielded
@@ -262,7 +262,7 @@ class RunBooks:
         """
         if self.key_fn is None:
             return (True, None) if self.batched else None
-        from easycore._exec.resume import key_text
+        from easycore._longjobs.resume import key_text
 
         keys: list[Any] = []
         for k, u in enumerate(units, start):
@@ -421,11 +421,12 @@ class RunBooks:
         self.store(out * self.align, [_failed(error, item, stage)], self.align, failed=True)
 
     def outputs(self, work: Work, values: list[Any], place: Callable[[int], Any]) -> None:
-        """Store the last hop's values of ``work``, each :class:`~easycore._protocol.Broken`
-        (a unit of hop h that failed there) as a :class:`Failed` of its output unit: the
-        error names it, and ``place(h)``: the device and index of the worker of hop h that
-        it had. A Broken made in the caller (inline) holds the ``StageFailure`` itself: the
-        error's cause is then the live exception."""
+        """Store the last hop's values of ``work``, each
+        :class:`~easycore._exec.core.protocol.Broken` (a unit of hop h that failed there) as
+        a :class:`Failed` of its output unit: the error names it, and ``place(h)``: the
+        device and index of the worker of hop h that it had. A Broken made in the caller
+        (inline) holds the ``StageFailure`` itself: the error's cause is then the live
+        exception."""
         out = []
         failed = False
         for value in values:

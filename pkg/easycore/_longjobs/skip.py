@@ -1,7 +1,7 @@
 """``errors="skip"``: failures set aside, reported, and left out of the results.
 
-Under the ``skip`` policy (``core.SKIP``) a run delivers a failed output unit as a
-:class:`~easycore._exec.outcomes.Failed` in its place in the stream; :func:`set_aside` takes
+Under the ``skip`` policy (``books.SKIP``) a run delivers a failed output unit as a
+:class:`~easycore._exec.core.outcomes.Failed` in its place in the stream; :func:`set_aside` takes
 those out (so neither the caller nor the consumer sees them), reports each as an
 :class:`easycore.Failure` to ``on_error`` (in the calling process), or, without one, warns
 once per run with the count and the first failure.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from easycore._errors import Failure, SkippedItemsWarning, warn
-from easycore._exec.outcomes import Failed, without
+from easycore._exec.core.outcomes import Failed, without
 from easycore._options import RunOptions
 
 __all__ = ["SkippedItemsWarning", "set_aside"]

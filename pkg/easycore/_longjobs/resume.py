@@ -4,7 +4,7 @@ computes only what is missing when called again.
 The ledger lives in the calling process (``sqlite3``, WAL mode) and works on *output units*:
 what the last hop makes of ``align`` consecutive first-hop items (an item; a batch with
 ``batch_size``). Per unit it keeps a key (its index in the input, or ``key(item)``), a
-digest of its items (:func:`~easycore._exec.digest.item_digest`: equal items have equal
+digest of its items (:func:`~easycore._longjobs.digest.item_digest`: equal items have equal
 digests in any process), and its pickled result, or the error it was set aside with
 (``errors="skip"``). Two pieces wrap a run:
 
@@ -41,13 +41,13 @@ import attrs
 import cloudpickle
 
 from easycore._errors import WorkerError, short_repr, some, warn
-from easycore._exec.digest import cfg_digests, code_digest, function_digest, item_digest
-from easycore._exec.outcomes import Failed
-from easycore._exec.plan import PipelineDef, first_batch, frozen_cfg
+from easycore._exec.core.outcomes import Failed
+from easycore._exec.core.plan import PipelineDef, first_batch, frozen_cfg
+from easycore._exec.core.protocol import CACHED
+from easycore._exec.core.stages import call_key
+from easycore._longjobs.digest import cfg_digests, code_digest, function_digest, item_digest
+from easycore._longjobs.sinks import Shard, Wrote
 from easycore._options import RunOptions
-from easycore._protocol import CACHED
-from easycore._sinks import Shard, Wrote
-from easycore._stages import call_key
 
 __all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
 
@@ -80,7 +80,7 @@ _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGE
 _LOOKUP = 256  # units looked up in the file at once
 _UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_FORMAT = 3  # the ledger's layout; RunIdentity's "format"
+_FORMAT = 4  # the ledger's layout; RunIdentity's "format"
 
 
 def _refuse(path: str, why: str) -> ValueError:
@@ -170,8 +170,9 @@ class RunIdentity:
 
     Its parts (:attr:`parts`, each stored as JSON):
 
-    * ``format``: the ledger's layout (3: item digests of a canonical pickle, checked keys,
-      this table);
+    * ``format``: the ledger's layout (4: as 3, types digested under their module paths of the
+      layout by layer; 3: item digests of a canonical pickle, checked keys, this
+      table);
     * ``stages``: every producer in order: its name, the digest of its function and of its
       ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
       of the pool it starts (pools after the first; the first pool's is ``batch_size``);
@@ -441,7 +442,7 @@ class RunLedger:
 
     def committed_shards(self) -> list[Shard]:
         """The files of a sink this ledger's runs committed (a crash may have cut their
-        rename short: ``easycore._sinks.recover`` finishes it)."""
+        rename short: ``easycore._longjobs.sinks.recover`` finishes it)."""
         rows = self.db.execute("SELECT temp, name, rows, bytes FROM files")
         return [Shard(temp, name, n, nbytes) for temp, name, n, nbytes in rows]
 

@@ -2,7 +2,7 @@
 workers wrote are committed as their units arrive.
 
 A worker of the last pool writes a chunk's rows under temporary ``.``-names and replies
-with counts and the shards' names only (``easycore._sinks``). Here, in the calling process,
+with counts and the shards' names only (``easycore._longjobs.sinks``). Here, in the calling process,
 each shard is committed (renamed to its final name) when the segment holding its units is
 delivered: after the run ledger recorded the units and the shard in one transaction, with
 ``resume=`` (``RunLedger.record`` runs before this). Whatever is left under a temporary
@@ -27,8 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from easycore._errors import some
-from easycore._reaping import start_time
-from easycore._sinks import (
+from easycore._longjobs.sinks import (
     RunSchema,
     Shard,
     Sink,
@@ -40,6 +39,7 @@ from easycore._sinks import (
     recover,
     sweep,
 )
+from easycore._reaping import start_time
 
 __all__ = [
     "LOCK_NAME",

@@ -24,7 +24,7 @@ hashing does):
 An item that pickle cannot take, or that holds itself, goes through its cloudpickle. Types
 are part of the pickle: ``1``, ``1.0``, ``True`` and ``"1"`` differ, and so do ``(1, 2)``
 and ``[1, 2]``. A ledger of digests of another kind is refused by its ``format``
-(:class:`~easycore._exec.resume.RunIdentity`).
+(:class:`~easycore._longjobs.resume.RunIdentity`).
 
 A function's digest is its code (bytecode, constants, names, nested code objects), its
 defaults, the values its closure holds, and what of its own module it names: functions

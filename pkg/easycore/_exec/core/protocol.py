@@ -206,12 +206,12 @@ def is_cached(unit: Any) -> bool:
 
 class Broken(NamedTuple):
     """A unit that failed, in place of its result (later hops pass it on; the caller
-    settles it: ``core.RunBooks.outputs``)."""
+    settles it: ``books.RunBooks.outputs``)."""
 
     hop: int
     unit: int  # the unit's index at that hop
     # an ErrorReport when it crossed processes; in the caller (inline) the
-    # _stages.StageFailure itself, so that the raised error's cause is the live exception
+    # stages.StageFailure itself, so that the raised error's cause is the live exception
     failure: Any
     where: str = ""  # the place it failed at (a Ray node and process), for messages
 

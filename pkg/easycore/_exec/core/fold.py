@@ -7,11 +7,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from easycore._config import CfgNode
-from easycore._exec.plan import Chain
+from easycore._config.cfgnode import CfgNode
+from easycore._exec.core.plan import Chain
+from easycore._exec.core.stages import StageFailure
 from easycore._inject import call_with, injected
 from easycore._options import RunOptions
-from easycore._stages import StageFailure
 
 __all__ = ["collect", "fold"]
 

@@ -6,8 +6,8 @@ with its injected names, :meth:`~PreparedStages.run` runs the stages over one un
 from its index when the run has a seed), a :class:`ChunkRun` over a chunk with retries
 (the one chunk executor, on every engine), and :meth:`~PreparedStages.finish` runs every
 ``end``. Failures come back as :class:`StageFailure` values naming the stage (over a chunk,
-as a :class:`~easycore._protocol.Broken` in the failed unit's place); the caller turns them
-into errors.
+as a :class:`~easycore._exec.core.protocol.Broken` in the failed unit's place); the caller
+turns them into errors.
 
 Stages that wait (docs/contract.md section 11): producers, ``init``, ``end`` may be ``async def``;
 they run on one event loop per place (a worker, an actor, the caller for ``"inline"``). A
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,8 +33,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error, user_traceback
-from easycore._inject import call_with, injected, is_async_fn
-from easycore._protocol import (
+from easycore._exec.core.protocol import (
     AT_FLIGHT,
     AT_INDEX,
     AT_STARTED,
@@ -44,6 +44,7 @@ from easycore._protocol import (
     pickling_error,
     settled,
 )
+from easycore._inject import call_with, injected, is_async_fn
 from easycore._seeding import (
     ITEM_SEED,
     bind_thread,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:  # (loaded when a stage waits, or a pool writes: others never 
     import asyncio
     import concurrent.futures
 
-    from easycore._sinks import ShardWriter, Sink
+    from easycore._longjobs.sinks import ShardWriter, Sink
 
 __all__ = [
     "ChunkRun",
@@ -69,8 +70,13 @@ __all__ = [
     "StageFailure",
     "call_key",
     "cancel_grace",
+    "code_in",
     "is_async_fn",
 ]
+
+# In a stop with a grace (an abort), how long a worker in the middle of a unit is waited
+# for: a unit about to finish lets it run `end`; a long one is not waited for.
+UNIT_GRACE = 0.25
 
 # a chunk's values (a failed unit's a Broken), how many units ran (not passed on), and
 # whether any value is Broken
@@ -195,7 +201,7 @@ class PreparedStages:
         concurrency: int = 1,
     ) -> None:
         defs = tuple(stages)
-        # a sink ends the last pool's stages: it writes what they make (see easycore._sinks)
+        # a sink ends the last pool's stages: it writes what they make (easycore._longjobs.sinks)
         # the sink this pool writes with (``easycore.write``; its module loads only then)
         last: Any = defs[-1] if defs else None
         self.sink: Sink | None = last if getattr(last, "is_sink", False) is True else None
@@ -335,7 +341,7 @@ class PreparedStages:
             self.prepared.append(_Prepared(stage, state, self.context))
         if self.sink is not None:
             try:
-                from easycore._sinks import ShardWriter
+                from easycore._longjobs.sinks import ShardWriter
 
                 self.writer = ShardWriter(self.sink)
             except self.catch as exc:
@@ -696,7 +702,7 @@ class ChunkRun:
     :attr:`PreparedStages.waits`) starts them on the place's slots, and :meth:`result` is
     what they ran to. Either way each unit is retried while ``task`` allows
     (:func:`_retrying`, the one retry loop); one that still fails becomes a
-    :class:`~easycore._protocol.Broken` in its place (a marker that came in passes on); a
+    :class:`~easycore._exec.core.protocol.Broken` in its place (a marker that came in passes on); a
     sink writes the values (:meth:`_ran`, the one write path).
     """
 
@@ -1080,3 +1086,14 @@ class Flight:
             if not self.held:
                 self._tell(first == key)
         return now - start
+
+
+def code_in(make: Callable[..., Any], args: tuple[Any, ...], where: str, lines: list[str]) -> Any:
+    """A function's code, rebuilt by ``make(*args)`` (cloudpickle's reduction, which names
+    its file ``"<dynamic-code>"``), in the file ``where`` it was defined, so that a traceback
+    in a worker shows the user's file and line; ``lines``: the file's source, sent along when
+    it is not on disk (a notebook's cell), for the traceback's source lines.
+    """
+    if lines:
+        linecache.cache.setdefault(where, (sum(map(len, lines)), None, lines, where))
+    return make(*args).replace(co_filename=where)

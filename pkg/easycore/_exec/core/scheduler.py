@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from easycore._exec.core import RunBooks, Work
+from easycore._exec.core.books import RunBooks, Work
 
 __all__ = ["Chunk", "Forward", "Place", "Revive", "Scheduler", "Send"]
 
@@ -53,7 +53,7 @@ class State(enum.Enum):
 
 @attrs.define(eq=False, slots=True)
 class Chunk(Work):
-    """:class:`~easycore._exec.core.Work` on its way through the pools (its first-pool
+    """:class:`~easycore._exec.core.books.Work` on its way through the pools (its first-pool
     items are kept to run it again after a death)."""
 
     id: int = attrs.field(kw_only=True)

@@ -1,6 +1,6 @@
 """Imported once by the light forkserver: the one for callers that never imported torch.
 
-Workers forked from it carry no torch (see ``easycore._exec.startup.light_wanted``): they
+Workers forked from it carry no torch (see ``easycore._exec.process.startup.light_wanted``): they
 start and exit several times faster, and import torch only if their work does. numpy is loaded when
 installed (small, and most array work needs it). Nothing here may start a thread.
 """
@@ -20,8 +20,8 @@ import multiprocessing.heap
 import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 
-import easycore._worker  # noqa: F401 - the worker's loop and what it imports
-from easycore._forkserver import end_what_it_adopts, remove_listener_at_exit
+import easycore._exec.process.worker_loop  # noqa: F401 - the worker's loop and what it imports
+from easycore._exec.process.forkserver import end_what_it_adopts, remove_listener_at_exit
 from easycore._seeding import seed_loaded
 
 remove_listener_at_exit()  # a caller killed with SIGKILL cannot remove it

@@ -3,7 +3,7 @@
 A worker runs one hop of a chain of pools. Its threads::
 
     caller pipe ──┐                       ┌─> main thread: init, then per Task: decode, run the
-    upstream   ───┼─> reader thread ─ tasks    prepared stages (easycore._stages), hand the
+    upstream   ───┼─> reader thread ─ tasks    prepared stages (core/stages.py), hand the
     peers' pipes  │   (the only one that       results to the outlet; on STOP: end, goodbye
                   │    receives)
     downstream ───┘   control frames ──────> outlet: last hop: a Done reply to the caller;
@@ -19,7 +19,7 @@ A worker runs one hop of a chain of pools. Its threads::
   exits it ends every process below it, also those in a session of their own
   (``easycore._reaping``).
 * Before each unit the main thread writes the unit's index (and with a timeout, its start
-  time) into the worker's shared slot (``easycore._protocol.Slots``), so the caller knows
+  time) into the worker's shared slot (``easycore._exec.core.protocol.Slots``), so the caller knows
   which item a dead or timed-out worker held without any per-item message. Before it
   unpickles a chunk it writes ``UNPICKLING`` and the time: the first unit's clock starts
   there, so a timeout counts an item's unpickling.
@@ -32,7 +32,6 @@ import collections
 import contextlib
 import functools
 import gc
-import linecache
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import multiprocessing.util
@@ -50,7 +49,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from easycore._devices import bind_gpus
-from easycore._protocol import (
+from easycore._exec.core.protocol import (
     AT_AHEAD,
     AT_FLIGHT,
     AT_INDEX,
@@ -79,6 +78,8 @@ from easycore._protocol import (
     batches,
     worker_view,
 )
+from easycore._exec.core.stages import ChunkRun, PreparedStages, Ran
+from easycore._exec.process.channel import CONTROL, Channel, Damaged
 from easycore._reaping import (
     become_subreaper,
     end_children,
@@ -86,10 +87,8 @@ from easycore._reaping import (
     remove_own_mp_tempdir,
 )
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import ChunkRun, PreparedStages, Ran
-from easycore._transport import CONTROL, Channel, Damaged
 
-__all__ = ["WorkerSpec", "code_in", "worker_main"]
+__all__ = ["WorkerSpec", "worker_main"]
 
 # A worker names its multiprocessing directory after tempfile's (name_mp_tempdir), which
 # tempfile finds on first use by writing a probe file into each candidate: found once here,
@@ -103,17 +102,6 @@ with contextlib.suppress(OSError):
 def _temp_vars() -> list[str | None]:
     """The variables tempfile reads first to choose its directory."""
     return [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")]
-
-
-def code_in(make: Callable[..., Any], args: tuple[Any, ...], where: str, lines: list[str]) -> Any:
-    """A function's code, rebuilt by ``make(*args)`` (cloudpickle's reduction, which names
-    its file ``"<dynamic-code>"``), in the file ``where`` it was defined, so that a traceback
-    in a worker shows the user's file and line; ``lines``: the file's source, sent along when
-    it is not on disk (a notebook's cell), for the traceback's source lines.
-    """
-    if lines:
-        linecache.cache.setdefault(where, (sum(map(len, lines)), None, lines, where))
-    return make(*args).replace(co_filename=where)
 
 
 class WorkerSpec(NamedTuple):

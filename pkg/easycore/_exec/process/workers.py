@@ -24,23 +24,11 @@ from typing import Any
 import attrs
 import cloudpickle
 
-from easycore._config import CfgNode
+from easycore._config.cfgnode import CfgNode
 from easycore._devices import cpu_count
 from easycore._errors import SerializationError, WorkerDied, WorkerError, describe_exitcode
-from easycore._exec.plan import Chain, Hop, pack_payload
-from easycore._exec.scheduler import Place
-from easycore._exec.startup import (
-    adopt_for,
-    context,
-    descriptors,
-    hidden_main,
-    kill_all,
-    kill_group,
-    kill_workers,
-    light_wanted,
-    note_torch,
-)
-from easycore._protocol import (
+from easycore._exec.core.plan import Chain, Hop, pack_payload
+from easycore._exec.core.protocol import (
     IDLE,
     SLOT_WIDTH,
     STOP,
@@ -51,17 +39,26 @@ from easycore._protocol import (
     Ready,
     Slots,
 )
-from easycore._transport import Channel
-from easycore._worker import WorkerSpec, worker_main
+from easycore._exec.core.scheduler import Place
+from easycore._exec.core.stages import UNIT_GRACE
+from easycore._exec.process.channel import Channel
+from easycore._exec.process.startup import (
+    adopt_for,
+    context,
+    descriptors,
+    hidden_main,
+    kill_all,
+    kill_group,
+    kill_workers,
+    light_wanted,
+    note_torch,
+)
+from easycore._exec.process.worker_loop import WorkerSpec, worker_main
 
 __all__ = ["Worker", "WorkerSet"]
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-# In a stop with a grace (an abort), how long a worker in the middle of a unit is waited
-# for: a unit about to finish lets it run `end`; a long one is not waited for.
-UNIT_GRACE = 0.25
 
 
 def poller(fds: Sequence[int]) -> Any:

@@ -24,7 +24,7 @@ class Failed:
     failure is the one at the earliest hop, the first in input order among those: every
     engine reports that one (a chunk holds whole output units, so the process engine learns
     of the earliest hop's failures first, together; where a chunk does not stop between
-    hops, ``_protocol.settled`` picks it).
+    hops, ``protocol.settled`` picks it).
     """
 
     exc: BaseException

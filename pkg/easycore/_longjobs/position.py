@@ -33,10 +33,10 @@ from typing import Any, NoReturn
 import attrs
 
 from easycore._errors import short_repr
-from easycore._exec.outcomes import without
-from easycore._exec.sources import Indexed, items_of
+from easycore._exec.core.outcomes import without
+from easycore._exec.core.protocol import CACHED, is_cached
+from easycore._exec.core.sources import Indexed, items_of
 from easycore._options import RunOptions
-from easycore._protocol import CACHED, is_cached
 
 __all__ = [
     "STATE_KIND",

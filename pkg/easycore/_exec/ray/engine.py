@@ -31,12 +31,12 @@ Ray object references instead of pipes::
   CPU, :class:`~.ray_actor.UnitClock`) when its unit in hand passes the limit; the driver
   asks the clock, kills that actor, then as for a death, blaming that unit.
 * A one-shot run with no ``timeout`` and no recycling runs a CPU pool whose stages have no
-  ``init`` and no ``end`` as plain Ray tasks (``ray_actor.run_task``), not actors: Ray
+  ``init`` and no ``end`` as plain Ray tasks (``actor.run_task``), not actors: Ray
   starts a task on a warm worker in milliseconds, where an actor needs a new process (about
   0.4 s), and such a pool keeps nothing an actor would hold. Each of its workers is then a
   slot of tasks (what ``worker`` injects); a task's death names its chunk, charged as an
   actor's would be, and Ray's own retries are off. A task gets its units pickled or as a
-  reference it reads itself (``ray_actor.Packed``, ``Later``): Ray unpickles a task's
+  reference it reads itself (``actor.Packed``, ``Later``): Ray unpickles a task's
   arguments before it runs, before the driver's ``sys.path`` is added there.
 * Ctrl-C or an error: actors' queued tasks are cancelled, ``end`` gets a short grace,
   every actor is killed (a plain task already sent finishes its chunk unseen: Ray's cancel
@@ -57,13 +57,13 @@ from typing import Any
 
 import cloudpickle
 
-from easycore._config import CfgNode
+from easycore._config.cfgnode import CfgNode
 from easycore._errors import (
     SerializationError,
     WorkerDied,
 )
-from easycore._exec.core import RAISE, ErrorPolicy
-from easycore._exec.plan import (
+from easycore._exec.core.books import RAISE, ErrorPolicy
+from easycore._exec.core.plan import (
     Chain,
     PipelineDef,
     StageStats,
@@ -71,15 +71,14 @@ from easycore._exec.plan import (
     pack_payload,
     plan_chain,
 )
-from easycore._exec.ray_actor import Later, Packed, StageActor, UnitClock, run_task
-from easycore._exec.ray_ledger import Actor, first_line, ray_module
-from easycore._exec.ray_run import RayRun
-from easycore._exec.sources import Source, source_of
-from easycore._exec.workers import UNIT_GRACE
+from easycore._exec.core.protocol import PROTOCOL
+from easycore._exec.core.sources import Source, source_of
+from easycore._exec.core.stages import UNIT_GRACE, is_async_fn
+from easycore._exec.ray.actor import Later, Packed, StageActor, UnitClock, run_task
+from easycore._exec.ray.ledger import Actor, first_line, ray_module
+from easycore._exec.ray.run import RayRun
 from easycore._options import RunOptions
-from easycore._protocol import PROTOCOL
 from easycore._reaping import descendants
-from easycore._stages import is_async_fn
 
 __all__ = ["RayEngine", "check_fits", "ray_devices"]
 

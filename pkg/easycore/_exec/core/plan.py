@@ -18,13 +18,12 @@ from typing import Any, Protocol
 import attrs
 import cloudpickle
 
-from easycore._config import CfgNode
+from easycore._config.cfgnode import CfgNode
 from easycore._devices import INLINE, parse_devices
 from easycore._errors import item_label
+from easycore._exec.core.protocol import PROTOCOL
+from easycore._exec.core.stages import StageDef, code_in
 from easycore._options import RunOptions
-from easycore._protocol import PROTOCOL
-from easycore._stages import StageDef
-from easycore._worker import code_in
 
 __all__ = [
     "Chain",

@@ -1,7 +1,7 @@
 """The Ray actor of ``engine="ray"``: one hop's prepared stages in a Ray worker process.
 
-The same :class:`~easycore._stages.PreparedStages` as a local worker runs (``init`` once,
-units with injection, seeds and retries, ``end`` at close). The driver (``ray_engine``)
+The same :class:`~easycore._exec.core.stages.PreparedStages` as a local worker runs (``init`` once,
+units with injection, seeds and retries, ``end`` at close). The driver (``ray.engine``)
 sends it chunks; a chunk's results go to the next hop's actor as an object reference, never
 through the driver, so a unit that failed here travels on as a :class:`Broken` marker that
 later hops pass through.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from easycore._protocol import (
+from easycore._exec.core.protocol import (
     AT_INDEX,
     AT_STARTED,
     IDLE,
@@ -34,9 +34,9 @@ from easycore._protocol import (
     Task,
     batches,
 )
+from easycore._exec.core.stages import ChunkRun, Finished, PreparedStages
 from easycore._reaping import become_subreaper, end_children
 from easycore._seeding import seed_loaded, setup_torch
-from easycore._stages import ChunkRun, Finished, PreparedStages
 
 __all__ = ["Meta", "Placement", "StageActor", "UnitClock", "rss_bytes", "run_task"]
 

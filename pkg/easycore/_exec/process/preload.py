@@ -22,8 +22,8 @@ import torch  # noqa: F401 - the point of the forkserver
 with contextlib.suppress(ImportError):  # (numpy 2 imports it on first use: here, once)
     import numpy.random  # noqa: F401
 
-import easycore._worker  # noqa: F401 - the worker's loop and what it imports
-from easycore._forkserver import end_what_it_adopts, remove_listener_at_exit
+import easycore._exec.process.worker_loop  # noqa: F401 - the worker's loop and what it imports
+from easycore._exec.process.forkserver import end_what_it_adopts, remove_listener_at_exit
 from easycore._seeding import seed_loaded
 
 remove_listener_at_exit()  # a caller killed with SIGKILL cannot remove it

@@ -30,10 +30,9 @@ from easycore._errors import (
     short_repr,
     some,
 )
-from easycore._exec.core import RunBooks, Work
-from easycore._exec.scheduler import Chunk
-from easycore._exec.workers import Worker
-from easycore._protocol import UNPICKLING, Slots, pickling_error
+from easycore._exec.core.books import RunBooks, Work
+from easycore._exec.core.protocol import UNPICKLING, Slots, pickling_error
+from easycore._exec.core.scheduler import Chunk
 
 __all__ = [
     "Blame",
@@ -56,6 +55,15 @@ class Lost(Protocol):
     def items(self) -> Sequence[Any]: ...
     @property
     def end(self) -> int: ...
+
+
+class Holder(Protocol):
+    """A dead worker process, as :func:`assign_blame` reads it (its place in the shared
+    slots, and the unit it was killed for)."""
+
+    hop: int
+    slot: int
+    timed_out: int | None
 
 
 @attrs.frozen
@@ -93,7 +101,7 @@ class Blame:
 
 
 def assign_blame(
-    books: RunBooks, w: Worker, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk]
+    books: RunBooks, w: Holder, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk]
 ) -> Blame:
     """A worker process's death: blame the unit in hand (its shared slot says which), and
     results being sent; else the oldest chunk it had.

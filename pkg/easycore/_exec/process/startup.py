@@ -1,7 +1,7 @@
 """Starting worker processes, and the process-global state that goes with it.
 
 The local engine's global state is all here (the Ray engine's, whether this process
-started Ray and how many runners use it, is in ``ray_engine``):
+started Ray and how many runners use it, is in ``ray.engine``):
 
 * ``_PRELOAD_SET``: multiprocessing's forkserver has been told to preload torch;
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;
@@ -213,7 +213,7 @@ def _light_server() -> Any:
     global _LIGHT_SERVER
     if _LIGHT_SERVER is None:
         server = multiprocessing.forkserver.ForkServer()
-        server.set_forkserver_preload(["easycore._preload_light"])
+        server.set_forkserver_preload(["easycore._exec.process.preload_light"])
         _LIGHT_SERVER = server
     return _LIGHT_SERVER
 
@@ -265,7 +265,7 @@ def context(
     if method == "forkserver" and not _PRELOAD_SET:
         # The forkserver imports torch once, before it has any thread or CUDA context; every
         # worker forks from it with torch already loaded. No '__main__': see hidden_main.
-        ctx.set_forkserver_preload(["easycore._preload"])
+        ctx.set_forkserver_preload(["easycore._exec.process.preload"])
         _PRELOAD_SET = True
     return ctx
 

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from easycore._exec.plan import Chain
-from easycore._exec.ray_actor import Placement
-from easycore._exec.scheduler import Place
+from easycore._exec.core.plan import Chain
+from easycore._exec.core.scheduler import Place
+from easycore._exec.ray.actor import Placement
 
 __all__ = ["Actor", "ActorPools", "first_line", "ray_module"]
 
@@ -42,7 +42,7 @@ class Actor(Place):
     handle: Any
     where: Placement | None = None
     cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
-    # Not an actor but a slot of Ray tasks (an init-less pool; see ray_actor.run_task): sends
+    # Not an actor but a slot of Ray tasks (an init-less pool; see actor.run_task): sends
     # ``run``'s arguments as a task; its chunks run independently of each other (``lone``:
     # it holds one at a time).
     task: Callable[..., Any] | None = None

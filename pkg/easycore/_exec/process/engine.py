@@ -1,52 +1,27 @@
-"""Engines: where a runner's hops run. Each runs the same prepared stages (``_stages``).
+"""The process engine: one worker process per device on this machine (the default).
 
-* :class:`ProcessEngine`: one worker process per device on this machine (the default);
-* ``InlineEngine`` (``inline.py``): everything in the calling process.
-
-An engine starts (``init`` everywhere), streams a run's results as segments
-(``outcomes.Segment``), reports per-hop statistics, and stops (``end`` everywhere). Its run
-keeps its books in ``core.RunBooks``; what an engine adds is the transport (how chunks
-reach workers and what comes back). Another engine implements the same four calls; the
-runner, the consumer fold, ``submit`` and the options stay as they are.
+:class:`ProcessEngine` does what a runner needs of an engine (``engine.Engine``): it
+starts the workers (``workers.WorkerSet``, every ``init``), streams a run through
+:class:`~.run.Run` (the transport over the workers' pipes, under the run's
+``books.RunBooks``), reports per-hop statistics, and stops the workers (every ``end``).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from easycore._config import CfgNode
-from easycore._exec.core import RAISE, ErrorPolicy
-from easycore._exec.plan import Chain, StageStats, idle_stats
-from easycore._exec.run import Run
-from easycore._exec.sources import Source, source_of
-from easycore._exec.workers import WorkerSet
+from easycore._config.cfgnode import CfgNode
+from easycore._exec.core.books import RAISE, ErrorPolicy
+from easycore._exec.core.engine import Segments
+from easycore._exec.core.plan import Chain, StageStats, idle_stats
+from easycore._exec.core.sources import Source, source_of
+from easycore._exec.process.run import Run
+from easycore._exec.process.workers import WorkerSet
 from easycore._options import RunOptions
 
-__all__ = ["Engine", "ProcessEngine"]
-
-Segments = Iterator[Any]  # PRIMED, then outcomes.Segment values
-
-
-class Engine(Protocol):
-    """What a runner needs of an engine."""
-
-    in_caller: bool  # runs user code in the calling process (submit then runs at once)
-    chain: Chain  # the pools it runs, planned
-
-    def start(self) -> None: ...
-    def stream(
-        self,
-        data: Any,  # an iterable; for a process engine also a Source (submit's live one)
-        options: RunOptions,
-        *,
-        bars: list[Any] | None = None,
-        policy: ErrorPolicy = ...,
-        is_current: Callable[[], bool] = ...,
-    ) -> Segments: ...
-    def stats(self) -> list[StageStats]: ...
-    def stop(self, grace: float | None, report: bool) -> None: ...
+__all__ = ["ProcessEngine"]
 
 
 class ProcessEngine:

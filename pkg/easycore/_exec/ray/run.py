@@ -1,7 +1,7 @@
 """The Ray transport: one run's chunks through the chain's actors over object references.
 
-The counterpart of ``run.Run`` under the same books and loop (``core.RunBooks``); the engine
-(``ray_engine.RayEngine``) owns the actors and replaces them when asked. See the engine's
+The counterpart of ``run.Run`` under the same books and loop (``books.RunBooks``); the engine
+(``engine.RayEngine``) owns the actors and replaces them when asked. See the engine's
 docstring for the data flow and ARCHITECTURE.md for where each guarantee is kept.
 """
 
@@ -15,15 +15,15 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from easycore._exec.blame import Dead, blame_in_order, settle_death, unpicklable
-from easycore._exec.core import ErrorPolicy, RunBooks, Work, stage_stats
-from easycore._exec.plan import StageStats
-from easycore._exec.ray_actor import Meta, Packed
-from easycore._exec.ray_ledger import Actor, ActorPools, first_line, ray_module
-from easycore._exec.scheduler import Chunk, Revive, Scheduler
-from easycore._exec.sources import Source
+from easycore._exec.core.blame import Dead, blame_in_order, settle_death, unpicklable
+from easycore._exec.core.books import ErrorPolicy, RunBooks, Work, stage_stats
+from easycore._exec.core.plan import StageStats
+from easycore._exec.core.protocol import CACHED, PROTOCOL, UNPICKLING, UNREADABLE, Broken, is_cached
+from easycore._exec.core.scheduler import Chunk, Revive, Scheduler
+from easycore._exec.core.sources import Source
+from easycore._exec.ray.actor import Meta, Packed
+from easycore._exec.ray.ledger import Actor, ActorPools, first_line, ray_module
 from easycore._options import RunOptions
-from easycore._protocol import CACHED, PROTOCOL, UNPICKLING, UNREADABLE, Broken, is_cached
 
 __all__ = ["POLL", "RayRun"]
 
@@ -61,7 +61,7 @@ class RayRun:
         self.dropped: list[Any] = []
         self.last_probe = time.monotonic()
 
-    # -- the transport's part of the loop (core.RunBooks.stream) ----------------------------
+    # -- the transport's part of the loop (books.RunBooks.stream) ----------------------------
     def busy(self) -> bool:
         return bool(self.pending)
 
@@ -115,7 +115,7 @@ class RayRun:
         for hop, actor in zip(self.hops, chunk.path, strict=True):
             try:
                 if hop.index == 0 and self.options.timeout is not None:
-                    # unpickled inside run(), on the clock (see ray_actor.Packed)
+                    # unpickled inside run(), on the clock (see actor.Packed)
                     arg = Packed(len(chunk.items), cloudpickle.dumps(list(chunk.items), PROTOCOL))
                 arg, meta = actor.run(
                     arg,

@@ -1,6 +1,6 @@
 """The process transport: one ``map``/``imap`` on worker processes, over the run's books.
 
-The books (``core.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy,
+The books (``books.RunBooks``: input taken, re-runs, charges, order, sizes, the error policy,
 the loop) are the engine-neutral part; this module moves chunks through the workers' pipes
 and turns what comes back (Done, Held, Sent, Unreadable, deaths, timeouts) into
 entries in those books. Results come back per chunk, so the per-item cost in the caller is a
@@ -19,14 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from easycore._errors import SerializationError, describe_exitcode
-from easycore._exec.blame import Dead, assign_blame, isolate, settle_death, unpicklable
-from easycore._exec.core import RAISE, ErrorPolicy, RunBooks, stage_stats
-from easycore._exec.plan import Chain, StageStats
-from easycore._exec.scheduler import Scheduler, Send
-from easycore._exec.sources import Source
-from easycore._exec.workers import Worker, WorkerSet
-from easycore._options import RunOptions
-from easycore._protocol import (
+from easycore._exec.core.blame import Dead, assign_blame, isolate, settle_death, unpicklable
+from easycore._exec.core.books import RAISE, ErrorPolicy, RunBooks, stage_stats
+from easycore._exec.core.plan import Chain, StageStats
+from easycore._exec.core.protocol import (
     Broken,
     Done,
     Drop,
@@ -38,7 +34,11 @@ from easycore._protocol import (
     Unreadable,
     settled,
 )
-from easycore._transport import Damaged, contains_undecoded
+from easycore._exec.core.scheduler import Scheduler, Send
+from easycore._exec.core.sources import Source
+from easycore._exec.process.channel import Damaged, contains_undecoded
+from easycore._exec.process.workers import Worker, WorkerSet
+from easycore._options import RunOptions
 
 __all__ = ["Run"]
 
@@ -80,7 +80,7 @@ class Run:
         queued, waiting = self.sched.units()
         return stage_stats(self.books, queued, waiting, self.workers.in_flight())
 
-    # -- the transport's part of the loop (core.RunBooks.stream) -------------------------
+    # -- the transport's part of the loop (books.RunBooks.stream) -------------------------
     def busy(self) -> bool:
         return bool(self.sched)
 

@@ -5,7 +5,7 @@ A ``CfgNode`` is a ``dict`` whose nested dicts (also those inside lists and tupl
 frozen node refuses every mutation with :class:`~easycore.FrozenError`, so a config handed to
 workers cannot drift. (Lists in the tree stay plain lists: only the nodes are guarded.)
 
-YAML is read and written by :mod:`easycore._yaml` (safe, tuples as ``(224, 224)``, a key
+YAML is read and written by :mod:`easycore._config.yaml_io` (safe, tuples as ``(224, 224)``, a key
 given twice refused).
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, TypeVar
 
+from easycore._config.yaml_io import YamlIO, python_literal
 from easycore._errors import FrozenError, close_matches, did_you_mean, short_repr
-from easycore._yaml import YamlIO, python_literal
 
 __all__ = ["CfgNode"]
 
