@@ -388,3 +388,25 @@ def test_nothing_is_lost_or_doubled_through_deaths(pipelined):
                 done += list(chunk.items)
                 sched.books.taken -= len(chunk.items)
     assert sorted(done) == list(range(200))
+    for p in pool:  # (a place's counts follow its chunks through every change)
+        assert p.queue.n_items == sum(len(c.items) for c in p.queue.values())
+        assert p.queue.n_solo == sum(c.solo for c in p.queue.values())
+
+
+def test_a_places_counts_follow_its_chunks():
+    sched, (first, second) = make((1, 1), prefetch=2)
+    a, _ = (s.chunk for s in sends(sched))
+    assert first[0].queue.n_items == 20
+    sched.hold(sched.done(first[0], a.id), first[0])
+    fwd = next(sched.forwards())
+    assert (first[0].queue.n_items, second[0].queue.n_items) == (10, 10)
+    sched.unforward(fwd)
+    assert second[0].queue.n_items == 0
+    sched.died(first[0])
+    assert first[0].queue.n_items == 0 and not first[0].queue
+    sched.books.again([Work(900, [900, 901], solo=True)])
+    second[0].gone = first[0].gone = False
+    solo = sends(sched, 1)[0].chunk
+    assert solo.place.queue.n_solo == 1 and not sched.has_room(solo.place)
+    sched.clear()
+    assert (solo.place.queue.n_items, solo.place.queue.n_solo) == (0, 0)

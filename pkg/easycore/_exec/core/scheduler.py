@@ -71,6 +71,38 @@ class Chunk(Work):
         return self.path[self.hop] if len(self.path) > self.hop else self.path[-1]
 
 
+class Queue(dict[int, Chunk]):
+    """A place's chunks by id, their first-pool units and solo chunks counted as they come
+    and go (room is asked for every chunk sent: no walk over what a place has)."""
+
+    __slots__ = ("n_items", "n_solo")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n_items = 0
+        self.n_solo = 0
+
+    def _count(self, chunk: Chunk, sign: int) -> None:
+        self.n_items += sign * len(chunk.items)
+        self.n_solo += sign * chunk.solo
+
+    def __setitem__(self, key: int, chunk: Chunk) -> None:
+        self.pop(key)
+        super().__setitem__(key, chunk)
+        self._count(chunk, 1)
+
+    def __delitem__(self, key: int) -> None:
+        self._count(self[key], -1)
+        super().__delitem__(key)
+
+    def pop(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+        if key not in self:
+            return default
+        chunk = super().pop(key)
+        self._count(chunk, -1)
+        return chunk
+
+
 @attrs.define(eq=False, kw_only=True)
 class Place:
     """A worker of a pool as the scheduler sees it (one runs one place at a time)."""
@@ -80,7 +112,7 @@ class Place:
     concurrency: int = 1  # units it runs at once (its pool's concurrency=k)
     unit: int = 1  # first-pool items per unit of its pool
     # chunks sent to it and not yet answered: queued there, running, or done and on their way
-    queue: dict[int, Chunk] = attrs.Factory(dict)
+    queue: Queue = attrs.Factory(Queue)
     holding: dict[int, Chunk] = attrs.Factory(dict)  # held results, kept or being sent on
     ran: int = 0  # units it finished (max_items_per_worker)
     retiring: bool = False  # takes nothing more: replaced once it holds nothing
@@ -89,7 +121,7 @@ class Place:
 
     def units(self) -> int:
         """First-pool units of the chunks queued at it."""
-        return sum(len(c.items) for c in self.queue.values())
+        return self.queue.n_items
 
 
 class Send(NamedTuple):
@@ -173,7 +205,7 @@ class Scheduler:
         no bound of its own); one that waits (``concurrency=k``, each chunk answered as it
         ends) fewer than ``prefetch x k`` units. A place that runs a chunk alone (solo)
         takes nothing else."""
-        if p.gone or p.retiring or any(c.solo for c in p.queue.values()):
+        if p.gone or p.retiring or p.queue.n_solo:
             return False
         if p.lone and p.queue:
             return False
