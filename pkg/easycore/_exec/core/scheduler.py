@@ -223,17 +223,8 @@ class Scheduler:
             return sys.maxsize
         return most - p.ran - sum(self.hops[p.hop].units(len(c.items)) for c in p.queue.values())
 
-    def _spent(self, p: Place) -> bool:
-        """``p`` may take nothing more (its share of ``max_items_per_worker``): once it holds
-        nothing it retires."""
-        if self.room(p) > 0:
-            return False
-        if not (p.queue or p.holding):
-            p.retiring = True
-        return True
-
     def _takes(self, p: Place, solo: bool) -> bool:
-        return self.has_room(p) and not (solo and p.queue) and not self._spent(p)
+        return self.has_room(p) and not (solo and p.queue) and self.room(p) > 0
 
     # -- commands ----------------------------------------------------------------------------
     def sends(self, most: int | None = None) -> Iterator[Send | Revive]:
@@ -243,8 +234,8 @@ class Scheduler:
         books = self.books
         sent = 0
         while most is None or sent < most:
-            if self.pipelined and books.redo and len(self.live) >= self.in_flight_cap():
-                return
+            if self.pipelined and books.redo and len(self.live) >= self._cap():
+                return  # (re-runs wait for room: they are not bound by the window)
             solo = bool(books.redo) and books.redo[0].solo
             path: list[Place] = []
             for h in range(len(self.hops) if self.pipelined else 1):
@@ -270,7 +261,7 @@ class Scheduler:
             yield Send(self._track(work, path))
             sent += 1
 
-    def in_flight_cap(self) -> int:
+    def _cap(self) -> int:
         """Chunks out at once, pipelined: ``prefetch + 1`` a place of the widest pool."""
         return (self.depth + 1) * max(len(self.pool(h)) for h in range(len(self.hops)))
 
@@ -309,10 +300,10 @@ class Scheduler:
     def retirees(self) -> list[Place]:
         """Places due for replacement that hold nothing (the engine ends and replaces
         them); a place done with its ``max_items_per_worker`` in an earlier run too."""
-        for p in self.places():
-            if not (p.gone or p.retiring or p.queue or p.holding):
-                self._spent(p)
-        return [p for p in self.places() if p.retiring and not (p.gone or p.queue or p.holding)]
+        idle = [p for p in self.places() if not (p.gone or p.queue or p.holding)]
+        for p in idle:
+            p.retiring = p.retiring or self.room(p) <= 0
+        return [p for p in idle if p.retiring]
 
     # -- events ------------------------------------------------------------------------------
     def _track(self, work: Work, path: list[Place]) -> Chunk:
