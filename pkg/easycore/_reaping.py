@@ -61,15 +61,6 @@ def become_subreaper(on: bool = True) -> bool:
         return False
 
 
-def _has_children_files() -> bool:
-    """Whether the kernel lists a task's children in /proc (CONFIG_PROC_CHILDREN)."""
-    me = os.getpid()
-    return os.path.exists(f"/proc/{me}/task/{me}/children")
-
-
-_CHILDREN_FILES = _has_children_files()
-
-
 def _stat(pid: int | str) -> tuple[int, int, int] | None:
     """A process's parent, process group and start time (clock ticks after boot), read from
     /proc; None when it is gone."""
@@ -108,35 +99,19 @@ def _parents() -> dict[int, int]:
 
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` now (zombies included)."""
-    if not _CHILDREN_FILES:
-        return [p for p, parent in _parents().items() if parent == pid]
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        path = f"/proc/{pid}/task/{tid}/children"
-        with contextlib.suppress(OSError, ValueError), open(path) as f:
-            out.extend(int(p) for p in f.read().split())
-    return out
+    return [p for p, parent in _parents().items() if parent == pid]
 
 
 def descendants(roots: Iterable[int]) -> list[int]:
     """Every process below ``roots`` now: children, theirs, and so on (roots excluded)."""
     below: dict[int, list[int]] = {}
-    if not _CHILDREN_FILES:  # one reading of /proc for the whole tree
-        for p, parent in _parents().items():
-            below.setdefault(parent, []).append(p)
-
-    def find(pid: int) -> list[int]:
-        return children(pid) if _CHILDREN_FILES else below.get(pid, [])
-
+    for p, parent in _parents().items():  # one reading of /proc for the whole tree
+        below.setdefault(parent, []).append(p)
     out: list[int] = []
     todo = list(roots)
     seen = set(todo)
     while todo:
-        for p in find(todo.pop()):
+        for p in below.get(todo.pop(), []):
             if p not in seen:
                 seen.add(p)
                 out.append(p)
@@ -165,30 +140,10 @@ def end_children(within: float = 1.0) -> None:
     so a ``Popen`` of this process could not learn its child's exit status afterwards.
     """
     if not _has_any_child():
-        return  # (the common case: no /proc scan, which costs ~1 ms where the kernel has
-        # no children files, on every worker's way out)
-    me = os.getpid()
+        return  # (the common case: no /proc scan on every worker's way out)
     deadline = time.monotonic() + within
-    while True:
-        left = children(me)
-        if not left:
-            return
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        reaped = False
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                break
-            reaped = True
-        if time.monotonic() > deadline:
-            return
-        if not reaped:
-            time.sleep(0.002)  # killed, not yet dead
+    while (left := children(os.getpid())) and time.monotonic() < deadline:
+        end_processes(left, deadline - time.monotonic())
 
 
 def left_by(since: int, keep: Iterable[int] = ()) -> list[int]:
