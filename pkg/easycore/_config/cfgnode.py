@@ -17,7 +17,6 @@ import difflib
 import functools
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import islice
 from typing import Any, TypeVar
 
 from easycore._config.yaml_io import YamlIO, python_literal
@@ -33,7 +32,7 @@ _MISSING: Any = object()
 
 
 class _BriefRepr(reprlib.Repr):
-    """``repr`` for messages: a few items of a few levels, in the tree's own key order.
+    """``repr`` for messages: a few items of a few levels.
 
     Bounded in time as well as in length, unlike cutting a full ``repr``: a tree built from
     YAML aliases can be far too big to print.
@@ -49,19 +48,6 @@ class _BriefRepr(reprlib.Repr):
         if isinstance(x, dict):  # CfgNode and other dict subclasses too
             return self.repr_dict(x, level)
         return super().repr1(x, level)
-
-    def repr_dict(self, x: Any, level: int) -> str:
-        if not x:
-            return "{}"
-        if level <= 0:
-            return "{...}"
-        pieces = [
-            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
-            for k, v in islice(dict.items(x), self.maxdict)
-        ]
-        if len(x) > self.maxdict:
-            pieces.append("...")
-        return "{" + ", ".join(pieces) + "}"
 
 
 # A short repr of a value for an error message, at most 80 characters.
@@ -259,10 +245,8 @@ class CfgNode(dict[str, Any], YamlIO):
         # friends probing for __deepcopy__, __getstate__... see a plain AttributeError.
         if name[:2] == "__" and name[-2:] == "__":
             raise AttributeError(name)
-        try:
+        if name in self:
             return self[name]
-        except KeyError:
-            pass
         msg = f"{type(self).__name__} has no key or attribute {name!r}{close_matches(name, self)}"
         raise AttributeError(msg)
 
@@ -527,29 +511,21 @@ def _find(root: CfgNode, key: Any) -> tuple[CfgNode, str]:
     if not isinstance(key, str):
         msg = f"config keys are dotted strings like 'MODEL.DEPTH', got {_show(key)}"
         raise TypeError(msg)
-    found = _resolve(root, key.split("."))
+    parts = key.split(".")
+    found = _resolve(root, parts)
     if found is not None:
         return found
-    *path, leaf = key.split(".")  # not found: walk it part by part to say where it fails
-    node = root
-    for depth, part in enumerate(path):
-        child = dict.get(node, part, _MISSING)
-        if not isinstance(child, CfgNode):
-            prefix = ".".join(path[: depth + 1])
-            if child is _MISSING:
-                msg = f"unknown config key {_show(key)}: {_show(prefix)} does not exist"
-                msg += _suggest(node, path[:depth], part, [*path[depth + 1 :], leaf])
-            else:
-                msg = (
-                    f"unknown config key {_show(key)}: {_show(prefix)} is not a config "
-                    f"node, it holds {_show(child)}"
-                )
-            raise KeyError(msg)
-        node = child
-    if leaf not in node:
-        msg = f"unknown config key {_show(key)}" + _suggest(node, path, leaf, [])
-        raise KeyError(msg)
-    return node, leaf
+    node: Any = root  # not found: walk it part by part to say where it fails
+    depth = 0  # (the walk stops short of the end: _resolve would have found that path)
+    while isinstance(node, CfgNode) and parts[depth] in node:
+        node, depth = dict.get(node, parts[depth]), depth + 1
+    if isinstance(node, CfgNode):
+        where = _show(".".join(parts[: depth + 1]))
+        msg = f"unknown config key {_show(key)}: {where} does not exist"
+        raise KeyError(msg + _suggest(node, parts[:depth], parts[depth], parts[depth + 1 :]))
+    where = _show(".".join(parts[:depth]))
+    msg = f"unknown config key {_show(key)}: {where} is not a config node, it holds {_show(node)}"
+    raise KeyError(msg)
 
 
 def _resolve(node: CfgNode, parts: list[str]) -> tuple[CfgNode, str] | None:
