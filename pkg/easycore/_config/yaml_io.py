@@ -82,90 +82,66 @@ def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
                 continue  # a collection key is unhashable: the constructor says so
             key = loader.construct_object(key_node)
+            error = yaml.constructor.ConstructorError
             try:
                 seen = first.setdefault(key, key_node)
             except TypeError:  # a tuple holding a list: (1, [2])
-                seen = None
+                problem = f"the key {short_repr(key)} is unhashable"
+                raise error(None, None, problem, key_node.start_mark) from None
             if seen is not key_node:
                 problem = (
-                    f"duplicate key {short_repr(key)} (first on line {seen.start_mark.line + 1}); "
-                    "a key may appear once in a mapping"
-                    if seen is not None
-                    else f"the key {short_repr(key)} is unhashable"
+                    f"duplicate key {short_repr(key)} (first on line {seen.start_mark.line + 1})"
                 )
-                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+                problem += "; a key may appear once in a mapping"
+                raise error(None, None, problem, key_node.start_mark)
     return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
 _Loader.construct_mapping = _construct_mapping
 
 
-def _literal(value: Any) -> str | None:
-    """Python literal text for ``value``, or None when it has none.
+def _literal(value: Any) -> str:
+    """Python literal text for ``value``; ValueError when it has none (a nan, an object).
 
     The text is ASCII, has no ``": "`` and no ``" #"``, so YAML can hold it as a plain scalar.
     """
     kind = type(value)
-    if value is None or kind is bool or kind is int:
-        return repr(value)
-    if kind is float:
-        if math.isnan(value):
-            return None
-        if math.isinf(value):
-            return "1e999" if value > 0 else "-1e999"
-        return repr(value)
+    if value is None or kind is bool or kind is int or (kind is float and not math.isnan(value)):
+        return repr(value).replace("inf", "1e999")  # (literal_eval reads no "inf")
     if kind is str:  # ASCII (the rest escaped); the space of ": " and " #" escaped too
         return ascii(value).replace(": ", ":\\x20").replace(" #", "\\x20#")
     if kind is tuple or kind is list:
-        parts = [_literal(v) for v in value]
-        if any(p is None for p in parts):
-            return None
-        body = ", ".join(p for p in parts if p is not None)
+        body = ", ".join(_literal(v) for v in value)
         if kind is list:
             return f"[{body}]"
-        return f"({body},)" if len(parts) == 1 else f"({body})"
+        return f"({body},)" if len(value) == 1 else f"({body})"
     if isinstance(value, dict):
-        items = [(_literal(k), _literal(v)) for k, v in value.items()]
-        if any(k is None or v is None for k, v in items):
-            return None
         # "k:v" without a space: ": " would end a plain YAML scalar.
-        return "{" + ", ".join(f"{k}:{v}" for k, v in items) + "}"
-    return None
+        return "{" + ", ".join(f"{_literal(k)}:{_literal(v)}" for k, v in value.items()) + "}"
+    raise ValueError(value)
 
 
 def _represent_tuple(dumper: Any, data: tuple[Any, ...]) -> Any:
-    text = _literal(data)
-    if text is None:  # e.g. holds a nan: written as a YAML list
+    try:
+        return dumper.represent_scalar(_TUPLE_TAG, _literal(data))
+    except ValueError:  # e.g. holds a nan: written as a YAML list
         return dumper.represent_list(data)
-    return dumper.represent_scalar(_TUPLE_TAG, text)
 
 
-def _force_block(node: Any, seen: set[int]) -> bool:
-    """Make every collection holding a tuple scalar block style; say whether one was found.
+def _block_around_tuples(represent: Any) -> Any:
+    """``represent`` (of a sequence or a mapping), making block style every collection that
+    holds a tuple scalar, or a collection made block for one: a plain ``(a, b)`` cannot sit
+    inside a flow collection (its commas would split it)."""
 
-    A plain ``(a, b)`` cannot sit inside a flow collection (its commas would split it).
-    """
-    if id(node) in seen:
-        return False
-    seen.add(id(node))
-    if isinstance(node, yaml.ScalarNode):
-        return bool(node.tag == _TUPLE_TAG)
-    pairs = node.value if isinstance(node, yaml.MappingNode) else [(c,) for c in node.value]
-    found = False
-    for child in [c for pair in pairs for c in pair]:
-        found = _force_block(child, seen) or found
-    if found:
-        node.flow_style = False
-    return found
+    def represent_collection(dumper: Any, tag: str, value: Any, flow_style: Any = None) -> Any:
+        node = represent(dumper, tag, value, flow_style)
+        pairs = node.value if isinstance(node, yaml.MappingNode) else [(c,) for c in node.value]
+        children = [c for pair in pairs for c in pair]
+        if any(c.tag == _TUPLE_TAG or getattr(c, "flow_style", None) is False for c in children):
+            node.flow_style = False
+        return node
 
-
-def _represent(dumper: Any, data: Any) -> None:
-    node = dumper.represent_data(data)
-    _force_block(node, set())
-    dumper.serialize(node)
-    dumper.represented_objects = {}
-    dumper.object_keeper = []
-    dumper.alias_key = None
+    return represent_collection
 
 
 # YAML 1.1 line breaks besides "\n": PyYAML writes them raw (allow_unicode) in plain or
@@ -179,7 +155,8 @@ def _represent_str(dumper: Any, data: str) -> Any:
     return dumper.represent_str(data)
 
 
-_Dumper.represent = _represent
+_Dumper.represent_sequence = _block_around_tuples(yaml.SafeDumper.represent_sequence)
+_Dumper.represent_mapping = _block_around_tuples(yaml.SafeDumper.represent_mapping)
 _Dumper.add_representer(str, _represent_str)
 _Dumper.add_representer(tuple, _represent_tuple)
 _Dumper.add_multi_representer(dict, yaml.SafeDumper.represent_dict)  # (CfgNode)
@@ -237,25 +214,6 @@ def _read(stream: str | bytes | IO[Any], name: str) -> Any:
         )
         raise ValueError(msg)
     return data
-
-
-def _write(data: Any, stream: IO[Any] | None, **yaml_kwargs: Any) -> Any:
-    """``data`` as YAML, written to ``stream`` or returned when it is None; keys in their
-    order, block style unless ``yaml_kwargs`` (options of ``yaml.dump``) say otherwise.
-
-    Raises:
-        TypeError: a value YAML cannot represent.
-    """
-    options = {"sort_keys": False, "allow_unicode": True, "default_flow_style": False}
-    try:
-        return yaml.dump(data, stream, Dumper=_Dumper, **{**options, **yaml_kwargs})
-    except yaml.representer.RepresenterError as err:
-        value = err.args[1] if len(err.args) > 1 else None
-        msg = (
-            f"cannot write {short_repr(value)} (type {type(value).__name__}) as YAML; a config "
-            "holds str, int, float, bool, None, lists, tuples and dicts"
-        )
-        raise TypeError(msg) from err
 
 
 class YamlIO:
@@ -343,7 +301,17 @@ class YamlIO:
         if not isinstance(self, Mapping):
             msg = f"dump needs a config (a mapping), got {type(self).__name__}: {short_repr(self)}"
             raise TypeError(msg)
-        return _write(self if isinstance(self, dict) else dict(self), stream, **yaml_kwargs)
+        options = {"sort_keys": False, "allow_unicode": True, "default_flow_style": False}
+        data = self if isinstance(self, dict) else dict(self)
+        try:
+            return yaml.dump(data, stream, Dumper=_Dumper, **{**options, **yaml_kwargs})
+        except yaml.representer.RepresenterError as err:
+            value = err.args[1] if len(err.args) > 1 else None
+            msg = (
+                f"cannot write {short_repr(value)} (type {type(value).__name__}) as YAML; a config "
+                "holds str, int, float, bool, None, lists, tuples and dicts"
+            )
+            raise TypeError(msg) from err
 
     def save(
         self,
