@@ -82,9 +82,6 @@ UNIT_GRACE = 0.25
 # whether any value is Broken
 Ran = tuple[list[Any], int, bool]
 
-# (index, start) of the unit a watchdog times (start None: untimed), or (None, 0.0): none
-Publish = Callable[[int | None, float | None], None]
-
 
 def cancel_grace(timeout: float) -> float:
     """How long past ``timeout`` a watchdog waits before it kills a worker whose async unit
@@ -425,29 +422,20 @@ class PreparedStages:
         started: float | None = None,
         key: int = -1,
     ) -> tuple[Any, StageFailure | None]:
-        """:meth:`run` on the loop (async stages), seeded in the unit's own context."""
-        seeded = self._seed(seed, index, numbering)
-        try:
-            return await self._astages(item, timeout, started, key)
-        finally:
-            _unseed(seeded)
-
-    async def _astages(
-        self, item: Any, timeout: float | None, started: float | None = None, key: int = -1
-    ) -> tuple[Any, StageFailure | None]:
-        """The stages over one unit on the loop, failed once past ``timeout`` seconds of its
-        own time (from ``started``, when its unpickling went before; ``key``: its
-        :attr:`flight` key). Its own time leaves out what other units' steps held the loop
-        meanwhile (:class:`_Spent`): awaiting past it, it is cancelled; holding the loop
-        past it, its result is dropped; either way no other unit is charged for it."""
+        """:meth:`run` on the loop (async stages), seeded in the unit's own context, failed
+        once past ``timeout`` seconds of its own time (from ``started``, when its unpickling
+        went before; ``key``: its :attr:`flight` key). Its own time leaves out what other
+        units' steps held the loop meanwhile (:class:`_Spent`): awaiting past it, it is
+        cancelled; holding the loop past it, its result is dropped; either way no other unit
+        is charged for it."""
         import asyncio
 
         where = [self.prepared[0].name if self.prepared else ""]
+        chain = self._achain(item, where, (seed, index, numbering))
         if timeout is None:
-            return await self._achain(item, where)
+            return await chain
         loop = asyncio.get_running_loop()
         spent = _Spent(self._loop_held, time.monotonic() if started is None else started)
-        chain = self._achain(item, where)
         unit = loop.create_task(_Steps(chain, spent, self.flight, key).run())
         expired: list[bool] = []
 
@@ -474,23 +462,30 @@ class PreparedStages:
         error = TimedOutItem(f"ran past timeout={timeout}s; {how} and its worker went on")
         return None, StageFailure(where[0], error)
 
-    async def _achain(self, item: Any, where: list[str]) -> tuple[Any, StageFailure | None]:
+    async def _achain(
+        self, item: Any, where: list[str], seeding: tuple[int | None, int, tuple[int, int]]
+    ) -> tuple[Any, StageFailure | None]:
+        """The stages over one unit on the loop, seeded (:meth:`_seed`) in its own context."""
         import asyncio
 
         value = item
-        for st in self.prepared:
-            where[0] = st.name
-            try:
-                value = st.fn(value, **st.kwargs)
-                if not st.is_async and type(value) is CoroutineType:
-                    _refuse(st.name, value)
-                if inspect.isawaitable(value):
-                    value = await value
-            except asyncio.CancelledError:
-                raise  # (a timeout's cancellation, or the loop closing)
-            except self.catch as exc:
-                return None, StageFailure(st.name, exc)
-        return value, None
+        seeded = self._seed(*seeding)
+        try:
+            for st in self.prepared:
+                where[0] = st.name
+                try:
+                    value = st.fn(value, **st.kwargs)
+                    if not st.is_async and type(value) is CoroutineType:
+                        _refuse(st.name, value)
+                    if inspect.isawaitable(value):
+                        value = await value
+                except asyncio.CancelledError:
+                    raise  # (a timeout's cancellation, or the loop closing)
+                except self.catch as exc:
+                    return None, StageFailure(st.name, exc)
+            return value, None
+        finally:
+            _unseed(seeded)
 
     def retries_left(self, task: Task, index: int) -> int:
         """Retries unit ``index`` of ``task`` may still use (deaths have charged some)."""
@@ -966,7 +961,7 @@ class _Tally:
 
 class Flight:
     """The units in flight in one place (of every chunk it runs), oldest first: the oldest
-    goes to ``publish``, their number to ``flying`` (see :meth:`watch`).
+    goes to ``publish``, their number to ``flying`` (see :meth:`to_slot`).
 
     ``by_step`` (async stages, whose units the loop cancels at their timeout): what a
     watchdog times is the unit holding the event loop now (:meth:`step`), from its own
@@ -977,21 +972,9 @@ class Flight:
     says), neither hears of changes; :meth:`release` tells them how things stand.
     """
 
-    __slots__ = (
-        "by_step",
-        "flying",
-        "held",
-        "items",
-        "last_end",
-        "lock",
-        "n",
-        "publish",
-        "stepping",
-        "timing",
-    )
-
     def __init__(self, by_step: bool = False) -> None:
-        self.publish: Publish | None = None
+        # (index, start) of the unit a watchdog times (start None: untimed), or (None, 0.0)
+        self.publish: Callable[[int | None, float | None], None] | None = None
         self.flying: Callable[[int], None] | None = None
         self.items: dict[int, tuple[int, float]] = {}
         self.lock = threading.Lock()
@@ -1001,12 +984,6 @@ class Flight:
         self.stepping: tuple[int, float] | None = None  # (index, own start) holding the loop
         self.last_end = 0.0  # when the last unit ended
         self.timing = (False, 0.0)  # the newest chunk's: units timed, the grace added
-
-    def watch(self, publish: Publish | None, flying: Callable[[int], None] | None = None) -> None:
-        """Who hears of the oldest unit in flight (``(None, 0.0)``: none) and of their
-        number."""
-        with self.lock:
-            self.publish, self.flying = publish, flying
 
     def to_slot(self, cur: Any, at: int) -> None:
         """The oldest unit in flight goes into the slot ``cur[at:]`` (its index, and its start
@@ -1024,7 +1001,8 @@ class Flight:
         def flying(n: int) -> None:
             cur[at + AT_FLIGHT] = float(n)
 
-        self.watch(publish, flying)
+        with self.lock:
+            self.publish, self.flying = publish, flying
 
     def hold(self) -> None:
         with self.lock:
