@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from easycore._exec.core.plan import PipelineDef, StageStats
-from easycore._exec.runner import OwnedResults, Runner
+from easycore._exec.runner import Runner
 from easycore._longjobs.position import check_state
 from easycore._longjobs.resume import RunIdentity, check_ledger
 from easycore._options import RunOptions
@@ -43,13 +43,7 @@ def run_imap(
 ) -> Iterator[Any]:
     """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
     are exhausted, closed or dropped."""
-    runner = _one_shot(pipeline, options, where)
-    try:
-        results = runner.run_imap(data, options)
-    except BaseException as exc:
-        runner.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    return OwnedResults(runner, results)
+    return _one_shot(pipeline, options, where).run_imap(data, options, owned=True)
 
 
 def _one_shot(pipeline: PipelineDef, options: RunOptions, where: dict[str, Any]) -> Runner:

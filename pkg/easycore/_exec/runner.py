@@ -53,7 +53,7 @@ from easycore._seeding import check_epoch
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["ABORT_GRACE", "OwnedResults", "Runner", "count_units"]
+__all__ = ["ABORT_GRACE", "Runner", "count_units"]
 
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 ENGINES = ("local", "ray")
@@ -119,9 +119,7 @@ class Runner:
         # chunks each worker may hold for a run (queued, running, or done and waiting)
         self.prefetch = prefetch or DEFAULT_PREFETCH
         self.cfg = frozen_cfg(cfg)
-        self._engine = _make_engine(
-            pipeline, devices, self.cfg, engine, start_method, _wait, _tasks, concurrency
-        )
+        self._engine = self._make_engine(devices, start_method, _wait, _tasks, concurrency)
         self._chain = self._engine.chain
         self._sink: Sink | None = sink_of(self._chain.last.stages)  # easycore.write, or None
         if self._sink is not None:  # (before any worker starts)
@@ -269,14 +267,17 @@ class Runner:
             WorkerError: as :meth:`map` (and every error :meth:`map` lists).
         """
         options = self._settle(options)
-        stream = self._results(options, data)
-        if self._sink is not None:
-            return total_written(commit_written(stream))
-        consumer = self.pipeline.consumer
-        if consumer is None:
-            return collect(stream)
-        total = len(data) if isinstance(data, Sized) else None
-        return fold(stream, consumer, self.cfg, options, self._chain, self._abort, total)
+        token, stream = self._open_stream(data, options)
+        try:
+            if self._sink is not None:
+                return total_written(commit_written(stream))
+            consumer = self.pipeline.consumer
+            if consumer is None:
+                return collect(stream)
+            total = len(data) if isinstance(data, Sized) else None
+            return fold(stream, consumer, self.cfg, options, self._chain, self._abort, total)
+        finally:
+            self._seat.release(token)
 
     @surfaced
     def imap(
@@ -328,12 +329,14 @@ class Runner:
         return self.run_imap(data, run_options("imap", positional, options, self.epoch))
 
     @surfaced
-    def run_imap(self, data: Iterable[Any], options: RunOptions) -> _Items | _Files:
+    def run_imap(self, data: Iterable[Any], options: RunOptions, owned: bool = False) -> _Results:
         """:meth:`imap` with its options as one value (for easycore's own callers).
 
         Args:
             data: the items.
             options: the run's options.
+            owned: the results own this runner (a one-shot ``Pipeline.imap``): it closes
+                when they are exhausted, closed or dropped, and aborts on an error (here too).
 
         Returns:
             As :meth:`imap`.
@@ -341,66 +344,93 @@ class Runner:
         Raises:
             ValueError: ``state`` with ``resume``, or a ``state`` that does not fit.
         """
-        options, data, position = start_at(
-            self._settle(options), data, self._chain.align, self._sink
-        )
-        stream = self._results(options, data, position)
-        if self._sink is not None:
-            return _Files(commit_written(stream))
-        return _Items(stream, position)
-
-    def _results(
-        self, options: RunOptions, data: Iterable[Any], position: Position | None = None
-    ) -> _Claimed:
-        """Segments ``(index of first item, results)`` in the requested order.
-
-        The runner is taken for this run now (a second run raises ``RuntimeError``) and
-        given back when the stream ends, is closed, or is dropped.
-        """
-        token = self._seat.claim(lambda: self._active)
         try:
-            stream = self._open_stream(data, options, position)
-        except BaseException:
-            self._seat.release(token)
+            options, data, position = start_at(
+                self._settle(options), data, self._chain.align, self._sink
+            )
+            token, stream = self._open_stream(data, options, position)
+        except BaseException as exc:
+            if owned:
+                self.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        return _Claimed(self._seat, token, stream)
+        where = None if self._sink is not None else position  # a sink's files are its position
+        return _Results(self._seat, token, stream, where, self if owned else None)
 
     def _open_stream(
         self, data: Iterable[Any], options: RunOptions, position: Position | None = None
-    ) -> Segments:
-        size = options.batch_size
-        align = self._chain.align
-        data = items_of(data)  # a map-style dataset: by index, as DataLoader reads it
-        source: Iterable[Any] = batched(data, size) if size else data
-        if options.passed:  # units received beyond the position: not run, not delivered
-            source = mark_passed(source, options.first, options.passed, align)
-        ledger = None
-        if options.resume is not None:
-            identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
-            ledger = RunLedger(options.resume, options, self._chain.align, identity)
-            source = ledger.source(source)
-        bars = _progress_bars(self._chain, data, size) if options.progress else None
-        generation = self._generation
-        stream = self._engine.stream(
-            source,
-            options,
-            bars=bars,
-            policy=SKIP if options.skip else RAISE,
-            is_current=lambda: self._is_current(generation),
-        )
-        if options.passed:
-            stream = drop_passed(stream, align)
-        if ledger is not None:
-            stream = ledger.record(stream)
-        if options.skip:
-            passed = None if position is None else position.passed
-            stream = set_aside(stream, options, align, passed)
-        supervised = _supervised(stream, self._abort, bars)
-        if self._sink is not None:  # the run holds the directory, and commits the files
-            supervised = committing(supervised, self._sink, ledger)
-        primed = next(supervised)  # work starts now (an error here has closed the runner)
-        assert primed is PRIMED
-        return supervised
+    ) -> tuple[object, Segments]:
+        """The runner taken for this run now (a second run raises ``RuntimeError``; the
+        caller gives it back, ``Seat.release``, when the run ends), and the run's segments
+        ``(index of first item, results)`` in the requested order, work started."""
+        token = self._seat.claim(lambda: self._active)
+        try:
+            size = options.batch_size
+            align = self._chain.align
+            data = items_of(data)  # a map-style dataset: by index, as DataLoader reads it
+            source: Iterable[Any] = batched(data, size) if size else data
+            if options.passed:  # units received beyond the position: not run, not delivered
+                source = mark_passed(source, options.first, options.passed, align)
+            ledger = None
+            if options.resume is not None:
+                identity = RunIdentity.of(self.pipeline, self.cfg, options)  # whose results
+                ledger = RunLedger(options.resume, options, self._chain.align, identity)
+                source = ledger.source(source)
+            bars = _progress_bars(self._chain, data, size) if options.progress else None
+            generation = self._generation
+            stream = self._engine.stream(
+                source,
+                options,
+                bars=bars,
+                policy=SKIP if options.skip else RAISE,
+                is_current=lambda: self._is_current(generation),
+            )
+            if options.passed:
+                stream = drop_passed(stream, align)
+            if ledger is not None:
+                stream = ledger.record(stream)
+            if options.skip:
+                passed = None if position is None else position.passed
+                stream = set_aside(stream, options, align, passed)
+            supervised = _supervised(stream, self._abort, bars)
+            if self._sink is not None:  # the run holds the directory, and commits the files
+                supervised = committing(supervised, self._sink, ledger)
+            primed = next(supervised)  # work starts now (an error here has closed the runner)
+            assert primed is PRIMED
+            return token, supervised
+        except BaseException:
+            self._seat.release(token)
+            raise
+
+    def _make_engine(
+        self, devices: Any, start_method: str | None, wait: bool, tasks: bool, concurrency: int
+    ) -> Engine:
+        """The engine of a runner: Ray, the calling process (``"inline"``, or nothing to run in
+        workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
+
+        ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
+        instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
+        run that keeps no worker state (on Ray, init-less pools run as tasks). ``concurrency``:
+        items each worker of the pool ``devices`` describes holds at once.
+        """
+        if self.engine == "ray" and self.pipeline.producers:
+            if isinstance(devices, str) and devices == INLINE:
+                msg = "devices='inline' runs in this process; it does not go with engine='ray'"
+                raise ValueError(msg)
+            from easycore._exec.ray.engine import RayEngine  # imports ray: only here
+
+            # connects: "auto" counts it
+            return RayEngine(self.pipeline, devices, self.cfg, concurrency, tasks=tasks)
+        chain = plan_chain(self.pipeline, devices, concurrency=concurrency)
+        if chain.named and start_method == "fork" and self.engine == "local":
+            msg = (
+                "a pipeline with several pools (.on) needs start_method 'forkserver' or "
+                "'spawn': with 'fork', workers inherit each other's pipes"
+            )
+            raise ValueError(msg)
+        if INLINE in chain.devices or not self.pipeline.producers:
+            return InlineEngine(chain, self.cfg)
+        check_capacity(len(chain.devices))
+        return ProcessEngine(chain, self.cfg, start_method, wait)
 
     # -- submit ------------------------------------------------------------------------------
     def submit(self, item: Any) -> concurrent.futures.Future[Any]:
@@ -452,155 +482,92 @@ class Runner:
         return supervised
 
 
-class _Claimed:
-    """A run's stream that holds the runner from its creation until it ends, is closed, or
-    is dropped (a generator closed before its first ``next`` never runs its ``finally``)."""
+class _Results:
+    """An ``imap``'s results one by one (a sink's: one ``Written`` per committed file).
 
-    def __init__(self, seat: Seat, token: object, stream: Segments) -> None:
+    They hold the runner (its seat) from their creation until the run ends, is closed, or is
+    dropped (a generator closed before its first ``next`` never runs its ``finally``).
+    ``close()`` stops the run early: what is in flight is waited for and dropped, and the
+    runner stays usable. ``position`` counts each result as the caller receives it
+    (``state_dict``; None for a sink's, whose committed files are its position). ``owner``:
+    the runner of a one-shot ``Pipeline.imap``, closed when the results are exhausted,
+    closed or dropped, aborted on an error.
+    """
+
+    def __init__(
+        self,
+        seat: Seat,
+        token: object,
+        stream: Segments,
+        position: Position | None,
+        owner: Runner | None,
+    ) -> None:
         self._seat: Seat | None = seat
         self._token = token
         self._stream = stream
-
-    def __iter__(self) -> _Claimed:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._stream)
-        except BaseException:
-            self._release()
-            raise
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._stream, "close", None)
-            if close is not None:
-                close()  # an early stop drains what is in flight
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        seat, self._seat = self._seat, None
-        if seat is not None:
-            seat.release(self._token)
-
-    def __del__(self) -> None:
-        if self._seat is not None:
-            with contextlib.suppress(Exception):
-                self.close()
-
-
-class _Items:
-    """A run's results one by one (its segments flattened); ``close()`` stops the run early:
-    what is in flight is waited for and dropped, and the runner stays usable.
-
-    ``position`` counts each result as the caller receives it (``state_dict``).
-    """
-
-    def __init__(self, segments: _Claimed, position: Position | None = None) -> None:
-        self._segments = segments
-        self._values: Iterator[Any] = iter(())
         self._position = position
+        self._owner = owner
+        self._values: Iterator[Any] = iter(())
         self._at = 0  # the first-hop unit where the next value's output unit begins
-        self._align = 1 if position is None else position.align
 
-    def __iter__(self) -> _Items:
+    def __iter__(self) -> _Results:
         return self
 
     @surfaced
     def __next__(self) -> Any:
-        while True:
-            for value in self._values:
-                if self._position is not None:
-                    self._position.passed(self._at)
-                    self._at += self._align
-                return value
-            self._at, values = next(self._segments)
-            self._values = iter(values)
+        try:
+            while True:
+                for value in self._values:
+                    if self._position is not None:
+                        self._position.passed(self._at)
+                        self._at += self._position.align
+                        return value
+                    if value.files:  # (a Written of bytes only is for map's count)
+                        return value
+                self._at, values = next(self._stream)
+                self._values = iter(values)
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException as exc:
+            self._end(exc)
+            raise
 
     def state_dict(self) -> dict[str, Any]:
         """This stream's position: what the caller has received so far, as a small
         JSON-serialisable dict for ``imap(..., state=...)`` (see :meth:`Runner.imap`)."""
         if self._position is None:
-            msg = "this stream does not keep a position"
+            msg = (
+                "a sink's imap has no position of its own: its committed files are; to resume "
+                "it after a crash, run it with resume='run.db' (a ledger beside the output) and "
+                "give the same resume= again"
+            )
             raise TypeError(msg)
         return self._position.state()
 
     def close(self) -> None:
+        """Stop early: what is in flight is waited for and dropped (then, for a one-shot
+        ``Pipeline.imap``, every ``end`` runs)."""
         self._values = iter(())
-        self._segments.close()
-
-
-class _Files:
-    """A sink's ``imap``: one ``Written`` per committed file. Its files are its position."""
-
-    def __init__(self, written: Iterator[Any]) -> None:
-        self._written = written
-
-    def __iter__(self) -> _Files:
-        return self
-
-    @surfaced
-    def __next__(self) -> Any:
-        while not (written := next(self._written)).files:  # (map's byte count only)
-            pass
-        return written
-
-    def close(self) -> None:
-        self._written.close()  # type: ignore[attr-defined]
-
-    def state_dict(self) -> dict[str, Any]:
-        msg = (
-            "a sink's imap has no position of its own: its committed files are; to resume "
-            "it after a crash, run it with resume='run.db' (a ledger beside the output) and "
-            "give the same resume= again"
-        )
-        raise TypeError(msg)
-
-
-class OwnedResults:
-    """The results of a one-shot ``Pipeline.imap``, owning its runner: the runner closes
-    when they are exhausted, closed or dropped, and aborts on an error."""
-
-    def __init__(self, runner: Runner, results: _Items | _Files) -> None:
-        self._runner: Runner | None = runner
-        self._results = results
-
-    def __iter__(self) -> OwnedResults:
-        return self
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position of the stream (see :meth:`Runner.imap`): what the caller has
-        received, as a small JSON-serialisable dict for ``imap(..., state=...)``."""
-        return self._results.state_dict()
-
-    @surfaced
-    def __next__(self) -> Any:
         try:
-            return next(self._results)
-        except StopIteration:
-            self.close()
-            raise
+            self._stream.close()  # type: ignore[attr-defined]
         except BaseException as exc:
-            runner, self._runner = self._runner, None
-            if runner is not None:
-                runner.__exit__(type(exc), exc, exc.__traceback__)
+            self._end(exc)
             raise
+        self._end()
 
-    def close(self) -> None:
-        """Stop early: what is in flight is waited for and dropped, then every ``end`` runs."""
-        runner, self._runner = self._runner, None
-        if runner is None:
-            return
-        try:
-            self._results.close()
-        except BaseException as exc:
-            runner.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        runner.close()
+    def _end(self, exc: BaseException | None = None) -> None:
+        """Give the runner back; the runner they own closes (``exc``: as a ``with`` block's
+        end on that exception does)."""
+        seat, self._seat = self._seat, None
+        if seat is not None:
+            seat.release(self._token)
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.__exit__(None if exc is None else type(exc), exc, None)
 
     def __del__(self) -> None:
-        if self._runner is not None:
+        if self._seat is not None:
             with contextlib.suppress(Exception):
                 self.close()
 
@@ -643,42 +610,3 @@ def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) ->
         desc = f"{hop.name} ({len(hop.devices)})" if chain.named else None
         bars.append(tqdm(total=n_units, unit="item", dynamic_ncols=True, position=k, desc=desc))
     return bars
-
-
-def _make_engine(
-    pipeline: PipelineDef,
-    devices: Any,
-    cfg: Any,
-    engine: str,
-    start_method: str | None,
-    wait: bool,
-    tasks: bool,
-    concurrency: int,
-) -> Engine:
-    """The engine of a runner: Ray, the calling process (``"inline"``, or nothing to run in
-    workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
-
-    ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
-    instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
-    run that keeps no worker state (on Ray, init-less pools run as tasks). ``concurrency``:
-    items each worker of the pool ``devices`` describes holds at once.
-    """
-    if engine == "ray" and pipeline.producers:
-        if isinstance(devices, str) and devices == INLINE:
-            msg = "devices='inline' runs in this process; it does not go with engine='ray'"
-            raise ValueError(msg)
-        from easycore._exec.ray.engine import RayEngine  # imports ray: only here
-
-        # connects: "auto" counts it
-        return RayEngine(pipeline, devices, cfg, concurrency, tasks=tasks)
-    chain = plan_chain(pipeline, devices, concurrency=concurrency)
-    if chain.named and start_method == "fork" and engine == "local":
-        msg = (
-            "a pipeline with several pools (.on) needs start_method 'forkserver' or "
-            "'spawn': with 'fork', workers inherit each other's pipes"
-        )
-        raise ValueError(msg)
-    if INLINE in chain.devices or not pipeline.producers:
-        return InlineEngine(chain, cfg)
-    check_capacity(len(chain.devices))
-    return ProcessEngine(chain, cfg, start_method, wait)
