@@ -127,7 +127,7 @@ def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(
     from easycore._exec.core.protocol import Broken
     from easycore._exec.ray.actor import StageActor
 
-    actor = StageActor(b"", [], "cpu", worker=0, hop=1, entropy=1, batch=None, concurrency=4)
+    actor = StageActor(b"", [], "cpu", worker=0, hop=1, batch=None, concurrency=4)
     actor.stages = _place(stage)
     assert actor.run([1, 2], 10, None, 0, {}, (0, 1))[0] == [factor, 2 * factor]
     # (the stages' finish alone: the actor's also ends every child of this process)

@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import ray
+
 from easycore._exec.core.protocol import (
     AT_INDEX,
     AT_STARTED,
@@ -131,7 +133,6 @@ class StageActor:
         worker, hop: as for a local worker.
         device: ``"cpu"``, or ``"cuda"`` for an actor holding one GPU (Ray has set
             ``CUDA_VISIBLE_DEVICES`` to it, so torch sees it as ``cuda:0``).
-        entropy: seeds the actor's random streams when a run has no seed.
         batch: this hop groups the previous hop's results by this many (None: one each).
         clock: the engine's :class:`UnitClock` actor (None before a run with a timeout).
         key: this actor's name at the clock.
@@ -147,7 +148,6 @@ class StageActor:
         device: str,
         worker: int,
         hop: int,
-        entropy: int,
         batch: int | None,
         clock: Any = None,
         key: int = 0,
@@ -160,7 +160,6 @@ class StageActor:
         self.worker = worker
         self.hop = hop
         self.batch = batch
-        self.entropy = entropy
         self.clock = clock
         self.key = key
         self.timeout = timeout
@@ -177,18 +176,15 @@ class StageActor:
         ``task``: this body serves Ray tasks (see :func:`run_task`) in a worker process that
         Ray owns and reuses: it neither adopts that process's orphans nor watches a clock.
         """
-        import ray
-
-        ray_: Any = ray
-        ctx = ray_.get_runtime_context()
+        ctx = ray.get_runtime_context()
         if not task:
             # what the work starts stays below this actor, also what leaves its session
             # (setsid, a daemon): finish() ends it, and a driver killing the actor finds it
             become_subreaper()
-        where = Placement(ray_.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
+        where = Placement(ray.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
         self.where = str(where)
         sys.path.extend(p for p in self.paths if p not in sys.path and os.path.isdir(p))
-        seed_loaded(self.entropy)
+        seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)  # (a run with no seed)
         # Ray gives an actor's torch one thread per CPU it holds (OMP_NUM_THREADS); bind the
         # GPU before anything can touch CUDA.
         setup_torch(self.device, None)
@@ -340,10 +336,7 @@ def run_task(
     """
     body = _BODIES.get((pool, worker))
     if body is None:
-        entropy = int.from_bytes(os.urandom(8), "little") >> 1
-        body = StageActor(
-            payload, paths, "cpu", worker, hop, entropy, batch, concurrency=concurrency
-        )
+        body = StageActor(payload, paths, "cpu", worker, hop, batch, concurrency=concurrency)
         failed, _ = body.start(task=True)
         if failed is not None:
             msg = f"the pool's producers did not load here: {failed.type_name}: {failed.text}"
@@ -353,7 +346,5 @@ def run_task(
         _BODIES[(pool, worker)] = body
     units, *rest = run_args
     if type(units) is Later:
-        import ray
-
         units = ray.get(units.ref)
     return body.run(units, *rest)

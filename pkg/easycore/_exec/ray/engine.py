@@ -47,21 +47,22 @@ Ray object references instead of pipes::
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
+import ray
 
 from easycore._config.cfgnode import CfgNode
-from easycore._errors import (
-    SerializationError,
-    WorkerDied,
-)
+from easycore._devices import parse_devices
+from easycore._errors import SerializationError, WorkerDied
 from easycore._exec.core.books import RAISE, ErrorPolicy
 from easycore._exec.core.plan import (
     Chain,
@@ -75,8 +76,7 @@ from easycore._exec.core.protocol import PROTOCOL
 from easycore._exec.core.sources import Source, source_of
 from easycore._exec.core.stages import UNIT_GRACE, is_async_fn
 from easycore._exec.ray.actor import Later, Packed, StageActor, UnitClock, run_task
-from easycore._exec.ray.ledger import Actor, first_line, ray_module
-from easycore._exec.ray.run import RayRun
+from easycore._exec.ray.run import Actor, RayRun, first_line
 from easycore._options import RunOptions
 from easycore._reaping import descendants
 
@@ -108,11 +108,7 @@ def _connect() -> None:
         ConnectionError: nothing answers at ``RAY_ADDRESS``.
     """
     global _USERS, _OWNED
-    ray = ray_module()
-
     if not ray.is_initialized():
-        import socket  # (here, to keep the connection code in this one function)
-
         address = os.environ.get("RAY_ADDRESS", "")
         host, colon, port = address.removeprefix("ray://").rpartition(":")
         if colon and port.isdigit() and "://" not in host:
@@ -134,8 +130,6 @@ def _connect() -> None:
 def _disconnect() -> None:
     """The runner is done with Ray: shut down a Ray this module started, after its last user."""
     global _USERS, _OWNED
-    ray = ray_module()
-
     _USERS = max(0, _USERS - 1)
     if _USERS == 0 and _OWNED:
         _OWNED = False
@@ -146,8 +140,6 @@ def _disconnect() -> None:
 def _kill(actors: Sequence[Actor]) -> None:
     """Kill actors now, and what their work started on this machine (found first: killed,
     an actor leaves its children to the raylet; those that left its session too)."""
-    ray = ray_module()
-
     here = {p for a in actors if a.where is not None and (p := a.where.pid) and _local(p)}
     below = descendants(here) if here else []
     for actor in actors:
@@ -162,8 +154,6 @@ def _wait_for_ends(actors: Sequence[Actor], refs: list[Any], grace: float | None
     """Wait for the ``end`` of each actor (``refs``): ``grace`` seconds at most, and only
     UNIT_GRACE for those whose run was cancelled mid-work (their ``end`` waits behind a
     unit that may not finish soon, as a local worker's does). The refs that are ready."""
-    ray = ray_module()
-
     if not refs:
         return []
     if grace is None:
@@ -190,45 +180,27 @@ def ray_devices(devices: Any, resources: dict[str, float]) -> list[str]:
     """``devices`` on Ray: ``"cpu"`` for an actor with one CPU, ``"cuda"`` for one with a GPU.
 
     ``n`` is n CPU actors; ``"cuda"`` (or ``"cuda:i"``, a ``torch.device``) one GPU actor per
-    entry; ``"auto"`` a GPU actor per GPU of the cluster, else a CPU actor per CPU.
+    entry; ``"auto"`` a GPU actor per GPU of the cluster, else a CPU actor per CPU. Whether
+    they fit the cluster: :func:`check_fits`, for every pool at once.
 
     Raises:
-        ValueError: ``"inline"``, an unknown device, or more than the cluster holds.
+        ValueError: ``"inline"``, an unknown device, ``"cuda"`` on a cluster without a GPU.
     """
     gpus = int(resources.get("GPU", 0))
-    cpus = int(resources.get("CPU", 0))
+    if isinstance(devices, int):  # (as on processes: n CPU workers, here actors)
+        return parse_devices(devices)
     if isinstance(devices, str) and devices == "auto":
-        out = ["cuda"] * gpus if gpus else ["cpu"] * max(cpus, 1)
-    elif isinstance(devices, str) and devices == "cuda":
-        out = ["cuda"] * gpus
+        return ["cuda"] * gpus if gpus else ["cpu"] * max(int(resources.get("CPU", 0)), 1)
+    if isinstance(devices, str) and devices == "cuda":
         if not gpus:
             msg = "devices='cuda' but the Ray cluster has no GPU"
             raise ValueError(msg)
-    elif isinstance(devices, bool):
-        msg = f"devices must be an int, a device list or a keyword, got {devices!r}"
+        return ["cuda"] * gpus
+    entries = [devices] if isinstance(devices, str) else list(devices)
+    if not entries:
+        msg = "devices is empty"
         raise ValueError(msg)
-    elif isinstance(devices, int):
-        if devices < 1:
-            msg = f"devices={devices}: need at least 1 actor (an int means that many CPU actors)"
-            raise ValueError(msg)
-        out = ["cpu"] * devices
-    else:
-        entries = [devices] if isinstance(devices, str) else list(devices)
-        out = [_one_group(d) if isinstance(d, tuple) else _one(d) for d in entries]
-        if not out:
-            msg = "devices is empty"
-            raise ValueError(msg)
-    need_cpu, need_gpu = out.count("cpu"), sum(_gpus_of(d) for d in out)
-    if need_gpu > gpus:
-        msg = f"{need_gpu} GPU(s) asked for by the actors, and the Ray cluster has {gpus} GPU(s)"
-        raise ValueError(msg)
-    if need_cpu > cpus:
-        msg = (
-            f"{need_cpu} CPU actor(s) asked for (one CPU each), and the Ray cluster has "
-            f"{cpus} CPU(s): ask for fewer, or add nodes (ray start --address=...)"
-        )
-        raise ValueError(msg)
-    return out
+    return [_one_group(d) if isinstance(d, tuple) else _one(d) for d in entries]
 
 
 def check_fits(chain: Chain, resources: dict[str, float]) -> None:
@@ -238,18 +210,15 @@ def check_fits(chain: Chain, resources: dict[str, float]) -> None:
         ValueError: the pools together ask for more CPUs or GPUs than the cluster has (Ray
             would wait forever for an actor it cannot place).
     """
-    devices = chain.devices
-    for kind, unit in (("cpu", "CPU"), ("cuda", "GPU")):
-
-        def count(ds: tuple[str, ...], kind: str = kind) -> int:
-            return ds.count("cpu") if kind == "cpu" else sum(_gpus_of(d) for d in ds)
-
-        need, have = count(devices), int(resources.get(unit, 0))
+    counts = {"CPU": lambda ds: ds.count("cpu"), "GPU": lambda ds: sum(map(_gpus_of, ds))}
+    for unit, count in counts.items():
+        need, have = count(chain.devices), int(resources.get(unit, 0))
         if need > have:
             each = ", ".join(f"{h.name}: {count(h.devices)}" for h in chain.hops)
             msg = (
-                f"the pools together ask for {need} {unit} actor(s) ({each}), and the Ray "
-                f"cluster has {have} {unit}(s): ask for fewer, or add nodes"
+                f"the pools together ask for {need} {unit}(s) ({each}; one CPU per CPU actor), "
+                f"and the Ray cluster has {have} {unit}(s): ask for fewer, or add nodes "
+                "(ray start --address=...)"
             )
             raise ValueError(msg)
 
@@ -280,41 +249,10 @@ def _one(device: Any) -> str:
     raise ValueError(msg)
 
 
-def _actor_class() -> Any:
-    """StageActor as a Ray actor class (made once per process). No concurrency groups: with
-    any, Ray runs every task off the actor's main thread."""
-    global _ACTOR_CLASS
-    if _ACTOR_CLASS is None:
-        ray = ray_module()
-
-        _ACTOR_CLASS = ray.remote(max_restarts=0, max_task_retries=0)(StageActor)
-    return _ACTOR_CLASS
-
-
-def _task_function() -> Any:
-    """``run_task`` as a Ray remote function (made once per process): one CPU, two returns
-    (values, meta), no retries by Ray (the run's books charge them)."""
-    global _TASK_FUNCTION
-    if _TASK_FUNCTION is None:
-        ray = ray_module()
-
-        _TASK_FUNCTION = ray.remote(num_cpus=1, num_returns=2, max_retries=0)(run_task)
-    return _TASK_FUNCTION
-
-
-def _clock_class() -> Any:
-    """UnitClock as a Ray actor class (made once per process)."""
-    global _CLOCK_CLASS
-    if _CLOCK_CLASS is None:
-        ray = ray_module()
-
-        _CLOCK_CLASS = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(UnitClock)
-    return _CLOCK_CLASS
-
-
-_ACTOR_CLASS: Any = None
-_CLOCK_CLASS: Any = None
-_TASK_FUNCTION: Any = None
+@functools.cache
+def _remote(fn: Any, **options: Any) -> Any:
+    """``fn`` as a Ray actor class or remote function (made once per process)."""
+    return ray.remote(**options)(fn)
 
 
 class RayEngine:
@@ -330,8 +268,6 @@ class RayEngine:
         concurrency: int = 1,
         tasks: bool = False,
     ) -> None:
-        ray = ray_module()
-
         _connect()
         try:
             resources = ray.cluster_resources()
@@ -371,8 +307,7 @@ class RayEngine:
         self.tag = ""  # names this start's task pools (see _task_sender)
         self.last_run: RayRun | None = None
         self.clock: Any = None  # the UnitClock actor, while started
-        self.keys: dict[Actor, int] = {}  # each actor's name at the clock
-        self.next_key = itertools.count()
+        self.next_key = itertools.count()  # actors' names at the clock
         self.timeout: float | None = None  # the current run's (actors watch for it)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -380,6 +315,7 @@ class RayEngine:
         """Start every actor and run every ``init``.
 
         Raises:
+            SerializationError: a stage function or ``cfg`` cannot be pickled.
             WorkerError: an ``init`` raised (no actor is left).
             WorkerDied: an actor died while starting, or could not be placed in time.
         """
@@ -391,7 +327,16 @@ class RayEngine:
         # or a counter can come back: another engine at the same address, a second driver).
         self.tag = os.urandom(8).hex()
         try:
-            self.payloads = [self._payload(hop.index) for hop in self.chain.hops]
+            self.payloads = []
+            for h in self.chain.hops:  # pickled once for the pool's actors
+                try:
+                    self.payloads.append(pack_payload(h.stages, self.cfg))
+                except Exception as exc:
+                    msg = (
+                        f"the producers {h.name!r} or cfg cannot be pickled; actors receive "
+                        "them pickled"
+                    )
+                    raise SerializationError(msg) from exc
             self.pools = [
                 [self._new_actor(hop.index, k, dev) for k, dev in enumerate(hop.devices)]
                 for hop in self.chain.hops
@@ -401,31 +346,12 @@ class RayEngine:
             self.stop(grace=0.0, report=False)
             raise
 
-    def _payload(self, hop: int) -> bytes:
-        """A hop's producers and ``cfg``, pickled once for its actors.
-
-        Raises:
-            SerializationError: a stage function or ``cfg`` cannot be pickled.
-        """
-        h = self.chain.hops[hop]
-        try:
-            payload: bytes = pack_payload(h.stages, self.cfg)
-        except Exception as exc:
-            msg = f"the producers {h.name!r} or cfg cannot be pickled; actors receive them pickled"
-            raise SerializationError(msg) from exc
-        return payload
-
     def _new_actor(self, hop: int, index: int, device: str) -> Actor:
         h = self.chain.hops[hop]
+        actor = Actor(hop=hop, index=index, device=device, concurrency=h.concurrency)
         if self.as_tasks[hop]:
-            return Actor(
-                hop=hop,
-                index=index,
-                device=device,
-                handle=None,
-                task=self._task_sender(hop, index),
-                lone=True,
-            )
+            actor.task, actor.lone = self._task_sender(hop, index), True
+            return actor
         gpus = _gpus_of(device)
         opts: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
         if self.waits[hop]:
@@ -434,35 +360,19 @@ class RayEngine:
             # are the actor's, shared by all); each chunk running holds a unit in a slot or
             # waits for one, so k + 1 of them keep the k slots full
             opts["max_concurrency"] = h.concurrency + 1
-        entropy = int.from_bytes(os.urandom(8), "little") >> 1
-        key = next(self.next_key)
-        handle = (
-            _actor_class()
-            .options(**opts)
-            .remote(
-                self.payloads[hop],
-                sys.path,
-                device,
-                index,
-                hop,
-                entropy,
-                h.batch,
-                self.clock,
-                key,
-                self.timeout,
-                h.concurrency,
-            )
-        )
-        actor = Actor(hop=hop, index=index, device=device, handle=handle, concurrency=h.concurrency)
-        self.keys[actor] = key
+        actor.key = next(self.next_key)
+        # (no concurrency groups: with any, Ray runs every task off the actor's main thread)
+        cls = _remote(StageActor, max_restarts=0, max_task_retries=0).options(**opts)
+        args = (self.payloads[hop], sys.path, device, index, hop, h.batch, self.clock)
+        actor.handle = cls.remote(*args, actor.key, self.timeout, h.concurrency)
         return actor
 
     def _task_sender(self, hop: int, index: int) -> Callable[..., Any]:
-        """What sends a chunk of worker ``index`` of task pool ``hop`` (see ``run_task``)."""
-        ray = ray_module()
-
+        """What sends a chunk of worker ``index`` of task pool ``hop`` (see ``run_task``:
+        one CPU, two returns, values and meta, no retries by Ray: the run's books charge
+        them)."""
         h = self.chain.hops[hop]
-        fn = _task_function()
+        fn = _remote(run_task, num_cpus=1, num_returns=2, max_retries=0)
         # A small payload goes inline with each task (Ray would fetch a reference from this
         # process before every task); a big one once to the object store.
         payload: Any = self.payloads[hop]
@@ -481,58 +391,56 @@ class RayEngine:
 
         return send
 
+    def _failed(self, actor: Actor, what: str, report: Any = None) -> Exception:
+        """The error of ``actor`` whose ``init`` or ``end`` raised (``report``; ``what``:
+        while doing what), or that ``what`` (died, was not placed)."""
+        if report is not None:
+            where = f"{what} ({actor.where})"
+            return report.to_error(what=where, device=actor.device, worker=actor.index, index=None)
+        msg = f"{actor.describe(self.chain)} {what}"
+        return WorkerDied(msg, actor.device, actor.index, stage=self.chain.hops[actor.hop].name)
+
     def _await_started(self, actors: Sequence[Actor]) -> None:
         """Run ``start`` (device binding, every ``init``) on new actors and wait for it."""
-        ray = ray_module()
-
         refs = [a.handle.start.remote() for a in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=START_TIMEOUT)
         if len(ready) < len(refs):
             late = actors[next(k for k, r in enumerate(refs) if r not in ready)]
-            msg = (
-                f"{late.describe(self.chain)} was not placed and started within "
-                f"{START_TIMEOUT:.0f} s (EASYCORE_RAY_START_TIMEOUT); the cluster has "
-                f"{ray.available_resources()} free"
+            raise self._failed(
+                late,
+                f"was not placed and started within {START_TIMEOUT:.0f} s "
+                f"(EASYCORE_RAY_START_TIMEOUT); the cluster has {ray.available_resources()} free",
             )
-            raise WorkerDied(msg, late.device, late.index, stage=self.chain.hops[late.hop].name)
         for actor, ref in zip(actors, refs, strict=True):
             try:
                 report, actor.where = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                msg = f"{actor.describe(self.chain)} died while starting: {first_line(exc)}"
-                stage = self.chain.hops[actor.hop].name
-                raise WorkerDied(msg, actor.device, actor.index, stage=stage) from None
+                raise self._failed(actor, f"died while starting: {first_line(exc)}") from None
             if report is not None:
-                raise report.to_error(
-                    what=f"while starting ({actor.where})",
-                    device=actor.device,
-                    worker=actor.index,
-                    index=None,
-                )
+                raise self._failed(actor, "while starting", report)
 
-    def replace(self, actor: Actor, kill: bool = True) -> Actor:
+    def replace(self, actor: Actor) -> Actor:
         """A fresh actor (its ``init`` run) in ``actor``'s place (a task slot stays)."""
         if actor.task is not None:
             return actor
-        if kill:
-            _kill([actor])
-        key = self.keys.pop(actor, None)
-        if key is not None and self.clock is not None:
-            self.clock.clear.remote(key)
+        _kill([actor])
+        if self.clock is not None:
+            self.clock.clear.remote(actor.key)
         fresh = self._new_actor(actor.hop, actor.index, actor.device)
         self.pools[actor.hop][actor.index] = fresh
         self._await_started([fresh])
         return fresh
 
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
-        """Kill each busy actor whose unit in hand has run past ``timeout`` (its clock
-        says so): [(actor, that unit)]."""
+        """Kill each busy actor whose unit in hand has run past ``timeout`` (the clock says
+        so): [(actor, that unit)]."""
         busy = [a for pool in self.pools for a in pool if a.queue and a.task is None]
-        killed = []
-        for actor, held in zip(busy, self.overdue(busy), strict=True):
-            if held is not None and held[1] > timeout:
-                _kill([actor])
-                killed.append((actor, held[0]))
+        late: dict[int, tuple[int, float]] = {}
+        if busy and self.clock is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                late = ray.get(self.clock.overdue.remote(), timeout=5.0)
+        killed = [(a, late[a.key][0]) for a in busy if late.get(a.key, (0, 0.0))[1] > timeout]
+        _kill([a for a, _ in killed])
         return killed
 
     def recycle(self, due: Sequence[Any]) -> None:
@@ -542,19 +450,12 @@ class RayEngine:
         Raises:
             WorkerError: its ``end`` raised.
         """
-        ray = ray_module()
-
         for actor in due:
             report = None
             with contextlib.suppress(ray.exceptions.RayError):
                 report = ray.get(actor.handle.finish.remote())
             if report is not None:
-                raise report.to_error(
-                    what=f"while ending ({actor.where})",
-                    device=actor.device,
-                    worker=actor.index,
-                    index=None,
-                )
+                raise self._failed(actor, "while ending", report)
             self.replace(actor)
 
     def stop(self, grace: float | None, report: bool) -> None:
@@ -563,8 +464,6 @@ class RayEngine:
         Raises:
             WorkerError, WorkerDied: (``report``) an ``end`` raised or an actor died in it.
         """
-        ray = ray_module()
-
         every = [a for pool in self.pools for a in pool if a.task is None]
         actors = [a for a in every if not a.gone]
         self.pools = []
@@ -578,46 +477,27 @@ class RayEngine:
                 try:
                     ended = ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    msg = f"{actor.describe(self.chain)} died while ending: {first_line(exc)}"
-                    stage = self.chain.hops[actor.hop].name
-                    failure = WorkerDied(msg, actor.device, actor.index, stage=stage)
+                    failure = self._failed(actor, f"died while ending: {first_line(exc)}")
                     continue
                 if ended is not None:
-                    failure = ended.to_error(
-                        what=f"while ending ({actor.where})",
-                        device=actor.device,
-                        worker=actor.index,
-                        index=None,
-                    )
+                    failure = self._failed(actor, "while ending", ended)
         finally:
             _kill(every)
             if self.clock is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(self.clock, no_restart=True)
             self.clock, self.timeout = None, None
-            self.keys.clear()
             if self.connected:
                 self.connected = False
                 _disconnect()
         if report and failure is not None:
             raise failure
 
-    def overdue(self, actors: Sequence[Actor]) -> list[tuple[int, float] | None]:
-        """Per actor: (its unit in hand, seconds run) when that unit has passed the run's
-        ``timeout``, else None."""
-        ray = ray_module()
-
-        late: dict[int, tuple[int, float]] = {}
-        if actors and self.clock is not None:
-            with contextlib.suppress(ray.exceptions.RayError):
-                late = ray.get(self.clock.overdue.remote(), timeout=5.0)
-        return [late.get(self.keys.get(a, -1)) for a in actors]
-
     def _watch_for(self, timeout: float | None) -> None:
         """Tell every actor the ``timeout`` of the run about to start (before its tasks),
         and the clock to tell when a unit passes it (started for the first timed run)."""
         if timeout is not None and self.clock is None:
-            self.clock = _clock_class().remote()
+            self.clock = _remote(UnitClock, num_cpus=0, max_restarts=0, max_task_retries=0).remote()
         elif timeout == self.timeout:
             return
         self.timeout = timeout
@@ -628,7 +508,6 @@ class RayEngine:
                 told.append(ref)
         # (an actor that runs chunks at once runs its tasks in no set order: it knows
         # the timeout before any chunk is sent; one that died is found by the run)
-        ray = ray_module()
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(told)
 

@@ -10,24 +10,74 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
+import attrs
 import cloudpickle
+import ray
 
 from easycore._exec.core.blame import Dead, blame_in_order, settle_death, unpicklable
 from easycore._exec.core.books import ErrorPolicy, RunBooks, Work, stage_stats
-from easycore._exec.core.plan import StageStats
+from easycore._exec.core.plan import Chain, StageStats
 from easycore._exec.core.protocol import CACHED, PROTOCOL, UNPICKLING, UNREADABLE, Broken, is_cached
-from easycore._exec.core.scheduler import Chunk, Revive, Scheduler
+from easycore._exec.core.scheduler import Chunk, Place, Revive, Scheduler
 from easycore._exec.core.sources import Source
-from easycore._exec.ray.actor import Meta, Packed
-from easycore._exec.ray.ledger import Actor, ActorPools, first_line, ray_module
+from easycore._exec.ray.actor import Meta, Packed, Placement
 from easycore._options import RunOptions
 
-__all__ = ["POLL", "RayRun"]
+__all__ = ["POLL", "Actor", "ActorPools", "RayRun", "first_line"]
 
 POLL = 0.05  # seconds between looks at a live source or the clock, while waiting
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.split("\n", 1)[0][:300]
+
+
+@attrs.define(eq=False, kw_only=True)
+class Actor(Place):
+    """One actor of a hop, as the driver tracks it: a place of the run's scheduler (what it
+    has: :class:`Place`; a dead one is replaced when its pool next needs it, a failing
+    run's never). A chunk goes down the whole chain at once (each hop's actor is handed the
+    hop before's result reference), so it sits in the queue of one actor of every hop until
+    that hop's small ``Meta`` comes back (the scheduler's pipelined mode)."""
+
+    device: str
+    handle: Any = None
+    key: int = -1  # its name at the engine's clock
+    where: Placement | None = None
+    cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
+    # Not an actor but a slot of Ray tasks (an init-less pool; see actor.run_task): sends
+    # ``run``'s arguments as a task; its chunks run independently of each other (``lone``:
+    # it holds one at a time).
+    task: Callable[..., Any] | None = None
+
+    def run(self, *args: Any) -> Any:
+        """Send a chunk: ``(values ref, meta ref)``."""
+        if self.task is not None:
+            return self.task(*args)
+        return self.handle.run.options(num_returns=2).remote(*args)
+
+    def who(self, chain: Chain) -> str:
+        kind = "Ray task" if self.task is not None else "Ray actor"
+        return chain.who(self.hop, self.index).replace("worker", kind, 1)
+
+    def describe(self, chain: Chain) -> str:
+        return f"{self.who(chain)} on {self.device}" + (f", {self.where}" if self.where else "")
+
+
+class ActorPools(Protocol):
+    """What a run needs of its engine: the actors of every hop, and fresh ones."""
+
+    chain: Chain
+    pools: list[list[Actor]]
+    waits: list[bool]  # per hop: its actors run several chunks at once (a pool that waits)
+
+    def replace(self, actor: Actor) -> Actor: ...
+    def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
+    def recycle(self, due: Sequence[Place]) -> None: ...
 
 
 class Refs(NamedTuple):
@@ -67,8 +117,6 @@ class RayRun:
 
     def wait(self) -> None:
         """Wait for a chunk's hop to finish (a live source or the clock: a while at most)."""
-        ray = ray_module()
-
         live = self.books.source.wakeup() is not None
         refs = list(self.pending)
         if refs:
@@ -149,7 +197,6 @@ class RayRun:
         rest), so that Ray does not log their errors as unhandled."""
         if not self.dropped:
             return
-        ray = ray_module()
         ready, self.dropped = ray.wait(self.dropped, num_returns=len(self.dropped), timeout=wait)
         for ref in ready:
             with contextlib.suppress(Exception):
@@ -157,8 +204,6 @@ class RayRun:
 
     # -- results -----------------------------------------------------------------------------
     def on_ready(self, ref: Any) -> None:
-        ray = ray_module()
-
         books = self.books
         chunk, h = self.pending[ref]
         actor: Actor = chunk.path[h]
@@ -190,8 +235,12 @@ class RayRun:
         self.sched.count(actor, meta.n, lambda: meta.rss)  # (replaced once it has finished)
         if values is not None:
             self.sched.finish(chunk)
-            if len(values) > 1 and any(_unreadable(v) for v in values):
-                books.again(books.rerun(chunk))  # one unit a chunk (blame.isolate)
+            # a unit of a chunk whose items did not unpickle in the actor (which one is not
+            # known): one unit a chunk (blame.isolate)
+            if len(values) > 1 and any(
+                type(v) is Broken and v.failure.stage == UNREADABLE for v in values
+            ):
+                books.again(books.rerun(chunk))
                 return
             path = chunk.path
             books.outputs(chunk, values, lambda h: (path[h].device, path[h].index))
@@ -199,8 +248,6 @@ class RayRun:
     # -- failures ----------------------------------------------------------------------------
     def dead_actor(self, chunk: Chunk) -> Actor:
         """The first actor on ``chunk``'s path that failed (later hops fail because of it)."""
-        ray = ray_module()
-
         path: list[Actor] = chunk.path
         for h, meta in enumerate(chunk.refs.metas):
             try:
@@ -264,15 +311,12 @@ class RayRun:
         if now - self.last_probe < min(timeout / 4, 0.5):
             return
         self.last_probe = now
-        for actor, unit in self.engine.kill_overdue(timeout):
-            if actor.queue:
-                self.on_death(actor, TimeoutError(), culprit=unit)
+        for actor, unit in self.engine.kill_overdue(timeout):  # (actors with chunks)
+            self.on_death(actor, TimeoutError(), culprit=unit)
 
     # -- stopping ----------------------------------------------------------------------------
     def drain(self) -> None:
         """An early stop: wait for what is in flight and drop it (the actors stay up)."""
-        ray = ray_module()
-
         refs = list(self.pending)
         if refs:
             with contextlib.suppress(ray.exceptions.RayError):
@@ -282,8 +326,6 @@ class RayRun:
     def close(self) -> None:
         """The run is over: cancel what is still queued (an error or an interrupt) and
         forget every chunk (the books clear themselves)."""
-        ray = ray_module()
-
         for ref, (chunk, h) in list(self.pending.items()):
             # Not a plain task's: ray.cancel of a normal task that is finishing races Ray's
             # reply callback and can abort this process (a RAY_CHECK in its task manager,
@@ -324,8 +366,3 @@ class RayRun:
             units = sum(hops[h].units(len(c.items)) for c in ready)
             flying[h] += min(hops[h].concurrency, units)
         return stage_stats(self.books, queued, [0] * len(hops), flying)
-
-
-def _unreadable(value: Any) -> bool:
-    """A unit of a chunk whose items did not unpickle in the actor (which one is not known)."""
-    return type(value) is Broken and value.failure.stage == UNREADABLE
