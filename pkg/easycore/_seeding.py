@@ -92,9 +92,12 @@ def derive_seed(seed: int, index: int, pool: int = 0, *, epoch: int = 0) -> int:
         pool = check_int("pool", pool, 0)
     if type(epoch) is not int or epoch:
         seed = epoch_seed(seed, epoch)
-    key = f"{seed}:{index}" if pool == 0 else f"{seed}:{pool}:{index}"
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return _digest(f"{seed}:{index}" if pool == 0 else f"{seed}:{pool}:{index}")
+
+
+def _digest(key: str) -> int:
+    """A 63-bit int from ``key``, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -108,8 +111,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
     epoch = check_epoch(epoch)
     if epoch == 0:
         return seed
-    digest = hashlib.blake2b(f"{seed}@epoch:{epoch}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return _digest(f"{seed}@epoch:{epoch}")
 
 
 def check_epoch(epoch: Any) -> int:
@@ -342,13 +344,15 @@ def _numpy_loaded(npr: Any) -> None:
         npr.seed(_LAST_SEED % (2**32))
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` once, right after the module ``name`` is first imported."""
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Calls ``then(module)`` once, right after the module ``name`` is first imported: the
+    finder of that module, which loads it with the module's own loader, then calls."""
 
     def __init__(self, name: str, then: Callable[[Any], None]) -> None:
         self.name = name
         self.then = then
         self.looking = False
+        self.inner: Any = None  # the module's own loader, once found
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name or self.looking:
@@ -360,30 +364,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             self.looking = False
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _ThenLoader(spec.loader, self)
+        self.inner, spec.loader = spec.loader, self
         return spec
-
-    def done(self, module: Any) -> None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        self.then(module)
-
-
-class _ThenLoader(importlib.abc.Loader):
-    """A module's own loader, then :meth:`_AfterImport.done` once the module has run."""
-
-    def __init__(self, inner: Any, hook: _AfterImport) -> None:
-        self.inner = inner
-        self.hook = hook
 
     def create_module(self, spec: Any) -> Any:
         return self.inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self.inner.exec_module(module)
-        self.hook.done(module)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        self.then(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, is_package...
-        if name in ("inner", "hook"):  # not set yet (a copy): no endless recursion
+        if name == "inner":  # not set yet (a copy): no endless recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
