@@ -119,20 +119,16 @@ def parse_devices(devices: Any) -> list[str]:
             msg = f"devices={devices}: need at least 1 worker (an int means that many CPU workers)"
             raise ValueError(msg)
         return ["cpu"] * devices
-    if isinstance(devices, str):
+    if isinstance(devices, str) and devices in (INLINE, "auto", "cuda"):
         if devices == INLINE:
             return [INLINE]
-        if devices == "auto":
-            n = gpus()
-            return [f"cuda:{i}" for i in range(n)] if n else ["cpu"] * cpu_count()
+        if gpus():
+            return [f"cuda:{i}" for i in range(gpus())]
         if devices == "cuda":
-            n = gpus()
-            if n == 0:
-                msg = "devices='cuda' but no GPU is visible; use an int for CPU workers or 'auto'"
-                raise ValueError(msg)
-            return [f"cuda:{i}" for i in range(n)]
-        return [_one_device(devices, gpus)]
-    if _is_torch_device(devices):
+            msg = "devices='cuda' but no GPU is visible; use an int for CPU workers or 'auto'"
+            raise ValueError(msg)
+        return ["cpu"] * cpu_count()
+    if isinstance(devices, str) or _is_torch_device(devices):
         return [_one_device(devices, gpus)]
     if isinstance(devices, Iterable):
         out = [
