@@ -26,6 +26,7 @@ import zipfile
 from typing import Any
 
 from easycore._errors import warn
+from easycore._longjobs.commit import alive
 from easycore._options import check_count
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -87,7 +88,10 @@ def save_checkpoint(
     path = os.path.join(directory, f"checkpoint-{step}")
     others = [found for found in _checkpoints(directory) if found[2] != path]
     _warn_lower_step(directory, step, others)
-    payload = {name: _state_of(obj) for name, obj in objects.items()} | {"step": step}
+    states = {
+        k: v.state_dict() for k, v in objects.items() if callable(getattr(v, "state_dict", None))
+    }
+    payload = objects | states | {"step": step}
     temp = os.path.join(directory, f".checkpoint-{step}.{os.getpid()}.tmp")
     try:
         with open(temp, "wb") as f:
@@ -107,12 +111,6 @@ def save_checkpoint(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old)
     return path
-
-
-def _state_of(obj: Any) -> Any:
-    """What a checkpoint keeps of ``obj``: its ``state_dict()`` when it has one."""
-    state_dict = getattr(obj, "state_dict", None)
-    return state_dict() if callable(state_dict) else obj
 
 
 def _save(torch: Any, payload: dict[str, Any], f: Any) -> None:
@@ -252,21 +250,10 @@ def _remove_stale_temps(directory: str) -> None:
     """Delete temporary files left by saves killed in this directory (their process gone)."""
     for entry in os.scandir(directory):
         m = _TEMP.fullmatch(entry.name)
-        if m is not None and not _alive(int(m.group(1))):
+        pid = m and int(m.group(1))  # (this process's: an earlier save that failed)
+        if pid and (pid == os.getpid() or not alive(pid)):
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs, and is another than this one (whose temporary file is
-    that of an earlier save that failed)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # (another user's)
-        pass
-    return pid != os.getpid()
 
 
 def _sync_dir(directory: str) -> None:

@@ -44,6 +44,7 @@ from easycore._reaping import start_time
 __all__ = [
     "LOCK_NAME",
     "DirLock",
+    "alive",
     "check_sink",
     "commit_written",
     "committing",
@@ -164,7 +165,7 @@ class DirLock:
                 "remove that file"
             )
             raise ValueError(msg) from None
-        if host == socket.gethostname() and not _alive(pid, run.get("since")):
+        if host == socket.gethostname() and not alive(pid, run.get("since")):
             return
         who = "this process" if pid == os.getpid() and host == socket.gethostname() else "it"
         msg = (
@@ -215,7 +216,7 @@ class DirLock:
         os.unlink(aside)
 
 
-def _alive(pid: int, since: int | None = None) -> bool:
+def alive(pid: int, since: int | None = None) -> bool:
     """Whether process ``pid`` of this host runs (a zombie, killed and not yet reaped,
     does not; nor does another process that got its pid, when ``since``, the start time
     the lock recorded, says otherwise)."""

@@ -279,7 +279,4 @@ def drop_passed(stream: Iterator[Any], align: int) -> Iterator[Any]:
     """``stream``'s segments without the values of units passed as markers."""
     yield next(stream)  # PRIMED
     for start, values in stream:
-        if any(is_cached(v) for v in values):
-            yield from without(start, values, align, is_cached)
-        else:
-            yield start, values
+        yield from without(start, values, align, is_cached)

@@ -51,29 +51,18 @@ from easycore._options import RunOptions
 
 __all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
 
-_SCHEMA = """
-CREATE TABLE units (
-    key TEXT PRIMARY KEY,    -- 'i:<index>' or 'k:<key_text(key(item))>'
-    digest BLOB NOT NULL,    -- digest.item_digest of the unit's items (canonical)
-    error TEXT,              -- set aside (errors='skip'): the error's text; else NULL
-    stage TEXT,
-    result BLOB              -- the pickled result (NULL when set aside)
+# units: per output unit, its key ('i:<index>' or 'k:<key_text(key(item))>'), the digest of
+# its items (digest.item_digest), and its pickled result, or (set aside by errors="skip") the
+# error's text and stage; files: the committed files of a sink (easycore.write), by their
+# final names, with the names they were written under; meta: the run's identity
+# (RunIdentity.parts), each part as JSON
+_TABLES = (
+    "CREATE TABLE units (key TEXT PRIMARY KEY, digest BLOB NOT NULL, error TEXT, stage TEXT,"
+    " result BLOB)",
+    "CREATE TABLE files (name TEXT PRIMARY KEY, temp TEXT NOT NULL, rows INTEGER NOT NULL,"
+    " bytes INTEGER NOT NULL)",
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
-"""
-_FILES = """
-CREATE TABLE IF NOT EXISTS files (
-    name TEXT PRIMARY KEY,   -- a committed file of a sink (easycore.write), its final name
-    temp TEXT NOT NULL,      -- the name it was written under
-    rows INTEGER NOT NULL,
-    bytes INTEGER NOT NULL
-)
-"""
-_META = """
-CREATE TABLE meta (
-    name TEXT PRIMARY KEY,   -- a part of the run's identity (RunIdentity.parts)
-    value TEXT NOT NULL      -- its JSON
-)
-"""
 # The keys this run has taken so far (key=): a temporary table, so that a run of millions
 # of items does not hold them all in memory. Gone when the connection closes.
 _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGER NOT NULL)"
@@ -90,8 +79,17 @@ def _refuse(path: str, why: str) -> ValueError:
 def _check_place(path: str, identity: RunIdentity) -> None:
     """Raises ValueError unless ``path`` can hold a ledger of ``identity``: a new file in a
     folder that exists, an empty file, or an SQLite file (what is in it is
-    :func:`_read_ledger`'s), not inside the directory of the run's sink."""
-    _beside_sink(path, identity)
+    :func:`_read_ledger`'s), not inside the directory the run's sink writes (which must read
+    back as a dataset, without a file of another kind in it)."""
+    sink = identity.parts.get("sink")
+    folder = sink and "://" not in sink["path"] and os.path.realpath(sink["path"])
+    if folder and os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+        msg = (
+            f"resume={path!r} is inside the directory {_sink_text(sink)} writes, which "
+            f"must read back as a dataset: keep the ledger beside the output (such as "
+            f"{folder}.db)"
+        )
+        raise ValueError(msg)
     if path in ("", ":memory:"):
         raise _refuse(path, "the ledger must be a file, to outlive this process")
     if os.path.isdir(path):
@@ -156,10 +154,6 @@ def check_ledger(path: str | os.PathLike[str], identity: RunIdentity) -> None:
         stored = _read_ledger(path, db)
     if stored is not None:
         identity.check(path, stored)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 @attrs.frozen
@@ -237,11 +231,7 @@ class RunIdentity:
         if options.epoch:  # (absent at epoch 0: ledgers written before epochs stay valid)
             parts["epoch"] = options.epoch
         # (parts as they read back from the file)
-        return cls(json.loads(_json(parts)), options.accept_changed_code)
-
-    def rows(self) -> list[tuple[str, str]]:
-        """The ``meta`` table's rows."""
-        return [(name, _json(value)) for name, value in self.parts.items()]
+        return cls(json.loads(json.dumps(parts)), options.accept_changed_code)
 
     def differences(self, stored: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """What differs between a ledger's identity ``stored`` and this one, in words: the
@@ -252,7 +242,7 @@ class RunIdentity:
             return [], [f"ledger format: {old} -> {new['format']} (another easycore wrote it)"]
         out: list[str] = []
         code: list[str] = []
-        before, now = stored.get("stages", []), new["stages"]
+        before, now = stored["stages"], new["stages"]
         names = [s["name"] for s in now]
         if [s["name"] for s in before] != names:
             old_text = " >> ".join(s["name"] for s in before) or "(none)"
@@ -263,16 +253,16 @@ class RunIdentity:
                     f" (#{i + 1})" if names.count(b["name"]) > 1 else ""
                 )
                 code += _code_changes(where, a, b)
-                if a.get("batch_size") != b["batch_size"]:
-                    out.append(f"{where}: batch_size {a.get('batch_size')} -> {b['batch_size']}")
-        cfg_a, cfg_b = stored.get("cfg", {}), new["cfg"]
+                if a["batch_size"] != b["batch_size"]:
+                    out.append(f"{where}: batch_size {a['batch_size']} -> {b['batch_size']}")
+        cfg_a, cfg_b = stored["cfg"], new["cfg"]
         keys = [f"{k} changed" for k in sorted(cfg_a.keys() & cfg_b.keys()) if cfg_a[k] != cfg_b[k]]
         keys += [f"{k} added" for k in sorted(cfg_b.keys() - cfg_a.keys())]
         keys += [f"{k} removed" for k in sorted(cfg_a.keys() - cfg_b.keys())]
         if keys:
             out.append(f"cfg: {some(keys, 6)}")
-        if stored.get("sink") != new.get("sink"):
-            out.append(f"sink: {_sink_text(stored.get('sink'))} -> {_sink_text(new.get('sink'))}")
+        if stored["sink"] != new["sink"]:
+            out.append(f"sink: {_sink_text(stored['sink'])} -> {_sink_text(new['sink'])}")
         if stored.get("key") != new["key"]:
             keys = (stored.get("key", {"name": "(not recorded: an older ledger)"}), new["key"])
             old, now = (k["name"] if k else "(none)" for k in keys)
@@ -311,13 +301,13 @@ def _name(fn: Any) -> str:
 def _code_changes(where: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """How the code of stage ``a`` (as a ledger stored it) and ``b`` differ, in words: the
     module constants they read by name with both values, else "its function changed"."""
-    if (a.get("fn"), a.get("init")) == (b["fn"], b["init"]):
+    if (a["fn"], a["init"]) == (b["fn"], b["init"]):
         return []
     code = a.get("code") or [None, None]  # (not kept by ledgers written before it was)
     out = [
         f"{where}: its {what} changed"
         for i, (what, part) in enumerate((("function", "fn"), ("init", "init")))
-        if a.get(part) != b[part] and code[i] != b["code"][i]
+        if a[part] != b[part] and code[i] != b["code"][i]
     ]
     old, new = a.get("reads") or {}, b["reads"]
     out += [
@@ -326,22 +316,6 @@ def _code_changes(where: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> lis
         if old[name][0] != new[name][0]
     ]
     return out or [f"{where}: its function changed"]
-
-
-def _beside_sink(path: str, identity: RunIdentity) -> None:
-    """Raises ValueError when ledger ``path`` is inside the directory the run's sink writes:
-    the directory must read back as a dataset, without a file of another kind in it."""
-    sink = identity.parts.get("sink")
-    if not sink or "://" in sink["path"]:
-        return
-    folder = os.path.realpath(sink["path"])
-    if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
-        msg = (
-            f"resume={path!r} is inside the directory {_sink_text(sink)} writes, which "
-            f"must read back as a dataset: keep the ledger beside the output (such as "
-            f"{folder}.db)"
-        )
-        raise ValueError(msg)
 
 
 def _sink_text(sink: Any) -> str:
@@ -413,26 +387,27 @@ class RunLedger:
         this run; one transaction, so that a caller killed here leaves a file that is either
         empty or a whole ledger that says whose it is."""
         try:
-            if _read_ledger(self.path, self.db) is None:  # (WAL only then: others' files stay)
-                self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
             with self.db:  # (commits, or rolls back on any error)
                 self.db.execute("BEGIN IMMEDIATE")
                 stored = _read_ledger(self.path, self.db)  # (another process may have been first)
-                if stored is None:
-                    self.db.execute(_SCHEMA)
-                    self.db.execute(_META)
-                    self.db.executemany("INSERT INTO meta VALUES (?, ?)", self.identity.rows())
-                elif changed := self.identity.check(self.path, stored):  # accepted: now ours
-                    rows = self.identity.rows()
+                for table in _TABLES if stored is None else ():
+                    self.db.execute(table)
+                changed = [] if stored is None else self.identity.check(self.path, stored)
+                if stored is None or changed:  # a new ledger, or changed code accepted: now ours
+                    rows = [
+                        (name, json.dumps(value)) for name, value in self.identity.parts.items()
+                    ]
                     self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
+                if changed:
                     msg = (
                         f"resume={self.path!r}: its results so far were computed with other "
                         f"code ({'; '.join(changed)}); they are kept (accept_changed_code=True), "
                         "and what it lacks runs with the new code"
                     )
                     warn(msg)
-                self.db.execute(_FILES)
+            if stored is None:  # (WAL once the file is a ledger: others' files stay as they are)
+                self.db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.Error as exc:
             raise _refuse(self.path, str(exc)) from exc
 

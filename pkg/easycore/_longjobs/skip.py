@@ -47,10 +47,7 @@ def set_aside(
     try:
         yield next(stream)  # PRIMED
         for start, values in stream:
-            if any(type(v) is Failed for v in values):
-                yield from without(start, values, align, _failed, report)
-            else:
-                yield start, values
+            yield from without(start, values, align, lambda v: type(v) is Failed, report)
     finally:
         if count and options.on_error is None:
             msg = (
@@ -58,7 +55,3 @@ def set_aside(
                 f"the first: {first!r}. Pass on_error= to see every one."
             )
             warn(msg, SkippedItemsWarning)
-
-
-def _failed(value: Any) -> bool:
-    return type(value) is Failed
