@@ -32,7 +32,6 @@ import sys
 import traceback as tb_module
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import attrs
@@ -59,7 +58,6 @@ __all__ = [
     "some",
     "surfaced",
     "user_error",
-    "user_frames",
     "user_traceback",
     "warn",
 ]
@@ -85,9 +83,6 @@ class RemoteTraceback(Exception):
     Set as ``__cause__`` of the re-raised original exception, so Python prints the remote
     traceback under "The above exception was the direct cause of ...".
     """
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class WorkerError(EasycoreError):
@@ -330,18 +325,14 @@ def warn(msg: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(msg, category, stacklevel=level)
 
 
-def user_frames(exc: BaseException) -> TracebackType | None:
-    """``exc``'s traceback from the first frame outside easycore on: the user's code, without
-    easycore's frames that called it (all of it when no frame is the user's)."""
+def user_traceback(exc: BaseException) -> str:
+    """``exc`` and its traceback as text, from the first frame outside easycore on: the
+    user's code, without easycore's frames that called it (all of it when no frame is the
+    user's)."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_LIBRARY):
         tb = tb.tb_next
-    return exc.__traceback__ if tb is None else tb
-
-
-def user_traceback(exc: BaseException) -> str:
-    """``exc`` and its traceback as text, from the user's code on (:func:`user_frames`)."""
-    return "".join(tb_module.format_exception(type(exc), exc, user_frames(exc)))
+    return "".join(tb_module.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 def user_error(
