@@ -45,12 +45,18 @@ def fold(
             ran in the calling process).
     """
     context = {"cfg": cfg}
-    acc = _start(consumer, cfg)
+    if callable(consumer.init):  # (init() or init(cfg) makes the first accumulator)
+        try:
+            acc = call_with(consumer.init, consumer.init_names, context)
+        except Exception as exc:
+            failed = StageFailure(f"{consumer.name} (init)", exc)
+            raise failed.to_error("while starting", None, device=None) from exc
+    else:
+        acc = copy.deepcopy(consumer.init)
     fn = consumer.fn
     kw = injected(consumer.fn_names, context)
     if kw:
         fn = functools.partial(fn, **kw)
-    failure: tuple[Exception, int] | None = None
     try:
         for start, values in stream:
             folded = iter(values)
@@ -62,21 +68,17 @@ def fold(
             except Exception as exc:
                 # `folded` stopped just after the failing result: what is left names it
                 unit = start // chain.align + len(values) - 1 - sum(1 for _ in folded)
-                failure = (exc, unit)
-                break
+                abort()
+                stream.close()  # type: ignore[attr-defined]
+                label, index = chain.name_output(unit, options, total)
+                failed = StageFailure(consumer.name, exc)
+                raise failed.to_error(f"while folding {label}", index, device=None) from exc
     except Exception:
-        raise  # the run's own error (the runner is closed) or the input's, as raised
+        raise  # the run's own error (the runner is closed), the input's, or the fold's
     except BaseException:
         abort()
         stream.close()  # type: ignore[attr-defined]
         raise
-    if failure is not None:
-        abort()
-        stream.close()  # type: ignore[attr-defined]
-        error, unit = failure
-        label, index = chain.name_output(unit, options, total)
-        failed = StageFailure(consumer.name, error)
-        raise failed.to_error(f"while folding {label}", index, device=None) from error
     if consumer.end is None:
         return acc
     try:
@@ -84,14 +86,3 @@ def fold(
     except Exception as exc:
         failed = StageFailure(f"{consumer.name} (end)", exc)
         raise failed.to_error("while finishing", None, device=None) from exc
-
-
-def _start(consumer: Any, cfg: CfgNode) -> Any:
-    """The first accumulator: ``init()`` (or ``init(cfg)``), or a deep copy of a value."""
-    if callable(consumer.init):
-        try:
-            return call_with(consumer.init, consumer.init_names, {"cfg": cfg})
-        except Exception as exc:
-            failed = StageFailure(f"{consumer.name} (init)", exc)
-            raise failed.to_error("while starting", None, device=None) from exc
-    return copy.deepcopy(consumer.init)

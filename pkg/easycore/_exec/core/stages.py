@@ -29,7 +29,7 @@ import linecache
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import CoroutineType
+from types import CoroutineType, coroutine
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
 from easycore._errors import ItemTimeout, TimedOutItem, WorkerError, user_error, user_traceback
@@ -436,7 +436,7 @@ class PreparedStages:
             return await chain
         loop = asyncio.get_running_loop()
         spent = _Spent(self._loop_held, time.monotonic() if started is None else started)
-        unit = loop.create_task(_Steps(chain, spent, self.flight, key).run())
+        unit = loop.create_task(_awaited(_steps(chain, spent, self.flight, key)))
         expired: list[bool] = []
 
         def check() -> None:
@@ -652,40 +652,30 @@ class _Spent:
         self.own += seconds
 
 
-class _Steps:
+@coroutine
+def _steps(coro: Any, spent: _Spent, flight: Flight, key: int) -> Any:
     """Runs a unit's coroutine step by step, timing each step (the loop is held for it):
-    :class:`_Spent` hears of it, and with a ``key``, :attr:`PreparedStages.flight` (the
-    unit holding the loop is what a watchdog times)."""
-
-    __slots__ = ("coro", "flight", "key", "spent")
-
-    def __init__(self, coro: Any, spent: _Spent, flight: Flight, key: int) -> None:
-        self.coro, self.spent, self.flight, self.key = coro, spent, flight, key
-
-    async def run(self) -> Any:
-        return await self
-
-    def __await__(self) -> Any:
-        coro, spent, flight, key = self.coro, self.spent, self.flight, self.key
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            t0 = time.monotonic()
+    ``spent`` hears of it, and with a ``key``, ``flight`` (the unit holding the loop is
+    what a watchdog times)."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        t0 = time.monotonic()
+        if key >= 0:
+            flight.step(key, t0 - spent())
+        try:
+            out = coro.send(value) if error is None else coro.throw(error)
+        except StopIteration as stop:
+            spent.total = spent()
+            return stop.value
+        finally:
+            spent.add(time.monotonic() - t0)
             if key >= 0:
-                flight.step(key, t0 - spent())
-            try:
-                out = coro.send(value) if error is None else coro.throw(error)
-            except StopIteration as stop:
-                spent.total = spent()
-                return stop.value
-            finally:
-                spent.add(time.monotonic() - t0)
-                if key >= 0:
-                    flight.step(None)
-            try:
-                value, error = (yield out), None
-            except BaseException as exc:  # (a cancellation: passed on to the unit)
-                value, error = None, exc
+                flight.step(None)
+        try:
+            value, error = (yield out), None
+        except BaseException as exc:  # (a cancellation: passed on to the unit)
+            value, error = None, exc
 
 
 class ChunkRun:
