@@ -31,7 +31,7 @@ import os
 import posixpath
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -64,6 +64,7 @@ _TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|
 _READ_FIELDS = ("__url__", "__local_path__")
 _ROWS = "easycore.rows"  # a Parquet file of rows with no columns: their count
 _EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
+Errors = list[tuple[int, BaseException]]  # units that could not be written: (position, why)
 
 
 class Shard(NamedTuple):
@@ -194,10 +195,7 @@ class _Local:
     isdir = staticmethod(os.path.isdir)
     mv = staticmethod(os.replace)
     rm = staticmethod(os.unlink)
-
-    @staticmethod
-    def makedirs(path: str, exist_ok: bool = False) -> None:
-        os.makedirs(path, exist_ok=exist_ok)
+    makedirs = staticmethod(os.makedirs)
 
     @staticmethod
     def ls(path: str, detail: bool = False) -> list[str]:
@@ -673,7 +671,7 @@ class ShardWriter:
 
     def write(
         self, base: int, values: list[Any], keys: tuple[bool, Sequence[Any] | None] | None = None
-    ) -> list[tuple[int, BaseException]]:
+    ) -> Errors:
         """Write units ``base + k`` (``values[k]``) that did not fail (a failed one's value
         is passed over): each is replaced by a :class:`Wrote`, the last written one carrying
         the shards. Returns the ``(position, error)`` of the units that could not be written
@@ -696,8 +694,8 @@ class ShardWriter:
             if single and self._single_rows(base, values, by):
                 return []
             units, errors = self._units(base, values, by, batched)
-            writer = {"parquet": self._parquet, "jsonl": self._jsonl, "webdataset": self._tar}
-            shards, bad = writer[self.sink.kind](units)
+            parquet = self.sink.kind == "parquet"
+            shards, bad = self._parquet(units) if parquet else self._row_files(units)
             errors += bad
             for k, _ in errors:
                 values[k] = None
@@ -711,10 +709,10 @@ class ShardWriter:
 
     def _units(
         self, base: int, values: list[Any], keys: Sequence[Any] | None, batched: bool
-    ) -> tuple[list[_Unit], list[tuple[int, BaseException]]]:
+    ) -> tuple[list[_Unit], Errors]:
         """The rows of each unit to write (their key column added), or its error."""
         units: list[_Unit] = []
-        errors: list[tuple[int, BaseException]] = []
+        errors: Errors = []
         for k, value in enumerate(values):
             if _passes(value):
                 continue
@@ -792,9 +790,9 @@ class ShardWriter:
         return f"{TEMP_PREFIX}{stem}-{tag}{ext}", f"part-{stem}{ext}"
 
     # -- formats ---------------------------------------------------------------------------
-    def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+    def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], Errors]:
         units = [u for u in units if u.n]
-        bad: list[tuple[int, BaseException]] = []
+        bad: Errors = []
         try:
             table = self._fit(_together(units)) if units else None
         except Exception:
@@ -852,11 +850,11 @@ class ShardWriter:
 
     def _split(
         self, encoded: list[tuple[_Unit, list[Any]]]
-    ) -> tuple[list[tuple[int, int, list[bytes]]], list[tuple[int, BaseException]]]:
+    ) -> tuple[list[tuple[int, int, list[bytes]]], Errors]:
         """Encoded rows cut into files ``(key, offset, rows)``, and the units whose rows
         repeat a name (WebDataset's ``__key__``; None: not checked) in their file: those are
         left out, and the others cut again."""
-        bad: list[tuple[int, BaseException]] = []
+        bad: Errors = []
         while True:
             files: list[tuple[int, int, list[bytes]]] = []
             size, seen, repeated = 0, set(), {}
@@ -881,67 +879,12 @@ class ShardWriter:
                 bad.append((pos, RowError(msg)))
             encoded = [(u, rows) for u, rows in encoded if u.pos not in repeated]
 
-    def _jsonl(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
-        finish: Callable[[bytes], bytes] = bytes
-        if self.sink.compression == "gzip":
-            import gzip
-
-            finish = functools.partial(gzip.compress, mtime=0)
-
-        def encode(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
-            return None, (_json(_py(row)) + "\n").encode()
-
-        return self._row_files(units, encode, finish)
-
-    def _tar(self, units: list[_Unit]) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
-        import tarfile  # (here: only a WebDataset sink pays for it)
-
-        def encode(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
-            key = row.pop("__key__", None)
-            for name in _READ_FIELDS:  # (a sample read back: webdataset adds them again)
-                row.pop(name, None)
-            if not row:
-                msg = (
-                    "its sample has no entries (a tar holds a sample as its files: one with "
-                    "none is not there when read back): give it a field besides __key__"
-                )
-                raise RowError(msg)
-            if key is None:
-                key = u.keys[j]
-                if u.n > 1 and len(set(u.keys)) == 1:
-                    key = f"{key}_{j}"
-            key = str(key)
-            if not key or "." in key or "/" in key:
-                msg = (
-                    f"a __key__ must be a name with no '.' or '/' (webdataset splits member "
-                    f"names on them), got {key!r}"
-                )
-                raise (SinkError if key else RowError)(msg)  # (empty: that item's error)
-            members = []  # one sample's members; the end blocks come once per file
-            for field, value in row.items():
-                if "/" in field:
-                    msg = f"a field name may not hold '/' (webdataset drops it): {field!r}"
-                    raise RowError(msg)
-                data = _entry_bytes(value)
-                info = tarfile.TarInfo(f"{key}.{field}")
-                info.size, info.mode = len(data), 0o644
-                pad = b"\0" * (-len(data) % tarfile.BLOCKSIZE)
-                members += [info.tobuf(tarfile.USTAR_FORMAT), data, pad]
-            return key, b"".join(members)
-
-        def end(data: bytes) -> bytes:  # the end-of-archive blocks, the record's padding
-            data += b"\0" * (2 * tarfile.BLOCKSIZE)
-            return data + b"\0" * (-len(data) % tarfile.RECORDSIZE)
-
-        return self._row_files(units, encode, end)
-
-    def _row_files(
-        self, units: list[_Unit], encode: Any, finish: Callable[[bytes], bytes]
-    ) -> tuple[list[Shard], list[tuple[int, BaseException]]]:
+    def _row_files(self, units: list[_Unit]) -> tuple[list[Shard], Errors]:
         """JSON lines or WebDataset files: each unit's rows encoded (``(name, bytes)`` each),
-        cut into files, each file's rows joined and ``finish`` ed, written."""
+        cut into files, each file's rows joined and finished (gzip; a tar's end), written."""
+        encode = _sample if self.sink.kind == "webdataset" else _line
         encoded = []
-        bad: list[tuple[int, BaseException]] = []
+        bad: Errors = []
         for u in units:
             try:
                 cells = ({k: _cell(v, j) for k, v in u.cols.items()} for j in range(u.n))
@@ -952,11 +895,66 @@ class ShardWriter:
         shards = []
         for key, offset, rows in files:
             temp, name = self._names(key, offset)
-            data = finish(b"".join(rows))
+            data = self._finish(b"".join(rows))
             with self.files.open(temp) as f:
                 f.write(data)
             shards.append(Shard(temp, name, len(rows), len(data)))
         return shards, bad + repeated
+
+    def _finish(self, data: bytes) -> bytes:
+        """A file's rows joined, as the file holds them."""
+        if self.sink.kind == "webdataset":  # the end-of-archive blocks, the record's padding
+            import tarfile
+
+            data += b"\0" * (2 * tarfile.BLOCKSIZE)
+            return data + b"\0" * (-len(data) % tarfile.RECORDSIZE)
+        if self.sink.compression == "gzip":
+            import gzip
+
+            return gzip.compress(data, mtime=0)
+        return data
+
+
+def _line(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
+    """A JSON line."""
+    return None, (_json(_py(row)) + "\n").encode()
+
+
+def _sample(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
+    """Row ``j`` of unit ``u`` as a WebDataset sample: its key, and its tar members."""
+    import tarfile  # (here: only a WebDataset sink pays for it)
+
+    key = row.pop("__key__", None)
+    for name in _READ_FIELDS:  # (a sample read back: webdataset adds them again)
+        row.pop(name, None)
+    if not row:
+        msg = (
+            "its sample has no entries (a tar holds a sample as its files: one with "
+            "none is not there when read back): give it a field besides __key__"
+        )
+        raise RowError(msg)
+    if key is None:
+        key = u.keys[j]
+        if u.n > 1 and len(set(u.keys)) == 1:
+            key = f"{key}_{j}"
+    key = str(key)
+    if not key or "." in key or "/" in key:
+        msg = (
+            f"a __key__ must be a name with no '.' or '/' (webdataset splits member "
+            f"names on them), got {key!r}"
+        )
+        raise (SinkError if key else RowError)(msg)  # (empty: that item's error)
+    members = []  # one sample's members; the end blocks come once per file
+    for field, value in row.items():
+        if "/" in field:
+            msg = f"a field name may not hold '/' (webdataset drops it): {field!r}"
+            raise RowError(msg)
+        data = _entry_bytes(value)
+        info = tarfile.TarInfo(f"{key}.{field}")
+        info.size, info.mode = len(data), 0o644
+        pad = b"\0" * (-len(data) % tarfile.BLOCKSIZE)
+        members += [info.tobuf(tarfile.USTAR_FORMAT), data, pad]
+    return key, b"".join(members)
 
 
 def _mark(values: list[Any], at: Sequence[int], rows: list[int], shards: list[Shard]) -> None:
@@ -994,7 +992,7 @@ def _merge_type(a: Any, b: Any) -> Any:
 def unify_schemas(schemas: Sequence[Any], keep: bool = False) -> Any:
     """One schema holding the rows of every schema in ``schemas`` (columns in the order
     first seen; a column some lack is nullable). ``keep``: where a column's types conflict,
-    keep the first (a cast then says whether the values fit: ``3.0`` as an int, not ``0.5``).
+    keep the first (:func:`_conform` then names the conflict: the run's own rows conflict).
 
     Raises:
         RowError: a column's types conflict (naming it and both types), unless ``keep``.
@@ -1072,7 +1070,7 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
             cols.append(col)
             continue
         try:
-            if not given and _converts(col.type, field.type):  # (no silent 1 -> "1")
+            if not given and _merge_type(col.type, field.type) is None:  # (no 1 -> "1")
                 raise pa.ArrowTypeError("values of another kind")
             cols.append(col.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -1083,35 +1081,6 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
             )
             raise (RowError if given else SinkError)(msg) from None
     return pa.Table.from_arrays(cols, schema=schema)
-
-
-def _converts(a: Any, b: Any) -> bool:
-    """Whether a cast from type ``a`` to ``b`` would turn values into another kind (text,
-    bool, number: ``1`` into ``"1"``), at the top or inside lists and structs."""
-    import pyarrow as pa
-
-    t = pa.types
-    lists = (t.is_list, t.is_large_list, t.is_fixed_size_list)
-    if any(f(a) for f in lists) and any(f(b) for f in lists):
-        return _converts(a.value_type, b.value_type)
-    if t.is_struct(a) and t.is_struct(b):
-        theirs = {f.name: f.type for f in b}
-        return any(_converts(f.type, theirs[f.name]) for f in a if f.name in theirs)
-    kinds = {_kind(a), _kind(b)}
-    return len(kinds) > 1 and "other" not in kinds
-
-
-def _kind(typ: Any) -> str:
-    """Text, a bool, a number, or another type: values that a cast turns into another of
-    the first three (``1`` into ``"1"``, ``True`` into ``"true"``) conflict rather than fit."""
-    import pyarrow as pa
-
-    t = pa.types
-    if t.is_string(typ) or t.is_large_string(typ) or t.is_binary(typ) or t.is_large_binary(typ):
-        return "text"
-    if t.is_boolean(typ):
-        return "bool"
-    return "number" if t.is_integer(typ) or t.is_floating(typ) or t.is_decimal(typ) else "other"
 
 
 def _rewrite(files: SinkFiles, sink: Sink, name: str, schema: Any) -> int:
