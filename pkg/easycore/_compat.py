@@ -36,7 +36,7 @@ Errors are the executor's: a raising ``producer_work`` (which hangs 0.4 forever)
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from easycore._exec.entry import Runner
@@ -44,12 +44,6 @@ from easycore._pipeline import Pipeline, consumer, producer
 from easycore.common.config import CfgNode
 
 __all__ = ["BaseRunner", "OrderedRunner", "UnorderedRunner", "runner_pipeline"]
-
-
-def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    # The stage's name is what WorkerError messages show: name it after the user's class.
-    fn.__name__ = name
-    return fn
 
 
 def runner_pipeline(cls: type[BaseRunner]) -> Pipeline:
@@ -82,7 +76,6 @@ def runner_pipeline(cls: type[BaseRunner]) -> Pipeline:
     """
     p_init, p_work, p_end = cls.producer_init, cls.producer_work, cls.producer_end
     c_init, c_work, c_end = cls.consumer_init, cls.consumer_work, cls.consumer_end
-    label = cls.__name__
 
     def init(device: str, cfg: Mapping[str, Any]) -> CfgNode:
         own = CfgNode(cfg)  # the worker's mutable copy: 0.4 state lives in it
@@ -107,9 +100,10 @@ def runner_pipeline(cls: type[BaseRunner]) -> Pipeline:
     def finish(own: CfgNode) -> Any:
         return c_end(own)
 
-    produce = producer(init=init, end=end)(_named(work, f"{label}.producer"))
-    collect = consumer(init=start, end=finish)(_named(fold, f"{label}.consumer"))
-    return produce >> collect
+    # The stage's name is what WorkerError messages show: name it after the user's class.
+    work.__name__ = f"{cls.__name__}.producer"
+    fold.__name__ = f"{cls.__name__}.consumer"
+    return producer(init=init, end=end)(work) >> consumer(init=start, end=finish)(fold)
 
 
 class BaseRunner:

@@ -297,9 +297,7 @@ def setup_torch(device: str, n_threads: int | None) -> None:
         import torch
 
         _torch_loaded(n_threads, torch)
-        if device.startswith("cuda"):
-            # Bind before anything can touch CUDA, so the context lands on our device.
-            torch.cuda.set_device(torch.device(device))
+        bind_thread(device)  # before anything can touch CUDA: the context lands on our device
         return
     seed_on_import(n_threads)
 
