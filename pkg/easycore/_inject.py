@@ -19,22 +19,7 @@ __all__ = ["call_with", "injected", "injected_names", "is_async_fn"]
 PRODUCER_WORK = frozenset({"device", "cfg", "state", "worker"})
 PRODUCER_INIT = frozenset({"device", "cfg", "worker"})
 PRODUCER_END = frozenset({"device", "cfg", "worker", "state"})
-CONSUMER_WORK = frozenset({"cfg"})
-CONSUMER_INIT = frozenset({"cfg"})
-CONSUMER_END = frozenset({"cfg"})
-
-
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    # Builtins and C types (``list``, ``torch.cat``) may have no signature; they are called
-    # with their leading positional arguments only (toolz ``_check_sigspec``).
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-
-
-def _describe(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+CONSUMER = frozenset({"cfg"})  # a consumer's function, init and end
 
 
 def injected_names(
@@ -64,11 +49,13 @@ def injected_names(
     if not callable(fn):
         msg = f"{role} must be callable, got {fn!r}"
         raise TypeError(msg)
-    sig = _signature(fn)
-    if sig is None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        # Builtins and C types (``list``, ``torch.cat``) may have no signature; they are
+        # called with their leading positional arguments only (toolz ``_check_sigspec``).
         return ()
-    name = _describe(fn)
-    params = list(sig.parameters.values())
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     leading = 0
     names: list[str] = []
     for p in params:

@@ -50,20 +50,8 @@ class Binding:
     token: int = attrs.field(factory=_binding_tokens.__next__)
 
 
-def _check_on_args(devices: Any, batch_size: int | None, concurrency: int = 1) -> None:
-    check_concurrency(concurrency)
-    if isinstance(devices, str) and devices == "inline":
-        msg = (
-            ".on('inline') is not supported: 'inline' applies to a whole run, "
-            "use map(..., devices='inline') to debug every stage in the calling process"
-        )
-        raise ValueError(msg)
-    check_count("batch_size", batch_size)
-
-
 def _fn_name(fn: Any) -> str:
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return str(name)
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _refuse_waiting(kind: str, **fns: Any) -> None:
@@ -431,9 +419,9 @@ _ROLES = {
         ("end", 0, _inject.PRODUCER_END),
     ),
     "consumer": (
-        ("consumer", 2, _inject.CONSUMER_WORK),
-        ("consumer init", 0, _inject.CONSUMER_INIT),
-        ("consumer end", 1, _inject.CONSUMER_END),
+        ("consumer", 2, _inject.CONSUMER),
+        ("consumer init", 0, _inject.CONSUMER),
+        ("consumer end", 1, _inject.CONSUMER),
     ),
 }
 
@@ -664,7 +652,14 @@ class Pipeline(_Runs):
         if any(b is not None for b in self.placement):
             msg = f"{self!r} is already bound with .on; bind each run of producers once"
             raise TypeError(msg)
-        _check_on_args(devices, batch_size, concurrency)
+        check_concurrency(concurrency)
+        if isinstance(devices, str) and devices == "inline":
+            msg = (
+                ".on('inline') is not supported: 'inline' applies to a whole run, "
+                "use map(..., devices='inline') to debug every stage in the calling process"
+            )
+            raise ValueError(msg)
+        check_count("batch_size", batch_size)
         binding = Binding(devices, batch_size, concurrency)
         return attrs.evolve(self, placement=(binding,) * len(self.producers))
 

@@ -37,19 +37,6 @@ from easycore._options import Numbering, RunOptions
 __all__ = ["sharded_map"]
 
 
-@attrs.frozen(repr=False)
-class _Part:
-    """A pipeline's producers alone, or its consumer alone (what one side of the map runs)."""
-
-    producers: tuple[Any, ...]
-    consumer: Any
-    pools: tuple[Any, ...]
-    whole: Any  # the user's pipeline, for repr
-
-    def __repr__(self) -> str:
-        return repr(self.whole)
-
-
 class _Sized:
     """An iterable with a known length, so the main rank's progress bar shows a total."""
 
@@ -151,7 +138,7 @@ def _check_supported(pipeline: PipelineDef, options: RunOptions, engine: str) ->
 
 
 def sharded_map(
-    pipeline: PipelineDef,
+    pipeline: Any,
     data: Iterable[Any],
     options: RunOptions,
     *,
@@ -159,8 +146,9 @@ def sharded_map(
     engine: str,
     **where: Any,
 ) -> Any:
-    """Share the units out between ranks, run each share, merge in order, fold once
-    (``where``: the rest of :class:`Runner`'s keyword arguments, ``cfg`` among them)."""
+    """Share the units of ``pipeline`` (an ``easycore.Pipeline``) out between ranks, run
+    each share, merge in order, fold once (``where``: the rest of :class:`Runner`'s keyword
+    arguments, ``cfg`` among them)."""
     _check_supported(pipeline, options, engine)
     distributed.init()
     me, world = distributed.rank(), distributed.world_size()
@@ -182,7 +170,7 @@ def sharded_map(
             progress=options.progress and me == 0,
             numbering=Numbering(me, world, size),
         )
-        producers = _Part(pipeline.producers, None, pipeline.pools, pipeline)
+        producers = attrs.evolve(pipeline, consumer=None)  # (an easycore.Pipeline)
         if isinstance(devices, str) and devices == "local":
             devices = distributed.local_devices()
         with Runner(producers, devices, **where, _wait=False) as run:
@@ -207,7 +195,7 @@ def sharded_map(
         else:
             try:
                 merged = _interleave(shares)
-                fold_only = _Part((), pipeline.consumer, (), pipeline)
+                fold_only = attrs.evolve(pipeline, producers=(), placement=())
                 with Runner(fold_only, "inline", cfg=where["cfg"]) as run:
                     result = run.run_map(merged, RunOptions(numbering=Numbering(batch=size)))
                 verdict = cloudpickle.dumps(("ok", result))

@@ -15,10 +15,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from easycore._errors import EasycoreError
 from easycore._exec.core.outcomes import Failed
 from easycore._exec.core.sources import LiveSource
-from easycore._options import RunOptions
 
 __all__ = ["Seat", "SubmitFeeder"]
 
@@ -137,21 +135,6 @@ class Seat:
         with self.lock:
             if self.holder is token:
                 self.holder = None
-
-    def run_inline(
-        self, item: Any, future: Any, is_active: Callable[[], bool], stream: Callable[..., Any]
-    ) -> None:
-        """``submit`` on a runner of the calling process: run ``item`` now, through the
-        engine's ``stream``, into ``future``; its error fails only its own future."""
-        token = self.claim(is_active)
-        try:
-            segments = stream([item], RunOptions())
-            next(segments)  # PRIMED
-            future.set_result(next(segments)[1][0])
-        except EasycoreError as exc:  # the runner stays up
-            future.set_exception(exc)
-        finally:
-            self.release(token)
 
     def submit(self, item: Any, future: Any, is_active: bool, stream: StreamFn) -> None:
         """Give ``item`` to the running feeder, or start one.
