@@ -234,7 +234,7 @@ class PreparedStages:
         too: ``asyncio.get_event_loop()`` in a plain ``init`` finds it). It runs when
         something awaits on it: ``init``, ``end`` and, in the caller (``"inline"``), items
         (:meth:`run_async`); in a worker or an actor, items run while it runs on a thread
-        of its own (:meth:`_serving`), so that chunks in flight at once share it."""
+        of its own (:meth:`start_units`), so that chunks in flight at once share it."""
         import asyncio
 
         if self._loop is None or self._loop.is_closed():
@@ -243,20 +243,6 @@ class PreparedStages:
             if not self.in_caller:  # (the caller's own loop policy is none of our business)
                 asyncio.set_event_loop(loop)
         return self._loop
-
-    def _serving(self) -> asyncio.AbstractEventLoop:
-        """The loop, running on its own thread from now until :meth:`finish` (in a worker or
-        an actor; in the caller it runs only while an item does). Call it holding
-        ``_starting``, and hand the loop its work before letting go."""
-        with self._starting:
-            self._check_open()
-            loop = self.loop()
-            if not self.in_caller and self._loop_thread is None:
-                self._loop_thread = threading.Thread(
-                    target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
-                )
-                self._loop_thread.start()
-            return loop
 
     def _check_open(self) -> None:
         if not self.open:  # (a chunk that reached an actor after its finish: never run)
@@ -297,28 +283,6 @@ class PreparedStages:
         if inspect.isawaitable(value):
             return self.run_async(_awaited(value))
         return value
-
-    def _close_loop(self) -> None:
-        with self._starting:
-            self._park_loop()
-            loop, self._loop = self._loop, None
-            if loop is not None and not loop.is_closed():
-                import asyncio
-
-                try:
-                    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                    for t in pending:
-                        t.cancel()
-                    if pending:
-                        _run_until(loop, asyncio.gather(*pending, return_exceptions=True))
-                    _run_until(loop, loop.shutdown_asyncgens())
-                finally:
-                    loop.close()
-                    if not self.in_caller:
-                        asyncio.set_event_loop(None)
-            threads, self._threads = self._threads, None
-            if threads is not None:
-                threads.shutdown(wait=False, cancel_futures=True)
 
     # -- init / end ----------------------------------------------------------------------
     def start(self) -> StageFailure | None:
@@ -363,7 +327,24 @@ class PreparedStages:
                     if first is None:
                         first = StageFailure(f"{st.name} (end)", exc)
             self.prepared = []
-            self._close_loop()
+            loop, self._loop = self._loop, None
+            if loop is not None and not loop.is_closed():
+                import asyncio
+
+                try:
+                    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                    for t in pending:
+                        t.cancel()
+                    if pending:
+                        _run_until(loop, asyncio.gather(*pending, return_exceptions=True))
+                    _run_until(loop, loop.shutdown_asyncgens())
+                finally:
+                    loop.close()
+                    if not self.in_caller:
+                        asyncio.set_event_loop(None)
+            threads, self._threads = self._threads, None
+            if threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)
             return first
 
     # -- one unit --------------------------------------------------------------------------
@@ -509,17 +490,16 @@ class PreparedStages:
         import asyncio
         import concurrent.futures
 
-        if self.is_async:
-            with self._starting:  # (finish waits until the loop has this chunk's work)
-                loop = self._serving()
-                coro = self._amany(jobs, unit, tally)
-                if self._loop_thread is not None:
-                    return asyncio.run_coroutine_threadsafe(coro, loop)
-            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            done.set_result(_run_until(loop, coro))
-            return done
-        with self._starting:
+        with self._starting:  # (finish waits until the loop has this chunk's work)
             self._check_open()
+            if self.is_async:  # (on a thread of its own from now until finish: not in the caller)
+                loop = self.loop()
+                if self._loop_thread is None:
+                    self._loop_thread = threading.Thread(
+                        target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
+                    )
+                    self._loop_thread.start()
+                return asyncio.run_coroutine_threadsafe(self._amany(jobs, unit, tally), loop)
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(
                     self.concurrency,
