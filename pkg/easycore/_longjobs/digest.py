@@ -72,10 +72,6 @@ def _length(n: int) -> bytes:
     return struct.pack("<Q", n)
 
 
-def _type_name(t: type) -> bytes:
-    return f"{t.__module__}.{t.__qualname__}".encode()
-
-
 class _Canonical(pickle.Pickler):
     """Pickles a value canonically, as joblib's hashing does (see the module's docstring);
     arrays' and tensors' values are hashed apart, not copied into the pickle.
@@ -104,7 +100,7 @@ class _Canonical(pickle.Pickler):
         if kind is dict:
             return "M", self._sorted(list(obj.items()), key=operator.itemgetter(0))
         if kind is set or kind is frozenset:
-            return kind.__name__, self._sorted(list(obj), key=_same)
+            return kind.__name__, self._sorted(list(obj), key=lambda v: v)
         if kind is types.FunctionType:
             return "f", _function_digest(obj, self.active)
         if kind is _ByName:
@@ -135,7 +131,7 @@ class _Canonical(pickle.Pickler):
         value is digested, one that builds it is named); subclasses of dict and set with
         their entries sorted too."""
         if isinstance(obj, set | frozenset):
-            return type(obj), (self._sorted(list(obj), key=_same),), _state(obj)
+            return type(obj), (self._sorted(list(obj), key=lambda v: v),), _state(obj)
         if isinstance(obj, collections.OrderedDict):  # (in its order, as its equality is)
             return type(obj), (list(obj.items()),), _state(obj)
         reduce = copyreg.dispatch_table.get(type(obj))
@@ -167,10 +163,6 @@ class _ByName:
         self.fn = fn
 
     def __call__(self) -> None: ...
-
-
-def _same(value: Any) -> Any:
-    return value
 
 
 def _state(obj: Any) -> Any:
@@ -219,34 +211,20 @@ class _FunctionHasher:
         if isinstance(fn, types.FunctionType):
             self._function(h, fn)
         elif isinstance(fn, types.MethodType):
-            h.update(b"m")
             self.feed(h, fn.__func__)
             self._value(h, fn.__self__)
         elif isinstance(fn, functools.partial):
-            h.update(b"p")
-            self.feed(h, fn.func)
-            self._value(h, fn.args)
-            self._value(h, fn.keywords)
-        elif isinstance(fn, type | types.BuiltinFunctionType | types.BuiltinMethodType):
-            self._name(h, b"t", fn)  # a class, a builtin: its name says what it is
-        else:  # an object with __call__: its type's method and the object's state
-            name = _type_name(type(fn))
-            h.update(b"o" + _length(len(name)) + name)
+            for part in (fn.func, fn.args, fn.keywords):
+                self._value(h, part)
+        else:  # a class or builtin: by name; an object with __call__: that method, its state
             call = getattr(type(fn), "__call__", None)  # noqa: B004
             if isinstance(call, types.FunctionType):
                 self.feed(h, call)
-            state = getattr(fn, "__dict__", None)
-            self._value(h, state if state is not None else fn)
-
-    @staticmethod
-    def _name(h: Any, tag: bytes, fn: Any) -> None:
-        module = getattr(fn, "__module__", None) or ""
-        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or ""
-        text = f"{module}.{name}".encode()
-        h.update(tag + _length(len(text)) + text)
+            self._value(h, fn)
 
     def _function(self, h: Any, fn: types.FunctionType) -> None:
-        self._name(h, b"f", fn)
+        name = f"{fn.__module__}.{fn.__qualname__}".encode()
+        h.update(b"f" + _length(len(name)) + name)
         code = fn.__code__
         doc = fn.__doc__
         self._code(h, code, skip_doc=doc is not None and code.co_consts[:1] == (doc,))
@@ -258,7 +236,7 @@ class _FunctionHasher:
             except ValueError:  # an empty cell (a name not bound yet)
                 h.update(b"e")
                 continue
-            self._member(h, value)
+            self._value(h, value)
         # helpers, data and classes of its own module that it names: a change there changes
         # what it computes (names of other modules, and other objects, are left out)
         for name in sorted(_names(code)):
@@ -317,23 +295,16 @@ class _FunctionHasher:
             else:
                 self._value(h, const)
 
-    def _member(self, h: Any, value: Any) -> None:
-        """A value the function holds (closure): functions by their own digest."""
-        if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
-            h.update(b"F")
-            self.feed(h, value)
-        elif isinstance(value, types.ModuleType):
-            h.update(b"d" + value.__name__.encode() + b"\0")
-        elif isinstance(value, type):
-            self._name(h, b"t", value)
-        else:
-            self._value(h, value)
-
     def _value(self, h: Any, value: Any) -> None:
+        """A value the function holds or names: a function (a method, a partial) by its own
+        digest, anything else by its item digest, or its type's name when it has none."""
+        if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
+            self.feed(h, value)
+            return
         try:
             h.update(b"v" + _item_digest(value, self.active))
         except Exception:  # cannot be pickled either: its type stands for it
-            h.update(b"x" + _type_name(type(value)))
+            h.update(b"x" + f"{type(value).__module__}.{type(value).__qualname__}".encode())
 
 
 def _names(code: types.CodeType) -> set[str]:

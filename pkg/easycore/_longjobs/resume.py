@@ -69,7 +69,7 @@ _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGE
 _LOOKUP = 256  # units looked up in the file at once
 _UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_FORMAT = 4  # the ledger's layout; RunIdentity's "format"
+_FORMAT = 5  # the ledger's layout; RunIdentity's "format"
 
 
 def _refuse(path: str, why: str) -> ValueError:
@@ -164,8 +164,9 @@ class RunIdentity:
 
     Its parts (:attr:`parts`, each stored as JSON):
 
-    * ``format``: the ledger's layout (4: as 3, types digested under their module paths of the
-      layout by layer; 3: item digests of a canonical pickle, checked keys, this
+    * ``format``: the ledger's layout (5: as 4, a function's digest without tags for what
+      holds it, values by their item digests; 4: as 3, types digested under their module
+      paths of the layout by layer; 3: item digests of a canonical pickle, checked keys, this
       table);
     * ``stages``: every producer in order: its name, the digest of its function and of its
       ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
