@@ -259,15 +259,13 @@ def init(backend: str | None = None, *, timeout: float | None = None) -> None:
         chosen = backend or ("nccl" if cuda and dist.is_nccl_available() else "gloo")
         if cuda and chosen == "nccl":
             torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-        kwargs: dict[str, Any] = {"backend": chosen, "rank": info.rank}
-        kwargs["world_size"] = info.world_size
-        if delta is not None:  # (torch 2.1 refuses timeout=None here)
-            kwargs["timeout"] = delta
+        # a timeout only when given: torch 2.1 refuses timeout=None here
+        kwargs: dict[str, Any] = {} if delta is None else {"timeout": delta}
         if info.launcher == "slurm":
             kwargs["init_method"] = f"tcp://{info.master_addr}:{info.master_port}"
         # torchrun: env:// (the default), which joins the store torchrun's agent already
         # serves at MASTER_ADDR:MASTER_PORT instead of trying to bind that port again.
-        dist.init_process_group(**kwargs)
+        dist.init_process_group(chosen, rank=info.rank, world_size=info.world_size, **kwargs)
         _STATE.created = True
         atexit.register(_destroy)
     if dist.get_backend() != "gloo":
@@ -447,11 +445,9 @@ def rank_share(
     >>> rank_share(range(10), rank=3, world_size=4, pad=False)
     [3, 7]
     """
-    if rank is None or world_size is None:
-        launched = get_dist_info()
-        rank = launched[0] if rank is None else rank
-        world_size = launched[1] if world_size is None else world_size
-    world, me = check_int("world_size", world_size, 1), check_int("rank", rank)
+    launched = get_dist_info() if rank is None or world_size is None else (rank, world_size)
+    world = check_int("world_size", launched[1] if world_size is None else world_size, 1)
+    me = check_int("rank", launched[0] if rank is None else rank)
     if not 0 <= me < world:
         msg = f"rank={me!r} is not a rank of a world of {world}: expected 0 .. {world - 1}"
         raise ValueError(msg)
