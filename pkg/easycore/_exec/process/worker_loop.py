@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from easycore._devices import bind_gpus
 from easycore._exec.core.protocol import (
@@ -99,11 +99,6 @@ with contextlib.suppress(OSError):
     tempfile.gettempdir()
 
 
-def _temp_vars() -> list[str | None]:
-    """The variables tempfile reads first to choose its directory."""
-    return [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")]
-
-
 class WorkerSpec(NamedTuple):
     """Who a worker is: given to ``worker_main`` by the caller."""
 
@@ -122,19 +117,33 @@ class WorkerSpec(NamedTuple):
     environ: dict[str, str] | None = None  # not forked: the caller's environment at the start
 
 
-class _PeerClosed(NamedTuple):
-    """(main thread) an upstream peer's pipe reached EOF: stop tracking its releases."""
-
-    chan: Channel
-
-
-def _die_with_caller() -> None:
-    """The caller is gone: end this worker and every process it started."""
+def _leave(code: int, group: bool = False) -> NoReturn:
+    """Exit now, ending every process this worker started (``group``: its whole process
+    group, itself included) and removing its multiprocessing directory."""
     end_children()
     remove_own_mp_tempdir()
-    with contextlib.suppress(OSError):
-        os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
-    os._exit(0)
+    if group:
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)  # our own process group: we lead it (see worker_main)
+    os._exit(code)
+
+
+def _end(chan: Channel, goodbye: Any) -> NoReturn:
+    """Say ``goodbye`` to the caller and exit, leaving nothing behind.
+
+    A queue, lock or event the work made (a DataLoader's, say) owns a named semaphore in
+    /dev/shm that its finaliser unlinks; a queue's feeder thread can keep one alive past the
+    work's end, and ``os._exit`` skips finalisers. The ones multiprocessing itself runs at a
+    process's exit run here (priority >= 0: semaphores, queues, managers), but no child is
+    joined: ``_leave`` ends them. Nothing else is left to do: interpreter teardown is
+    skipped (the caller joins us right now).
+    """
+    _send(chan, goodbye)
+    with contextlib.suppress(Exception):  # (what multiprocessing's _exit_function runs)
+        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _leave(0)
 
 
 def _let_go(fds: tuple[int, ...]) -> None:
@@ -158,38 +167,6 @@ def _let_go(fds: tuple[int, ...]) -> None:
     os.close(null)
 
 
-def _lead_a_group() -> None:
-    """Make this worker a process group of its own, free to start processes.
-
-    Whatever the work starts (multiprocessing, a DataLoader with workers, subprocess)
-    joins the group, and the caller kills the group when this worker dies, is killed or
-    closes: nothing it started outlives it. What leaves the group (a session of its own,
-    a daemon) stays below this worker, its subreaper, and ends with it (``_reaping``).
-    Ctrl-C in a terminal goes to the caller's group only, and the caller decides what
-    happens (it ignored SIGINT here anyway).
-    """
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
-    become_subreaper()
-    # multiprocessing refuses children to a daemonic process; this one's children die with
-    # its group, which is what the daemon flag was there for.
-    with contextlib.suppress(Exception):
-        mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
-
-
-def _release_multiprocessing_objects() -> None:
-    """Unlink the named semaphores of multiprocessing objects the work left alive.
-
-    A queue, lock or event the work made (a DataLoader's, say) owns a named semaphore in
-    /dev/shm that its finaliser unlinks; a queue's feeder thread can keep one alive past the
-    work's end, and ``os._exit`` skips finalisers. Run the ones multiprocessing itself runs
-    at a process's exit (priority >= 0: semaphores, queues, managers), but join no children:
-    the caller ends this worker's group.
-    """
-    with contextlib.suppress(Exception):  # (what multiprocessing's _exit_function runs)
-        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
-
-
 def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
     """Send to the caller; if the caller is gone there is nobody to report to: exit."""
     try:
@@ -198,7 +175,7 @@ def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
         else:
             chan.send(obj)
     except (BrokenPipeError, ConnectionResetError, EOFError):
-        _die_with_caller()
+        _leave(0, group=True)
 
 
 def _or_die(target: Callable[..., None], *args: Any) -> None:
@@ -212,9 +189,7 @@ def _or_die(target: Callable[..., None], *args: Any) -> None:
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
-        end_children()
-        remove_own_mp_tempdir()
-        os._exit(70)
+        _leave(70)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,33 +199,27 @@ class _Reader:
     """The one thread that receives: the caller's pipe, and pipes from peers of other hops.
 
     Tasks (from the caller, or an upstream peer) go to the main thread with the channel that
-    decodes them; control frames and a downstream peer's release notes go to the outlet. New
-    peer pipes arrive as descriptors after control frames; a peer's death is an EOF on its
-    pipe (nobody else holds its end).
+    decodes them; control frames and a downstream peer's release notes go to the outlet's
+    inbox. New peer pipes arrive as descriptors after control frames; a peer's death is an
+    EOF on its pipe (nobody else holds its end). An upstream peer sends tasks and release
+    notes only (never STOP, nor control frames).
     """
 
     def __init__(
-        self, caller: Channel, tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet: Any
+        self, caller: Channel, tasks: queue.SimpleQueue[Any], stop: threading.Event, inbox: Any
     ) -> None:
         self.tasks = tasks
         self.stop = stop
-        self.outlet = outlet
-        self.caller = caller
+        self.inbox = inbox
         # fd -> (role, peer key, channel); role: "caller", "up" (sends us tasks) or "down"
         self.pipes: dict[int, tuple[str, int, Channel]] = {caller.fileno(): ("caller", -1, caller)}
-        self.poll: Any = None
-
-    def _watch(self) -> None:
         self.poll = select.poll()
-        for fd in self.pipes:
-            self.poll.register(fd, select.POLLIN)
+        self.poll.register(caller.fileno(), select.POLLIN)
 
     def loop(self) -> None:
-        self._watch()
         while True:
             for fd, _ in self.poll.poll():
-                entry = self.pipes.get(fd)
-                if entry is not None and self._read(*entry):
+                if self._read(*self.pipes[fd]):
                     return
 
     def _read(self, role: str, key: int, ch: Channel) -> bool:
@@ -258,48 +227,39 @@ class _Reader:
         try:
             frame, fds = ch.recv_frame()
         except (EOFError, OSError):
-            if role == "caller":
-                _die_with_caller()  # the caller died or closed our pipe without STOP: no orphan
-            self._lost(role, key, ch)
+            if role == "caller":  # the caller died or closed our pipe without STOP: no orphan
+                _leave(0, group=True)
+            self.poll.unregister(ch.fileno())
+            del self.pipes[ch.fileno()]
+            if role == "up":
+                self.tasks.put((ch, None, None))  # (the main thread stops tracking it)
+            else:
+                self.inbox.put(("gone", key))
             return False
-        if role == "up":
-            self.tasks.put((ch, frame, fds))
-        elif role == "down":
-            self.outlet.released(key, frame, fds)
+        if role == "down":
+            self.inbox.put(("rel", key, frame, fds))
         elif frame == STOP:
             self.stop.set()
             self.tasks.put(None)
-            self.outlet.close()
+            self.inbox.put(None)
             return True
-        elif frame[:1] == CONTROL:
-            self._control(Channel.read_control(frame), fds)
-        else:
+        elif frame[:1] != CONTROL:
             self.tasks.put((ch, frame, fds))
-        return False
-
-    def _control(self, op: Any, fds: list[int]) -> None:
-        peer = Channel(mpc.Connection(fds[0])) if fds else None
-        if isinstance(op, AddPeer) and peer is not None:  # an upstream worker will send here
-            self._add("up", op.key, peer)
-        elif isinstance(op, Forward):
-            if peer is not None:  # the first chunk to this downstream worker
-                self._add("down", op.key, peer)
-            self.outlet.forward(op.chunk_id, op.key, peer)
-        elif isinstance(op, Drop):
-            self.outlet.drop(op.chunk_id)
-
-    def _add(self, role: str, key: int, ch: Channel) -> None:
-        self.pipes[ch.fileno()] = (role, key, ch)
-        self.poll.register(ch.fileno(), select.POLLIN)
-
-    def _lost(self, role: str, key: int, ch: Channel) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self.poll.unregister(ch.fileno())
-        self.pipes.pop(ch.fileno(), None)
-        if role == "up":
-            self.tasks.put((_PeerClosed(ch), None, None))
         else:
-            self.outlet.gone(key)
+            op = Channel.read_control(frame)
+            peer = Channel(mpc.Connection(fds[0])) if fds else None
+            if peer is not None:  # AddPeer: an upstream worker; Forward: the first chunk to it
+                self.pipes[peer.fileno()] = (
+                    "up" if isinstance(op, AddPeer) else "down",
+                    op.key,
+                    peer,
+                )
+                self.poll.register(peer.fileno(), select.POLLIN)
+            if isinstance(op, Forward):
+                self.inbox.put(("fwd", op.chunk_id, op.key, peer))
+            elif isinstance(op, Drop):
+                self.inbox.put(("drop", op.chunk_id))
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,12 +268,15 @@ class _Reader:
 class _ToCaller:
     """Last hop: each chunk's results go back to the caller in one ``Done`` reply."""
 
-    def __init__(self, caller: Channel, cur: Any, at: int, unit: int) -> None:
+    def __init__(self, caller: Channel, cur: Any, at: int, spec: WorkerSpec) -> None:
         self.caller = caller
         self.cur = cur
         self.at = at
-        self.unit = unit  # first-hop items per unit of this hop
+        self.spec = spec
         self.stages: PreparedStages | None = None  # set once init has run
+        # control traffic (the reader's): it concerns held chunks only, which a last hop
+        # never has, so only its end (None) comes here, and nobody reads it
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
         values, n, marked = ran
@@ -321,36 +284,20 @@ class _ToCaller:
         try:
             frame = self.caller.encode(Done(task.chunk_id, values, n, marked, elapsed, busy))
         except Exception as exc:  # (what does not pickle runs again while its retries allow)
-            assert self.stages is not None
-            run = ChunkRun(self.stages, units, task.start // self.unit, task)
-            values = run.unpicklable(values, exc, self.cur, self.at)
+            values = self._run(task, units).unpicklable(values, exc, self.cur, self.at)
             frame = self.caller.encode(Done(task.chunk_id, values, n, True, elapsed, busy))
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
-            _die_with_caller()
+            _leave(0, group=True)
         self.cur[self.at + AT_SENDING] = NOT_SENDING
 
-    # (control traffic only concerns held chunks: a last hop never has any)
-    def forward(self, chunk_id: int, key: int, peer: Channel | None) -> None:
-        if peer is not None:  # pragma: no cover - the caller never forwards from a last hop
-            peer.close()
-
-    def drop(self, chunk_id: int) -> None:
-        pass
-
-    def released(self, key: int, frame: bytes, fds: list[int]) -> None:  # pragma: no cover
-        for fd in fds:
-            os.close(fd)
-
-    def gone(self, key: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def _run(self, task: Task, units: Any) -> ChunkRun:
+        assert self.stages is not None
+        return ChunkRun(self.stages, units, task.start // self.spec.unit, task)
 
 
-class _ToNextHop:
+class _ToNextHop(_ToCaller):
     """Other hops: results wait here (held) until the caller routes them to a worker of the
     next hop, which this outlet's sender thread then sends them to directly.
 
@@ -358,15 +305,9 @@ class _ToNextHop:
     the sender thread encodes on downstream pipes, so their shared-memory segments need no lock.
     """
 
-    def __init__(self, caller: Channel, cur: Any, at: int, unit: int) -> None:
-        self.caller = caller
-        self.cur = cur
-        self.at = at
-        self.unit = unit  # first-hop items per unit of this hop
-        self.stages: PreparedStages | None = None  # set once init has run
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=_or_die, args=(self._send_loop,), daemon=True)
-        self.thread.start()
+    def __init__(self, caller: Channel, cur: Any, at: int, spec: WorkerSpec) -> None:
+        super().__init__(caller, cur, at, spec)
+        _thread.start_new_thread(_or_die, (self._send_loop,))
 
     # main thread
     def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
@@ -376,30 +317,11 @@ class _ToNextHop:
         )
         _send(self.caller, Held(task.chunk_id, n, elapsed, busy))
 
-    # reader thread
-    def forward(self, chunk_id: int, key: int, peer: Channel | None) -> None:
-        self.inbox.put(("fwd", chunk_id, key, peer))
-
-    def drop(self, chunk_id: int) -> None:
-        self.inbox.put(("drop", chunk_id))
-
-    def released(self, key: int, frame: bytes, fds: list[int]) -> None:
-        self.inbox.put(("rel", key, frame, fds))
-
-    def gone(self, key: int) -> None:
-        self.inbox.put(("gone", key))
-
-    def close(self) -> None:
-        self.inbox.put(None)
-
     # sender thread
     def _send_loop(self) -> None:
         held: dict[int, Task] = {}
         down: dict[int, Channel] = {}
-        while True:
-            op = self.inbox.get()
-            if op is None:
-                return
+        while (op := self.inbox.get()) is not None:
             kind = op[0]
             if kind == "held":
                 held[op[1]] = op[2]
@@ -423,14 +345,19 @@ class _ToNextHop:
                     down[key] = new
                 task = held.pop(chunk_id, None)
                 ch = down.get(key)
-                if task is None or ch is None:
-                    continue  # dropped, or the peer died: the caller re-runs the chunk
-                self._send_on(ch, task)
+                if task is not None and ch is not None:  # else dropped, or the peer died:
+                    self._send_on(ch, task)  # the caller re-runs the chunk
 
     def _send_on(self, ch: Channel, task: Task) -> None:
+        """Send ``task`` on; a result that does not pickle is a Broken in its place (every
+        result of this hop, when none alone is the one)."""
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if we die now: this chunk
         try:
-            frame = self._encode(ch, task)
+            try:
+                frame = ch.encode(task)
+            except Exception as exc:  # (the units ran: no retry here)
+                values = self._run(task, task.units).unpicklable(task.units, exc)
+                frame = ch.encode(task._replace(units=values, marked=True))
             nbytes = len(frame) + ch.shm_bytes
             try:
                 ch.send_frame(frame)
@@ -439,17 +366,6 @@ class _ToNextHop:
         finally:
             self.cur[self.at + AT_SENDING] = NOT_SENDING
         _send(self.caller, Sent(task.chunk_id, nbytes), bare=True)
-
-    def _encode(self, ch: Channel, task: Task) -> bytes:
-        """``task``'s frame; a result that does not pickle is a Broken in its place (every
-        result of this hop, when none alone is the one)."""
-        try:
-            return ch.encode(task)
-        except Exception as exc:  # (the units ran: no retry here)
-            assert self.stages is not None
-            run = ChunkRun(self.stages, task.units, task.start // self.unit, task)
-            values = run.unpicklable(task.units, exc)
-            return ch.encode(task._replace(units=values, marked=True))
 
 
 def _flush_releases(upstream: set[Channel]) -> None:
@@ -473,25 +389,33 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     gc.freeze()
     _let_go(spec.release)
     if spec.environ is not None:  # the caller's now, not the forkserver's of its start
-        temp = _temp_vars()
+        if any(os.environ.get(k) != spec.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")):
+            tempfile.tempdir = None  # tempfile's directory, found in the forkserver: not ours
         os.environ.clear()
         os.environ.update(spec.environ)
-        if _temp_vars() != temp:  # tempfile's directory, found in the forkserver: not ours
-            tempfile.tempdir = None
     name_mp_tempdir()  # (removed at the end, or by whoever buries this worker)
     # Ctrl-C reaches the whole foreground process group; the caller decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (blocked by a fork: see _spawn)
-    _lead_a_group()
+    # Lead a process group of our own, free to start processes: whatever the work starts
+    # (multiprocessing, a DataLoader with workers, subprocess) joins the group, and the
+    # caller kills the group when this worker dies, is killed or closes: nothing it started
+    # outlives it. What leaves the group (a session of its own, a daemon) stays below this
+    # worker, its subreaper, and ends with it (``_reaping``). Ctrl-C in a terminal goes to
+    # the caller's group only, and the caller decides what happens.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    become_subreaper()
+    # multiprocessing refuses children to a daemonic process; this one's children die with
+    # its group, which is what the daemon flag was there for.
+    with contextlib.suppress(Exception):
+        mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     chan = Channel(conn)
     tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stop = threading.Event()
-    cur = worker_view(slots)
     at = spec.slot * SLOT_WIDTH
-    outlet = (
-        _ToCaller(chan, cur, at, spec.unit) if spec.last else _ToNextHop(chan, cur, at, spec.unit)
-    )
-    reader = _Reader(chan, tasks, stop, outlet)
+    outlet = (_ToCaller if spec.last else _ToNextHop)(chan, worker_view(slots), at, spec)
+    reader = _Reader(chan, tasks, stop, outlet.inbox)
     # (a bare thread: Thread.start() waits until the new thread runs, milliseconds on a
     # busy machine, on the way to this worker's first item)
     _thread.start_new_thread(_or_die, (reader.loop,))
@@ -505,8 +429,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     try:
         producers, cfg = pickle.loads(spec.payload)
     except BaseException as exc:
-        _send(chan, InitFailed(ErrorReport.of("<payload>", exc)))
-        return
+        _end(chan, InitFailed(ErrorReport.of("<payload>", exc)))
     stages = PreparedStages(
         producers,
         device=device,
@@ -518,54 +441,35 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     outlet.stages = stages
     failed = stages.start()
     if failed is not None:
-        _send(chan, InitFailed(failed.report()))
-        end_children()  # what the init started
-        remove_own_mp_tempdir()
-        return
+        _end(chan, InitFailed(failed.report()))  # (and what the init started ends)
     _send(chan, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
-    serve = _serve_waiting if stages.waits else _serve
-    serve(chan, tasks, stop, stages, outlet, spec, cur, at)
+    (_serve_waiting if stages.waits else _serve)(tasks, stop, outlet)
 
     failed = stages.finish()  # every stage's end runs even when an earlier one fails
-    goodbye = EndFailed(failed.report()) if failed is not None else None
-    _send(chan, goodbye or Ended("torch" in sys.modules))
-    _release_multiprocessing_objects()
-    end_children()  # whatever the work started and left running, in any session
-    remove_own_mp_tempdir()
-    # Nothing is left to do: skip interpreter teardown (the caller joins us right now).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _end(chan, EndFailed(failed.report()) if failed is not None else Ended("torch" in sys.modules))
 
 
-def _serve(
-    chan: Channel,
-    tasks: queue.SimpleQueue[Any],
-    stop: threading.Event,
-    stages: PreparedStages,
-    outlet: _ToCaller | _ToNextHop,
-    spec: WorkerSpec,
-    cur: Any,
-    at: int,
-) -> None:
+def _serve(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet: _ToCaller) -> None:
     """Run tasks until STOP: decode, run the stages, hand the results to the outlet."""
     clock = time.monotonic
+    cur, at, stages, unit = outlet.cur, outlet.at, outlet.stages, outlet.spec.unit
+    assert stages is not None
     upstream: set[Channel] = set()
     while True:
         entry = _next_entry(tasks, upstream)
         if entry is None or stop.is_set():
             return
         t0 = clock()
-        task = _take(entry, chan, upstream, cur, at, t0)
+        task = _take(entry, outlet, upstream, t0)
         if task is None:
             cur[at + AT_STARTED] = IDLE
             continue
-        units = _units_of(task, spec)
+        units = _units_of(task, outlet.spec)
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
         cur[at + AT_FLIGHT] = 1.0
-        ran = ChunkRun(stages, units, task.start // spec.unit, task).run(cur, at, stop, since=t0)
+        ran = ChunkRun(stages, units, task.start // unit, task).run(cur, at, stop, since=t0)
         cur[at + AT_STARTED] = IDLE
         cur[at + AT_FLIGHT] = 0.0
         if stop.is_set():
@@ -577,16 +481,7 @@ def _serve(
             _flush_releases(upstream)
 
 
-def _serve_waiting(
-    chan: Channel,
-    tasks: queue.SimpleQueue[Any],
-    stop: threading.Event,
-    stages: PreparedStages,
-    outlet: _ToCaller | _ToNextHop,
-    spec: WorkerSpec,
-    cur: Any,
-    at: int,
-) -> None:
+def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet: _ToCaller) -> None:
     """:func:`_serve` for a hop that waits (``concurrency=k``, async stages): each chunk is
     started as it comes, its units queued for the worker's ``k`` slots behind those of the
     chunks before (a slot that one chunk's slow unit leaves free takes the next chunk's unit
@@ -595,6 +490,8 @@ def _serve_waiting(
     unit in flight (what a watchdog times and a death blames; async stages: the unit holding
     the event loop, the only one timed: the loop cancels the others, ``Flight.by_step``)."""
     clock = time.monotonic
+    cur, at, stages, unit = outlet.cur, outlet.at, outlet.stages, outlet.spec.unit
+    assert stages is not None
     upstream: set[Channel] = set()
     pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
 
@@ -618,7 +515,7 @@ def _serve_waiting(
                 del run, ran
             elif k == 0:  # (answered for the oldest chunk not answered: in its turn)
                 pending.popleft()
-                _send(chan, run)
+                _send(outlet.caller, run)
             else:
                 k += 1
         if not pending:
@@ -638,10 +535,10 @@ def _serve_waiting(
         cur[at + AT_AHEAD] = float(len(pending))
         task = None
         try:
-            task = _take(entry, chan, upstream, cur, at, t0, pending)
+            task = _take(entry, outlet, upstream, t0, pending)
             if task is not None:
-                units = _units_of(task, spec)
-                run = ChunkRun(stages, units, task.start // spec.unit, task).start(stop, t0)
+                units = _units_of(task, outlet.spec)
+                run = ChunkRun(stages, units, task.start // unit, task).start(stop, t0)
                 run.future.add_done_callback(tick)
                 pending.append((run, t0))
         finally:
@@ -669,26 +566,20 @@ def _next_entry(tasks: queue.SimpleQueue[Any], upstream: set[Channel]) -> Any:
 
 
 def _take(
-    entry: Any,
-    chan: Channel,
-    upstream: set[Channel],
-    cur: Any,
-    at: int,
-    t0: float,
-    pending: Any = None,
+    entry: Any, outlet: _ToCaller, upstream: set[Channel], t0: float, pending: Any = None
 ) -> Task | None:
     """Decode a task-queue entry: the task, or None (a closed peer, only releases, or a task
     that did not unpickle: the caller hears so, in the order chunks are answered: at once,
     or after those ``pending``)."""
     src, frame, fds = entry
-    if isinstance(src, _PeerClosed):
-        upstream.discard(src.chan)
-        src.chan.close()
+    if frame is None:  # an upstream peer's pipe reached EOF: stop tracking its releases
+        upstream.discard(src)
+        src.close()
         return None
     # An item's time starts now: a timeout counts its unpickling (a slow __setstate__),
     # and a death in it is charged to the chunk (see UNPICKLING).
-    cur[at + AT_INDEX] = UNPICKLING
-    cur[at + AT_STARTED] = t0
+    outlet.cur[outlet.at + AT_INDEX] = UNPICKLING
+    outlet.cur[outlet.at + AT_STARTED] = t0
     try:
         task = src.decode(frame, fds)
         if type(task) is Damaged:
@@ -699,11 +590,11 @@ def _take(
         # waits, which answers chunks as they end, says so once those before are answered).
         unreadable = Unreadable(ErrorReport.of(UNREADABLE, exc))
         if pending is None:
-            _send(chan, unreadable)
+            _send(outlet.caller, unreadable)
         else:
             pending.append((unreadable, t0))
         return None
-    if task is not None and src is not chan:
+    if task is not None and src is not outlet.caller:
         upstream.add(src)
     return task  # type: ignore[no-any-return]
 
