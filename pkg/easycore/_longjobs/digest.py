@@ -44,7 +44,6 @@ import hashlib
 import io
 import operator
 import pickle
-import struct
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -66,10 +65,6 @@ def _hasher(*parts: Any) -> Any:
     for part in parts:
         h.update(part)
     return h
-
-
-def _length(n: int) -> bytes:
-    return struct.pack("<Q", n)
 
 
 class _Canonical(pickle.Pickler):
@@ -223,8 +218,7 @@ class _FunctionHasher:
             self._value(h, fn)
 
     def _function(self, h: Any, fn: types.FunctionType) -> None:
-        name = f"{fn.__module__}.{fn.__qualname__}".encode()
-        h.update(b"f" + _length(len(name)) + name)
+        self._value(h, f"{fn.__module__}.{fn.__qualname__}")
         code = fn.__code__
         doc = fn.__doc__
         self._code(h, code, skip_doc=doc is not None and code.co_consts[:1] == (doc,))
@@ -282,13 +276,10 @@ class _FunctionHasher:
 
     def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
         counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
-        h.update(b"c" + struct.pack("<4Q", *counts))
-        for part in (code.co_code, getattr(code, "co_exceptiontable", b"")):
-            h.update(_length(len(part)) + part)
-        for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
-            self._value(h, names)
+        names = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
         consts = code.co_consts[1:] if skip_doc else code.co_consts
-        h.update(b"K" + _length(len(consts)))
+        table = getattr(code, "co_exceptiontable", b"")
+        self._value(h, (counts, code.co_code, table, names, len(consts)))
         for const in consts:
             if isinstance(const, types.CodeType):
                 self._code(h, const)
@@ -393,6 +384,6 @@ def _plain(value: Any) -> Any:
     """``value`` with every mapping in it a plain dict (a CfgNode inside a list, say)."""
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value) if type(value) in (list, tuple) else value
+    if type(value) in (list, tuple):
+        return type(value)(_plain(v) for v in value)
     return value

@@ -12,9 +12,9 @@ indices, seeds and messages are those of the uninterrupted run on any engine.
   the few output units received beyond it (at most a window's worth).
 * :func:`start_at` is where an ``imap`` begins: the position it will count, and with
   ``state=`` the options and input that resume there.
-* :func:`read_state` checks a state against the run it is given to (seed, epoch, batch
+* :func:`_read_state` checks a state against the run it is given to (seed, epoch, batch
   sizes, length of the input) and says where to begin.
-* :func:`resumable_tail` is the input from a given item on, without reading what is before
+* :func:`_resumable_tail` is the input from a given item on, without reading what is before
   it: a ``range`` is sliced, a sequence or a map-style dataset indexed, a reader with
   ``iter_from(index)`` asked; anything else (a generator) cannot resume and is a
   ``ValueError``.
@@ -38,19 +38,9 @@ from easycore._exec.core.protocol import CACHED, is_cached
 from easycore._exec.core.sources import Indexed, items_of
 from easycore._options import RunOptions
 
-__all__ = [
-    "STATE_KIND",
-    "Position",
-    "check_state",
-    "drop_passed",
-    "length_of",
-    "mark_passed",
-    "read_state",
-    "resumable_tail",
-    "start_at",
-]
+__all__ = ["Position", "check_state", "drop_passed", "mark_passed", "start_at"]
 
-STATE_KIND = "easycore.imap"
+_KIND = "easycore.imap"
 _VERSION = 1
 # what a position is a position in (a state given to another run is refused), ints all
 _IDENTITY = ("seed", "epoch", "batch_size", "align", "total")
@@ -86,15 +76,15 @@ def start_at(
     """
     check_state(options, sink)
     data = items_of(data)
-    values = (options.seed, options.epoch, options.batch_size, align, length_of(data))
+    values = (options.seed, options.epoch, options.batch_size, align, _length_of(data))
     identity = dict(zip(_IDENTITY, values, strict=True))
     if options.state is None:
         return options, data, Position(identity, align)
     if options.resume is not None:
         msg = "state= and resume= are two ways to resume: give one of them"
         raise ValueError(msg)
-    first, passed = read_state(options.state, identity)
-    data = resumable_tail(data, first * (options.batch_size or 1))
+    first, passed = _read_state(options.state, identity)
+    data = _resumable_tail(data, first * (options.batch_size or 1))
     position = Position(identity, align, first, passed)
     return attrs.evolve(options, first=first, passed=passed), data, position
 
@@ -123,9 +113,9 @@ class Position:
             self.prefix += self.align
 
     def state(self) -> dict[str, Any]:
-        """The position as a small JSON-serialisable dict (see :func:`read_state`)."""
+        """The position as a small JSON-serialisable dict (see :func:`_read_state`)."""
         return {
-            "kind": STATE_KIND,
+            "kind": _KIND,
             "version": _VERSION,
             **self.identity,
             "position": self.prefix,
@@ -133,7 +123,7 @@ class Position:
         }
 
 
-def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int, frozenset[int]]:
+def _read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int, frozenset[int]]:
     """Where a stream resumed from ``state`` begins: ``(first, passed)``, first-hop units.
 
     Raises:
@@ -141,7 +131,7 @@ def read_state(state: Mapping[str, Any], identity: dict[str, Any]) -> tuple[int,
             type, a position negative or past the end), or is one of another run (another
             seed, epoch, batch size, or length of the input), naming the field.
     """
-    if state.get("kind") != STATE_KIND or state.get("version") != _VERSION:
+    if state.get("kind") != _KIND or state.get("version") != _VERSION:
         msg = (
             "state= must be a dict that an imap iterator's state_dict() returned (version "
             f"{_VERSION}); got {short_repr(dict(state))}"
@@ -193,14 +183,14 @@ def _refuse(state: Mapping[str, Any], name: str, why: str) -> NoReturn:
     raise ValueError(msg)
 
 
-def length_of(data: Any) -> int | None:
+def _length_of(data: Any) -> int | None:
     """``len(data)``, or None when it has none."""
     with contextlib.suppress(TypeError):
         return len(data)
     return None
 
 
-def resumable_tail(data: Any, start: int) -> Iterable[Any]:
+def _resumable_tail(data: Any, start: int) -> Iterable[Any]:
     """The items of ``data`` from item ``start`` on, reading none of those before it.
 
     A ``range`` is sliced (still a range), an object with ``iter_from(index)`` (the protocol
@@ -214,9 +204,8 @@ def resumable_tail(data: Any, start: int) -> Iterable[Any]:
     """
     if type(data) is range:
         return data[start:]
-    iter_from = getattr(data, "iter_from", None)
-    if callable(iter_from):
-        return _Tail(data, start, iter_from)
+    if callable(getattr(data, "iter_from", None)):
+        return _Tail(data, start)
     if _iterates_by_index(data):
         return Indexed(data, start)
     msg = (
@@ -243,22 +232,17 @@ def _iterates_by_index(data: Any) -> bool:
 
 
 class _Tail:
-    """``data`` from item ``start`` on (``iter_from(start)``), with the length left when
-    ``data`` has one."""
+    """``data`` from item ``start`` on (``iter_from(start)``), sized when ``data`` is."""
 
-    def __init__(self, data: Any, start: int, iter_from: Any) -> None:
+    def __init__(self, data: Any, start: int) -> None:
+        self.data = data
         self.start = start
-        self.iter_from = iter_from
-        n = length_of(data)
-        self.n = None if n is None else max(n - start, 0)
 
     def __len__(self) -> int:
-        if self.n is None:
-            raise TypeError("the input has no length")
-        return self.n
+        return max(len(self.data) - self.start, 0)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.iter_from(self.start))
+        return iter(self.data.iter_from(self.start))
 
 
 def mark_passed(
