@@ -166,19 +166,6 @@ _Dumper.add_multi_representer(int, lambda d, x: d.represent_int(int(x)))
 _Dumper.add_multi_representer(str, lambda d, x: _represent_str(d, str(x)))
 
 
-def _describe_yaml_error(err: Any, name: str) -> str:
-    """``NAME:LINE:COLUMN: what went wrong`` from a yaml error with marks."""
-    mark = err.problem_mark or err.context_mark
-    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
-    context = err.context
-    if context and err.context_mark is not None and err.context_mark is not mark:
-        context += f" (line {err.context_mark.line + 1})"
-    text = "; ".join(str(part) for part in (context, err.problem) if part)
-    if isinstance(err, yaml.constructor.ConstructorError) and "for the tag" in text:
-        text += " (CfgNode loads plain YAML only: tags that build Python objects are refused)"
-    return f"{where}: {text}"
-
-
 def _read(stream: str | bytes | IO[Any], name: str) -> Any:
     """The mapping of the YAML document in ``stream`` (an empty dict for an empty document).
 
@@ -197,7 +184,15 @@ def _read(stream: str | bytes | IO[Any], name: str) -> Any:
         else:
             data = node
     except yaml.MarkedYAMLError as err:
-        raise ValueError(_describe_yaml_error(err, name)) from err
+        mark = err.problem_mark or err.context_mark  # NAME:LINE:COLUMN: what went wrong
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+        context = err.context
+        if context and err.context_mark is not None and err.context_mark is not mark:
+            context += f" (line {err.context_mark.line + 1})"
+        text = "; ".join(str(part) for part in (context, err.problem) if part)
+        if isinstance(err, yaml.constructor.ConstructorError) and "for the tag" in text:
+            text += " (CfgNode loads plain YAML only: tags that build Python objects are refused)"
+        raise ValueError(f"{where}: {text}") from err
     except (yaml.YAMLError, ValueError, OverflowError) as err:
         # ReaderError (a control character), or a constructor failing on a value such
         # as the date 2024-13-45: no line is known.
