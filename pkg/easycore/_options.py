@@ -48,12 +48,6 @@ class Numbering:
     step: int = 1
     batch: int | None = None
 
-    def index(self, i: int) -> int:
-        return self.first + i * self.step
-
-    def label(self, i: int, size: int | None = None) -> str:
-        return item_label(self.index(i), self.batch, size)
-
 
 def _check_bool(_: Any, attr: Any, value: Any) -> None:
     # Truthiness would read ordered="no" as yes: only True and False say what they mean.
@@ -152,14 +146,10 @@ def _check_errors(_: Any, __: Any, value: Any) -> None:
         raise ValueError(msg)
 
 
-def _check_callable(_: Any, attr: Any, value: Any) -> None:
-    if value is not None and not callable(value):
-        msg = f"{attr.name} must be callable or None, got {value!r}"
-        raise TypeError(msg)
+_callable = attrs.validators.optional(attrs.validators.is_callable())  # a TypeError
 
 
 def _check_on_error(inst: Any, attr: Any, value: Any) -> None:
-    _check_callable(inst, attr, value)
     if value is not None and inst.errors != "skip":
         msg = (
             f"on_error={value!r} is called with each item set aside, and only errors='skip' "
@@ -200,9 +190,11 @@ class RunOptions:
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
     # long jobs (contract section 8)
     errors: str = attrs.field(default="raise", validator=_check_errors)
-    on_error: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_on_error)
+    on_error: Callable[[Any], Any] | None = attrs.field(
+        default=None, validator=[_callable, _check_on_error]
+    )
     resume: str | os.PathLike[str] | None = attrs.field(default=None, validator=_check_path)
-    key: Callable[[Any], Any] | None = attrs.field(default=None, validator=_check_callable)
+    key: Callable[[Any], Any] | None = attrs.field(default=None, validator=_callable)
     retry_failed: bool = attrs.field(default=False, validator=_check_bool)
     accept_changed_code: bool = attrs.field(default=False, validator=_check_bool)
     max_items_per_worker: int | None = attrs.field(default=None, validator=_count())
@@ -234,12 +226,13 @@ class RunOptions:
     def label(self, index: int, size: int | None = None) -> str:
         """Name unit ``index`` of the first hop in messages (``size``: the items of a
         batch, when known)."""
-        if self.numbering is not None:
-            return self.numbering.label(index, size)
-        return item_label(index, self.batch_size, size)
+        batch = self.batch_size if self.numbering is None else self.numbering.batch
+        return item_label(self.global_index(index), batch, size)
 
     def global_index(self, index: int) -> int:
-        return index if self.numbering is None else self.numbering.index(index)
+        """Which unit of the whole input unit ``index`` of this stream is (see ``Numbering``)."""
+        n = self.numbering
+        return index if n is None else n.first + index * n.step
 
 
 class RunKwargs(TypedDict, total=False):
