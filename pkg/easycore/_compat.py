@@ -249,7 +249,7 @@ class BaseRunner:
         """
         if self.is_activate:
             return
-        self._detach()
+        self.close()  # (a runner an error closed: its finaliser dropped)
         runner = Runner(runner_pipeline(type(self)), self.devices, cfg=self.cfg)
         self._runner = runner
         # 0.4 closed its runner on garbage collection and at interpreter exit; so do we.
@@ -261,14 +261,10 @@ class BaseRunner:
         Raises:
             WorkerError: a ``producer_end`` raised (the workers are stopped all the same).
         """
-        self._detach()
-        if self._runner is not None:
-            self._runner.close()
-
-    def _detach(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
-            self._finalizer = None
+        if self._runner is not None:
+            self._runner.close()
 
     def __repr__(self) -> str:
         state = "active" if self.is_activate else "closed"
