@@ -110,10 +110,8 @@ class Registry:
         >>> REG.get("one")
         1
         """
-        try:
+        if name in self._objects:
             return self._objects[name]
-        except KeyError:
-            pass
         msg = f"no object named {name!r} in the {self._name!r} registry"
         msg += close_matches(name, self._objects)
         if not self._objects:

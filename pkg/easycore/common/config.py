@@ -148,9 +148,7 @@ class HierarchicalCfgNode:
         out = CfgNode(cfg)
         if base_cfg_path is not None:
             base_path = os.fspath(base_cfg_path)
-            if not os.path.exists(base_path):
-                raise FileNotFoundError(base_path)
-            out = _without(out, cls.open(base_path, encoding))
+            out = _without(out, cls.open(base_path, encoding))  # (FileNotFoundError if none)
             if base_path_relative:
                 where = os.path.dirname(os.path.abspath(os.fspath(save_path)))
                 base_path = os.path.relpath(os.path.abspath(base_path), start=where)
