@@ -83,9 +83,9 @@ def start_time(pid: int) -> int | None:
     return None if stat is None else stat[2]
 
 
-def _parents() -> dict[int, int]:
-    """Every process's parent, read from /proc (pid -> ppid)."""
-    out: dict[int, int] = {}
+def _table() -> dict[int, tuple[int, int, int]]:
+    """Every process's :func:`_stat` (parent, group, start time), read from /proc."""
+    out: dict[int, tuple[int, int, int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:  # pragma: no cover - no /proc
@@ -93,20 +93,20 @@ def _parents() -> dict[int, int]:
     for name in names:
         stat = _stat(name) if name.isdigit() else None
         if stat is not None:  # (else gone meanwhile)
-            out[int(name)] = stat[0]
+            out[int(name)] = stat
     return out
 
 
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` now (zombies included)."""
-    return [p for p, parent in _parents().items() if parent == pid]
+    return [p for p, stat in _table().items() if stat[0] == pid]
 
 
 def descendants(roots: Iterable[int]) -> list[int]:
     """Every process below ``roots`` now: children, theirs, and so on (roots excluded)."""
     below: dict[int, list[int]] = {}
-    for p, parent in _parents().items():  # one reading of /proc for the whole tree
-        below.setdefault(parent, []).append(p)
+    for p, stat in _table().items():  # one reading of /proc for the whole tree
+        below.setdefault(stat[0], []).append(p)
     out: list[int] = []
     todo = list(roots)
     seen = set(todo)
@@ -158,11 +158,11 @@ def left_by(since: int, keep: Iterable[int] = ()) -> list[int]:
     multiprocessing).
     """
     me, group, keep = os.getpid(), os.getpgrp(), set(keep)
-    found = []
-    for pid in children(me):
-        stat = _stat(pid)
-        if stat is not None and stat[1] != group and stat[2] >= since and pid not in keep:
-            found.append(pid)
+    found = [
+        pid
+        for pid, (parent, pgrp, start) in _table().items()
+        if parent == me and pgrp != group and start >= since and pid not in keep
+    ]
     return found + descendants(found)
 
 
