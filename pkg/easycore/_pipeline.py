@@ -54,34 +54,6 @@ def _fn_name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
-def _refuse_waiting(kind: str, **fns: Any) -> None:
-    """What cannot wait (docs/contract.md section 11), refused at decoration: a consumer or
-    its ``init``/``end`` that is ``async def`` or an async generator (the consumer folds in
-    the calling process), an async generator as a producer or its ``init``/``end``."""
-    for role, f in fns.items():
-        if not callable(f):
-            continue
-        what = f"{kind} {_fn_name(f)!r}" if role == "fn" else f"{kind} {role} {_fn_name(f)!r}"
-        asyncgen = _inject.is_async_fn(f, inspect.isasyncgenfunction)
-        if kind == "consumer" and (asyncgen or _inject.is_async_fn(f)):
-            msg = (
-                f"{what} is {'an async generator' if asyncgen else '`async def`'}: a consumer "
-                "folds results in the calling process and cannot wait; make it a plain `def` "
-                "and do the waiting in an `async def` producer before it"
-            )
-            raise TypeError(msg)
-        if asyncgen:
-            fix = (
-                "a producer returns one result per item; make it `async def` and `return` "
-                "the result (a list, to give several)"
-                if role == "fn"
-                else "it runs once per worker; make it `async def` (or a plain `def`) "
-                "without `yield`"
-            )
-            msg = f"{what} is an async generator: {fix}"
-            raise TypeError(msg)
-
-
 def _import_stage(module: str, qualname: str) -> Stage:
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -415,8 +387,8 @@ class Stage(_Runs):
 _ROLES = {
     "producer": (
         ("producer", 1, _inject.PRODUCER_WORK),
-        ("init", 0, _inject.PRODUCER_INIT),
-        ("end", 0, _inject.PRODUCER_END),
+        ("producer init", 0, _inject.PRODUCER_INIT),
+        ("producer end", 0, _inject.PRODUCER_END),
     ),
     "consumer": (
         ("consumer", 2, _inject.CONSUMER),
@@ -427,19 +399,41 @@ _ROLES = {
 
 
 def _stage(kind: str, fn: Callable[..., Any], init: Any, end: Callable[..., Any] | None) -> Stage:
-    """A decorated function as a :class:`Stage`, the signatures of its functions checked."""
+    """A decorated function as a :class:`Stage`, the signatures of its functions checked.
+
+    What cannot wait (docs/contract.md section 11) is refused here: a consumer or its
+    ``init``/``end`` that is ``async def`` or an async generator (the consumer folds in the
+    calling process), an async generator as a producer or its ``init``/``end``.
+    """
     if isinstance(fn, Stage):
         msg = f"{fn!r} is already a stage; decorate the plain function once"
         raise TypeError(msg)
-    _refuse_waiting(kind, fn=fn, init=init, end=end)
-    # A consumer's init may be a value (its first accumulator): only a callable declares names.
-    parts = (fn, init if kind == "producer" or callable(init) else None, end)
-    names = [
-        _inject.injected_names(part, role=role, positional=n, allowed=allowed)
-        if part is not None
-        else ()
-        for part, (role, n, allowed) in zip(parts, _ROLES[kind], strict=True)
-    ]
+    names: list[tuple[str, ...]] = []
+    for part, (role, n, allowed) in zip((fn, init, end), _ROLES[kind], strict=True):
+        # A consumer's init may be a value (its first accumulator): only a callable declares names.
+        if part is None or (role == "consumer init" and not callable(part)):
+            names.append(())
+            continue
+        what = f"{role} {_fn_name(part)!r}"
+        asyncgen = _inject.is_async_fn(part, inspect.isasyncgenfunction)
+        if kind == "consumer" and (asyncgen or _inject.is_async_fn(part)):
+            msg = (
+                f"{what} is {'an async generator' if asyncgen else '`async def`'}: a consumer "
+                "folds results in the calling process and cannot wait; make it a plain `def` "
+                "and do the waiting in an `async def` producer before it"
+            )
+            raise TypeError(msg)
+        if asyncgen:
+            fix = (
+                "a producer returns one result per item; make it `async def` and `return` "
+                "the result (a list, to give several)"
+                if role == "producer"
+                else "it runs once per worker; make it `async def` (or a plain `def`) "
+                "without `yield`"
+            )
+            msg = f"{what} is an async generator: {fix}"
+            raise TypeError(msg)
+        names.append(_inject.injected_names(part, role=role, positional=n, allowed=allowed))
     return Stage(fn, kind, init, end, *names)
 
 
