@@ -94,8 +94,10 @@ class DirLock:
             ValueError: a live run holds it (naming the directory and that run), or the
                 directory cannot be written.
         """
-        self.make_dir()
         for _ in range(5):
+            stale = self.check()
+            if stale is not None:
+                self._take_over(stale)
             try:
                 if self._create():
                     self.held = True
@@ -103,18 +105,16 @@ class DirLock:
             except OSError as exc:
                 msg = f"{self.sink!r}: cannot write in {self.sink.path!r} ({exc})"
                 raise ValueError(msg) from exc
-            other = self.read()
-            if other is not None:
-                self.refuse(other)  # (returns when its process is dead)
-                self._take_over(other)
         msg = f"{self.sink!r}: could not lock {self.path} (runs keep taking it over)"
         raise ValueError(msg)
 
-    def make_dir(self) -> None:
-        """Create the directory when it is missing.
+    def check(self) -> str | None:
+        """Create the directory when it is missing; the text of the lock in it when that
+        is a dead run's (to take over), else None.
 
         Raises:
-            ValueError: the path is a file, or the directory cannot be made or written.
+            ValueError: the path is a file, the directory cannot be made or written, or a
+                live run holds it (:meth:`refuse`).
         """
         sink, root, fs = self.sink, self.files.root, self.files.fs
         try:
@@ -128,6 +128,10 @@ class DirLock:
         if self.files.local and not os.access(root, os.W_OK | os.X_OK):
             msg = f"{sink!r}: the directory {root} cannot be written"
             raise ValueError(msg)
+        other = self.read()
+        if other is not None:
+            self.refuse(other)  # (returns when its process is dead)
+        return other
 
     def end(self) -> None:
         """The run is over: remove its temporary files, then let go of the directory
@@ -253,10 +257,7 @@ def check_sink(sink: Sink, in_caller: bool) -> None:
             "directory or URL every worker reaches"
         )
         raise ValueError(msg)
-    lock.make_dir()
-    other = lock.read()
-    if other is not None:
-        lock.refuse(other)
+    lock.check()
 
 
 # -- commits -------------------------------------------------------------------------------

@@ -199,23 +199,20 @@ class RunIdentity:
         stages = []
         for i, (group, binding) in enumerate(pipeline.pools):
             for k, stage in enumerate(group):
-                init = getattr(stage, "init", None)
-                batch = binding.batch_size if binding is not None and i > 0 and k == 0 else None
-                code: list[str | None] = []
-                reads: dict[str, list[str]] = {}
-                for fn in (stage.fn, init):
-                    digest, constants = (None, {}) if fn is None else code_digest(fn)
-                    code.append(digest)
-                    for name, value in constants.items():
-                        reads.setdefault(name, [item_digest(value).hex(), short_repr(value, 60)])
+                fn, init = stage.fn, getattr(stage, "init", None)
+                coded = [code_digest(fn), (None, {}) if init is None else code_digest(init)]
                 stages.append(
                     {
                         "name": stage.name,
-                        "fn": function_digest(stage.fn),
+                        "fn": function_digest(fn),
                         "init": None if init is None else function_digest(init),
-                        "batch_size": batch,
-                        "code": code,
-                        "reads": reads,
+                        "batch_size": binding.batch_size if binding and i > 0 and k == 0 else None,
+                        "code": [digest for digest, _ in coded],
+                        "reads": {  # (the function's value where init reads the same name)
+                            name: [item_digest(value).hex(), short_repr(value, 60)]
+                            for _, constants in reversed(coded)
+                            for name, value in constants.items()
+                        },
                     }
                 )
         sink = getattr(pipeline, "sink", None)
@@ -228,9 +225,8 @@ class RunIdentity:
             "cfg": cfg_digests(frozen_cfg(cfg)),
             "seed": options.seed,
             "batch_size": first_batch(pipeline, options.batch_size),
+            "epoch": options.epoch,
         }
-        if options.epoch:  # (absent at epoch 0: ledgers written before epochs stay valid)
-            parts["epoch"] = options.epoch
         # (parts as they read back from the file)
         return cls(json.loads(json.dumps(parts)), options.accept_changed_code)
 
@@ -369,24 +365,14 @@ class RunLedger:
         self.path = os.fspath(path)
         self.options = options
         self.align = align
-        self.identity = identity
+        # per output unit taken from the input and not yet delivered: (key, digest, whether
+        # it runs, items)
+        self.pending: dict[int, tuple[str, bytes, bool, Any]] = {}
         _check_place(self.path, identity)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            self._open()
-        except BaseException:
-            self.close()
-            raise
-        if self.options.key is not None:
-            self.db.execute(_SEEN)
-        # per output unit taken from the input and not yet delivered: (key, digest, state,
-        # items) with state "new", "done" (the result is in the file) or "failed"
-        self.pending: dict[int, tuple[str, bytes, str, Any]] = {}
-
-    def _open(self) -> None:
-        """Make the file a ledger of this run when it is new, else check that it is one of
-        this run; one transaction, so that a caller killed here leaves a file that is either
-        empty or a whole ledger that says whose it is."""
+        # The file becomes a ledger of this run when it is new, else is checked to be one of
+        # this run: one transaction, so that a caller killed here leaves a file that is either
+        # empty or a whole ledger that says whose it is.
         try:
             self.db.execute("PRAGMA synchronous=NORMAL")  # atomic across a crash of this process
             with self.db:  # (commits, or rolls back on any error)
@@ -394,11 +380,9 @@ class RunLedger:
                 stored = _read_ledger(self.path, self.db)  # (another process may have been first)
                 for table in _TABLES if stored is None else ():
                     self.db.execute(table)
-                changed = [] if stored is None else self.identity.check(self.path, stored)
+                changed = [] if stored is None else identity.check(self.path, stored)
                 if stored is None or changed:  # a new ledger, or changed code accepted: now ours
-                    rows = [
-                        (name, json.dumps(value)) for name, value in self.identity.parts.items()
-                    ]
+                    rows = [(name, json.dumps(value)) for name, value in identity.parts.items()]
                     self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
                 if changed:
                     msg = (
@@ -409,8 +393,13 @@ class RunLedger:
                     warn(msg)
             if stored is None:  # (WAL once the file is a ledger: others' files stay as they are)
                 self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(_SEEN)
         except sqlite3.Error as exc:
+            self.close()
             raise _refuse(self.path, str(exc)) from exc
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -433,19 +422,17 @@ class RunLedger:
     def _check_unique(self, keyed: list[tuple[int, str]]) -> None:
         """Raises ValueError when a key of ``keyed`` ((unit, key) pairs) came before in this
         run: the ledger keeps one result per key, so the second item would get the first's."""
-        first: dict[str, int] = {}
-        twice = [(key, first[key], j) for j, key in keyed if first.setdefault(key, j) != j]
-        earlier = self._select("SELECT key, unit FROM seen", first)  # (earlier blocks')
-        twice += [(key, j, first[key]) for key, j in earlier]
-        if twice:
-            key, a, b = twice[0]
-            msg = (
-                f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
-                f"{self.options.label(b)}: key= must name each item once (the ledger "
-                "keeps one result per key)"
-            )
-            raise ValueError(msg)
-        self.db.executemany("INSERT INTO seen VALUES (?, ?)", first.items())
+        for j, key in keyed:
+            try:
+                self.db.execute("INSERT INTO seen VALUES (?, ?)", (key, j))
+            except sqlite3.IntegrityError:
+                (a,) = self.db.execute("SELECT unit FROM seen WHERE key = ?", (key,)).fetchone()
+                msg = (
+                    f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
+                    f"{self.options.label(j)}: key= must name each item once (the ledger "
+                    "keeps one result per key)"
+                )
+                raise ValueError(msg) from None
 
     def _select(self, query: str, keys: Iterable[str]) -> list[Any]:
         """The rows ``query`` (a SELECT without WHERE) finds whose key is one of ``keys``."""
@@ -484,8 +471,7 @@ class RunLedger:
                     )
                     raise ValueError(msg)
                 new = key not in rows or (error is not None and self.options.retry_failed)
-                state = "new" if new else "done" if error is None else "failed"
-                self.pending[j] = (key, digest, state, unit)
+                self.pending[j] = (key, digest, new, unit)
                 yield from items if new else [CACHED] * len(items)
 
     # -- the results -------------------------------------------------------------------------
@@ -507,8 +493,8 @@ class RunLedger:
         last: Any = None
         blob = b""
         for k, value in enumerate(values):
-            key, digest, state, unit = self.pending.pop(first + k)
-            if state != "new":
+            key, digest, new, unit = self.pending.pop(first + k)
+            if not new:
                 stored.append((k, key, unit))
             elif isinstance(value, Failed):
                 error = str(value.exc).split("\n", 1)[0]
