@@ -166,18 +166,6 @@ class Sink:
         fields = attrs.asdict(self, recurse=False, filter=lambda a, _: a.name != "align")
         return {**fields, "schema": None if self.schema is None else str(self.schema)}
 
-    # -- where the files go --------------------------------------------------------------
-    def filesystem(self) -> tuple[Any, str]:
-        """``(fsspec filesystem or None for a local directory, root)``."""
-        if "://" not in self.path:
-            return None, os.path.abspath(self.path)
-        try:
-            import fsspec
-        except ImportError as exc:  # pragma: no cover - fsspec is installed in tests
-            msg = f"writing to {self.path!r} needs fsspec: pip install 'easycore[fsspec]'"
-            raise ImportError(msg) from exc
-        return fsspec.core.url_to_fs(self.path)
-
     def location(self, name: str) -> str:
         """The path or URL of file ``name`` as :class:`Written` names it."""
         if "://" in self.path:
@@ -215,9 +203,16 @@ class SinkFiles:
     (``fs``), by name."""
 
     def __init__(self, sink: Sink) -> None:
-        fs, self.root = sink.filesystem()
-        self.local = fs is None
-        self.fs = _Local() if fs is None else fs
+        self.local = "://" not in sink.path
+        self.fs: Any = _Local()
+        self.root = os.path.abspath(sink.path)
+        if not self.local:
+            try:
+                import fsspec
+            except ImportError as exc:  # pragma: no cover - fsspec is installed in tests
+                msg = f"writing to {sink.path!r} needs fsspec: pip install 'easycore[fsspec]'"
+                raise ImportError(msg) from exc
+            self.fs, self.root = fsspec.core.url_to_fs(sink.path)
 
     def join(self, name: str) -> str:
         return (os.path if self.local else posixpath).join(self.root, name)
@@ -410,21 +405,6 @@ def _named(row: Mapping[Any, Any]) -> dict[str, Any]:
     return named
 
 
-def _add_keys(cols: dict[str, Any], name: str, keys: Any) -> None:
-    """``keys`` as column ``name`` (``key_column``) of ``cols``.
-
-    Raises:
-        SinkError: the results hold a column ``name``.
-    """
-    if name in cols:
-        msg = (
-            f"key_column={name!r} names a column the results hold: the item keys would "
-            "replace it. Give key_column another name, or rename that column"
-        )
-        raise SinkError(msg)
-    cols[name] = keys
-
-
 def _types(module: str, *names: str) -> tuple[type, ...]:
     """Types of a library, for ``isinstance``; none when the process has not imported it (no
     value of them exists then, and this imports nothing)."""
@@ -585,13 +565,11 @@ def _plain_column(values: Any) -> Any:
         offsets = offsets if large else offsets.astype(np.int32)
         buffers = [bits, pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))]
         return pa.Array.from_buffers(typ, len(values), buffers, nulls)
-    dtype = {
-        frozenset({int}): np.int64,
-        frozenset({float}): np.float64,
-        frozenset({int, float}): np.float64,
-        frozenset({bool}): np.bool_,
-    }.get(frozenset(kinds))
-    if dtype is None:
+    if kinds == {bool}:
+        dtype: Any = np.bool_
+    elif kinds <= {int, float}:
+        dtype = np.float64 if float in kinds else np.int64
+    else:
         return None
     try:
         arr: Any = np.array([0 if v is None else v for v in values] if missing else values, dtype)
@@ -690,11 +668,10 @@ class ShardWriter:
         gc.disable()
         try:
             batched, by = keys or (False, None)
-            single = self.sink.kind == "parquet" and not batched
-            if single and self._single_rows(base, values, by):
+            parquet = self.sink.kind == "parquet"
+            if parquet and not batched and self._single_rows(base, values, by):
                 return []
             units, errors = self._units(base, values, by, batched)
-            parquet = self.sink.kind == "parquet"
             shards, bad = self._parquet(units) if parquet else self._row_files(units)
             errors += bad
             for k, _ in errors:
@@ -723,8 +700,7 @@ class ShardWriter:
                 continue
             first = (base + k) * self.sink.align
             index = self._item_keys(base, _row_keys(first, n, self.sink.align), keys)
-            if self.sink.key_column is not None:
-                _add_keys(cols, self.sink.key_column, self._keys(index))
+            self._add_keys(cols, index)
             units.append(_Unit(k, first, cols, n, index))
         return units, errors
 
@@ -744,9 +720,7 @@ class ShardWriter:
                 cols[name] = [_to_numpy(v) for v in col]
         firsts = [(base + k) * self.sink.align for k in at]
         try:
-            if self.sink.key_column is not None:
-                by = self._keys(self._item_keys(base, firsts, keys))
-                _add_keys(cols, self.sink.key_column, by)
+            self._add_keys(cols, self._item_keys(base, firsts, keys))
             table = self._fit(_table(cols, len(rows)))
         except Exception:
             return False
@@ -762,25 +736,36 @@ class ShardWriter:
         origin = base * self.sink.align
         return [keys[f - origin] for f in firsts]
 
-    def _keys(self, keys: list[Any]) -> Any:
-        """A key column's values: in Parquet, tuple keys (``key=``'s str and int tuples)
-        are structs of fields ``"0"``, ``"1"``, ... (a list column would need one type; a
-        key of fewer places is null in the others).
+    def _add_keys(self, cols: dict[str, Any], keys: list[Any]) -> None:
+        """``keys`` (each row's item key) as the column ``key_column`` of ``cols``, when the
+        sink has one. In Parquet, tuple keys (``key=``'s str and int tuples) are structs of
+        fields ``"0"``, ``"1"``, ... (a list column would need one type; a key of fewer
+        places is null in the others).
 
         Raises:
-            SinkError: keys whose places hold different types (naming the column): the
-                run's keys conflict, whichever item came first."""
+            SinkError: the results hold a column so named; or keys whose places hold
+                different types (the run's keys conflict, whichever item came first).
+        """
+        name = self.sink.key_column
+        if name is None:
+            return
+        if name in cols:
+            msg = (
+                f"key_column={name!r} names a column the results hold: the item keys would "
+                "replace it. Give key_column another name, or rename that column"
+            )
+            raise SinkError(msg)
+        cols[name] = keys
         if self.sink.kind != "parquet" or not any(type(k) is tuple for k in keys):
-            return keys
+            return
         import pyarrow as pa
 
         try:
-            return pa.array([{str(i): v for i, v in enumerate(k)} for k in keys])
+            cols[name] = pa.array([{str(i): v for i, v in enumerate(k)} for k in keys])
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, AttributeError) as exc:
             msg = (
-                f"key_column {self.sink.key_column!r}: the keys {short_repr(keys)} hold "
-                f"different types in one place ({exc}): key= must give tuples of the same "
-                "types at each place"
+                f"key_column {name!r}: the keys {short_repr(keys)} hold different types in "
+                f"one place ({exc}): key= must give tuples of the same types at each place"
             )
             raise SinkError(msg) from None
 
