@@ -54,16 +54,11 @@ class _BriefRepr(reprlib.Repr):
 _show = functools.partial(short_repr, as_text=_BriefRepr().repr)
 
 
-def _new(cls: type[_N], frozen: bool) -> _N:
-    """An empty node, made without ``__init__`` (pickling and copying fill it themselves)."""
+def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
+    """A node holding ``items``, made without ``__init__`` and ``__setitem__`` (which a frozen
+    node refuses): for pickling and copying."""
     node = cls.__new__(cls)
     object.__setattr__(node, "_frozen", frozen)
-    return node
-
-
-def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
-    """Rebuild a pickled node, bypassing ``__setitem__`` (which a frozen node refuses)."""
-    node = _new(cls, frozen)
     dict.update(node, items)
     return node
 
@@ -94,7 +89,7 @@ def _convert(cls: type[CfgNode], value: Any, copy: bool, frozen: bool, memo: dic
     # Keep the source alive while its id is a memo key (copy.deepcopy does the same).
     memo.setdefault(id(memo), []).append(value)
     if isinstance(value, dict):
-        node = memo[id(value)] = _new(cls, frozen)
+        node = memo[id(value)] = _restore(cls, {}, frozen)
         for k, v in value.items():
             dict.__setitem__(node, k, _convert(cls, v, copy, frozen, memo))
         return node
