@@ -218,7 +218,7 @@ class PreparedStages:
         self.flight = Flight(by_step=self.is_async)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._gate: asyncio.Semaphore | None = None  # (made on the loop: the k slots)
+        self._gate: asyncio.Semaphore | None = None  # (made with the loop: the k slots)
         self._loop_held = [0.0]  # seconds timed units' steps held the loop (see _Spent)
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         # (an actor that waits runs chunks on several threads at once: one loop thread, one
@@ -239,7 +239,7 @@ class PreparedStages:
 
         if self._loop is None or self._loop.is_closed():
             loop = self._loop = asyncio.new_event_loop()
-            self._gate = None
+            self._gate = asyncio.Semaphore(self.concurrency)  # (bound to it on first use)
             if not self.in_caller:  # (the caller's own loop policy is none of our business)
                 asyncio.set_event_loop(loop)
         return self._loop
@@ -515,9 +515,8 @@ class PreparedStages:
     ) -> tuple[list[tuple[Any, StageFailure | None]], float]:
         import asyncio
 
-        if self._gate is None:
-            self._gate = asyncio.Semaphore(self.concurrency)
         gate = self._gate
+        assert gate is not None  # (made with the loop this runs on)
 
         async def one(k: int, index: int, item: Any) -> tuple[Any, StageFailure | None]:
             async with gate:
@@ -815,15 +814,14 @@ class ChunkRun:
         """What the chunk ran to, written by the sink when there is one: each written value
         becomes a small ``Wrote``; a unit whose result could not be written (every one, when
         the file failed) fails as the sink's stage, a Broken."""
-        stages, base = self.stages, self.base
-        writer, sink = stages.writer, stages.sink
-        if writer is not None and sink is not None:
+        stages, base, writer = self.stages, self.base, self.stages.writer
+        if writer is not None:
             try:
                 bad = writer.write(base, values, self.task.keys)
             except stages.catch as exc:
                 bad = [(k, exc) for k in range(len(values))]
             for k, exc in bad:
-                values[k] = stages.broken(base + k, StageFailure(sink.name, exc))
+                values[k] = stages.broken(base + k, StageFailure(writer.sink.name, exc))
             marked = marked or bool(bad)
         return values, len(values) - len(self.passed), marked
 
