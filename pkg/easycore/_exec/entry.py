@@ -49,18 +49,12 @@ def run_imap(
 def _one_shot(pipeline: PipelineDef, options: RunOptions, where: dict[str, Any]) -> Runner:
     """The runner of one ``map``/``imap`` call: a ``resume`` path that is no ledger, or
     another run's, is refused before any worker starts; work goes to each worker as soon as
-    it is ready (init errors surface in the run)."""
+    it is ready (init errors surface in the run). A run that keeps nothing per worker
+    between chunks (no ``timeout`` clock, no recycling) runs Ray's init-less pools as plain
+    tasks, not actors."""
     check_state(options, getattr(pipeline, "sink", None))
     if options.resume is not None:
         check_ledger(options.resume, RunIdentity.of(pipeline, where["cfg"], options))
-    return Runner(pipeline, **where, _wait=False, _tasks=_stateless(options))
-
-
-def _stateless(options: RunOptions) -> bool:
-    """Whether a one-shot run keeps nothing per worker between chunks (no ``timeout`` clock,
-    no recycling): on Ray its init-less pools then run as plain tasks, not actors."""
-    return (
-        options.timeout is None
-        and options.max_items_per_worker is None
-        and options.max_worker_memory is None
-    )
+    recycles = options.max_items_per_worker or options.max_worker_memory
+    tasks = options.timeout is None and recycles is None
+    return Runner(pipeline, **where, _wait=False, _tasks=tasks)

@@ -125,7 +125,6 @@ class Runner:
         if self._sink is not None:  # (before any worker starts)
             check_sink(self._sink, self._engine.in_caller)
         self.devices: tuple[str, ...] = self._chain.devices
-        self._inline = INLINE in self.devices
         self._seat = Seat()
         self._active = False
         self._generation = 0  # +1 per activate(): a run of an earlier activation must stop
@@ -141,14 +140,14 @@ class Runner:
     @property
     def n_workers(self) -> int:
         """How many workers this runner has, over all its pools (1 for ``"inline"``)."""
-        return 1 if self._inline else len(self.devices)
+        return 1 if INLINE in self.devices else len(self.devices)
 
     def __repr__(self) -> str:
         state = "active" if self._active else "closed"
+        where = str(list(self.devices))
         if self._chain.named:
-            where = ", ".join(f"{h.name}: {list(h.devices)}" for h in self._chain.hops)
-            return f"<Runner {self.pipeline!r} on {{{where}}} ({state})>"
-        return f"<Runner {self.pipeline!r} on {list(self.devices)} ({state})>"
+            where = "{" + ", ".join(f"{h.name}: {list(h.devices)}" for h in self._chain.hops) + "}"
+        return f"<Runner {self.pipeline!r} on {where} ({state})>"
 
     def stats(self) -> list[StageStats]:
         """Per pool, for the run under way or the last one: what is done, busy and queued.
@@ -490,6 +489,7 @@ class Runner:
         return supervised
 
 
+@attrs.define(eq=False)
 class _Results:
     """An ``imap``'s results one by one (a sink's: one ``Written`` per committed file).
 
@@ -502,21 +502,13 @@ class _Results:
     closed or dropped, aborted on an error.
     """
 
-    def __init__(
-        self,
-        seat: Seat,
-        token: object,
-        stream: Segments,
-        position: Position | None,
-        owner: Runner | None,
-    ) -> None:
-        self._seat: Seat | None = seat
-        self._token = token
-        self._stream = stream
-        self._position = position
-        self._owner = owner
-        self._values: Iterator[Any] = iter(())
-        self._at = 0  # the first-hop unit where the next value's output unit begins
+    _seat: Seat | None
+    _token: object
+    _stream: Segments
+    _position: Position | None
+    _owner: Runner | None
+    _values: Iterator[Any] = attrs.field(init=False, factory=lambda: iter(()))
+    _at: int = attrs.field(init=False, default=0)  # where the next value's output unit begins
 
     def __iter__(self) -> _Results:
         return self
