@@ -269,8 +269,7 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
     a crash cut short are finished (``ledger``: the run ledger, whose files they are), the
     temporary files removed, and a directory holding another run's files refused. When the
     run ends, however it ends (an error, an early close, the stream dropped), its temporary
-    files are removed and the lock let go of. On an error before ``stream`` starts,
-    ``ledger`` is closed.
+    files are removed, the lock let go of and ``ledger`` closed.
 
     Raises:
         ValueError: another run holds the directory, the directory holds files of another
@@ -290,13 +289,7 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
             )
             raise ValueError(msg)
         check_fresh(sink, known)
-    except BaseException:
-        lock.end()
-        if ledger is not None:
-            ledger.close()
-        raise
-    schema = RunSchema(sink)  # (Parquet: the directory reads back as one dataset)
-    try:
+        schema = RunSchema(sink)  # (Parquet: the directory reads back as one dataset)
         yield next(stream)  # PRIMED
         for start, values in stream:
             shards = [shard for v in values if type(v) is Wrote for shard in v.shards]
@@ -309,6 +302,8 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
             stream.close()  # type: ignore[attr-defined]
         finally:
             lock.end()
+            if ledger is not None:  # (the stream closes it once it ran; not before)
+                ledger.close()
 
 
 def _commit(sink: Sink, schema: RunSchema, shard: Shard) -> Written:

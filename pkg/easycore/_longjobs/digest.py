@@ -192,13 +192,15 @@ class _FunctionHasher:
         # None: constants are fed by value; a dict: by name only, their values kept here
         self.constants = constants
 
-    def feed(self, h: Any, fn: Any) -> None:
+    def feed(self, h: Any, fn: Any, walk: Callable[[Any, Any], None] | None = None) -> None:
+        """Feed callable ``fn`` (or a class of the module, as ``walk`` does), once on the way
+        down: a function (or a method) that refers to itself is a mark."""
         if id(fn) in self.active:
-            h.update(b"@")  # a function that refers to itself (recursion)
+            h.update(b"@")
             return
         self.active.add(id(fn))
         try:
-            self._callable(h, fn)
+            (walk or self._callable)(h, fn)
         finally:
             self.active.discard(id(fn))
 
@@ -251,28 +253,22 @@ class _FunctionHasher:
             else:  # (a name two modules use: the first one's value; the digest tells)
                 self.constants.setdefault(name, value)
         elif isinstance(value, type) and value.__module__ == module:
-            self._class(h, name, value, module)
+            self.feed(h, value, lambda h, cls: self._class(h, name, cls, module))
 
     def _class(self, h: Any, name: str, cls: type, module: str) -> None:
         """A class of the function's module: its methods and data attributes, its own and
         those of its bases in the module, by their names (``C.K``)."""
-        if id(cls) in self.active:  # (a method that names its own class)
-            return
-        self.active.add(id(cls))
-        try:
-            members: dict[str, Any] = {}
-            for klass in reversed(cls.__mro__):  # (as attribute lookup finds them)
-                if klass.__module__ == module:
-                    members.update(vars(klass))
-            for attr, member in sorted(members.items()):
-                if isinstance(member, staticmethod | classmethod):
-                    member = member.__func__
-                elif isinstance(member, property):
-                    member = member.fget
-                if not attr.startswith("__") or isinstance(member, types.FunctionType):
-                    self._global(h, f"{name}.{attr}", member, module)
-        finally:
-            self.active.discard(id(cls))
+        members: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):  # (as attribute lookup finds them)
+            if klass.__module__ == module:
+                members.update(vars(klass))
+        for attr, member in sorted(members.items()):
+            if isinstance(member, staticmethod | classmethod):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if not attr.startswith("__") or isinstance(member, types.FunctionType):
+                self._global(h, f"{name}.{attr}", member, module)
 
     def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
         counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
