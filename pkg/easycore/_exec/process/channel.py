@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import math
 import mmap
 import os
 import pickle
@@ -68,14 +69,7 @@ def _page_round(n: int) -> int:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
@@ -126,20 +120,11 @@ class _Mapping:
             _libc.munmap(self.addr, self.size)
 
 
-class _Segment:
-    __slots__ = ("id", "map", "size")
-
-    def __init__(self, seg_id: int, size: int, mapping: _Mapping) -> None:
-        self.id = seg_id
-        self.size = size
-        self.map = mapping
-
-
 class _Pool:
     """Segments this side owns: free ones, and ones lent to the peer until it releases them."""
 
     def __init__(self) -> None:
-        self.segments: dict[int, _Segment] = {}
+        self.segments: dict[int, _Mapping] = {}  # by id
         self.free: list[int] = []
         self.total_bytes = 0  # of every segment we own
         self.next_id = 0
@@ -147,14 +132,13 @@ class _Pool:
         self.recent: list[int] = []  # lent during the encode under way
         self.forgotten: list[int] = []  # dropped segments the peer should unmap
 
-    def alloc(self, nbytes: int) -> _Segment | None:
-        best: int | None = None
-        for i, seg_id in enumerate(self.free):
-            size = self.segments[seg_id].size
-            if size >= nbytes and (best is None or size < self.segments[self.free[best]].size):
-                best = i
-        if best is not None:
-            seg = self.segments[self.free.pop(best)]
+    def alloc(self, nbytes: int) -> int | None:
+        """The id of a segment of at least ``nbytes`` (the smallest free one, else a new one),
+        lent to the peer; None when the pool is full."""
+        fits = [seg_id for seg_id in self.free if self.segments[seg_id].size >= nbytes]
+        if fits:
+            seg_id = min(fits, key=lambda i: self.segments[i].size)
+            self.free.remove(seg_id)
         else:
             if self.total_bytes + nbytes > MAX_POOL_BYTES:
                 return None
@@ -162,17 +146,16 @@ class _Pool:
             fd = os.memfd_create(f"easycore-{self.next_id}", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, size)
-                mapping = _Mapping(fd, size)
+                self.segments[self.next_id] = _Mapping(fd, size)
             except BaseException:
                 os.close(fd)
                 raise
-            seg = _Segment(self.next_id, size, mapping)
-            self.segments[seg.id] = seg
+            seg_id = self.next_id
             self.total_bytes += size
             self.next_id += 1
             self.new_fds.append(fd)
-        self.recent.append(seg.id)
-        return seg
+        self.recent.append(seg_id)
+        return seg_id
 
     def release(self, seg_ids: list[int]) -> None:
         for seg_id in seg_ids:
@@ -182,18 +165,19 @@ class _Pool:
         # the oldest free segments past a budget, and tell the peer to unmap them too.
         free_bytes = sum(self.segments[i].size for i in self.free)
         while free_bytes > MAX_FREE_BYTES:
-            seg = self.segments.pop(self.free.pop(0))
-            seg.map.close()
+            seg_id = self.free.pop(0)
+            seg = self.segments.pop(seg_id)
+            seg.close()
             self.total_bytes -= seg.size
             free_bytes -= seg.size
-            self.forgotten.append(seg.id)
+            self.forgotten.append(seg_id)
 
     def close(self) -> None:
         for fd in self.new_fds:
             os.close(fd)
         self.new_fds.clear()
         for seg in self.segments.values():
-            seg.map.close()
+            seg.close()
         self.segments.clear()
         self.free.clear()
 
@@ -206,10 +190,13 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         self._channel = channel
 
     def reducer_override(self, obj: Any) -> Any:
-        reduced = self._channel._reduce_array(obj)
-        if reduced is not None:
-            return reduced
-        return super().reducer_override(obj)
+        reduced = None
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor:
+            reduced = _torch_reduce(self._channel, obj, torch)
+        elif (np := sys.modules.get("numpy")) is not None and type(obj) is np.ndarray:
+            reduced = _numpy_reduce(self._channel, obj, np)
+        return super().reducer_override(obj) if reduced is None else reduced
 
 
 def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
@@ -227,8 +214,8 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     ):
         return None
     nbytes = obj.numel() * obj.element_size()
-    seg = chan.pool.alloc(nbytes) if nbytes >= SHM_THRESHOLD else None
-    if seg is None:
+    seg_id = chan.pool.alloc(nbytes) if nbytes >= SHM_THRESHOLD else None
+    if seg_id is None:
         # Small (or no room left): raw bytes in the pickle. torch's own tensor pickling goes
         # through a storage serializer, ~20x slower for a small tensor.
         if not _has_numpy():
@@ -236,27 +223,27 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
         raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         dtype = str(obj.dtype).removeprefix("torch.")
         return (_rebuild_small_tensor, (raw, dtype, tuple(obj.shape)))
-    dst = torch.frombuffer(seg.map.buf, dtype=torch.uint8, count=nbytes).view(obj.dtype)
+    buf = chan.pool.segments[seg_id].buf
+    dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(obj.dtype)
     dst.view(obj.shape).copy_(obj)
     del dst
     chan.shm_bytes += nbytes
-    return (
-        _rebuild_tensor,
-        (seg.id, nbytes, str(obj.dtype).removeprefix("torch."), tuple(obj.shape)),
-    )
+    dtype = str(obj.dtype).removeprefix("torch.")
+    return (_rebuild_tensor, (seg_id, nbytes, dtype, tuple(obj.shape)))
 
 
 def _numpy_reduce(chan: Channel, obj: Any, np: Any) -> Any:
     if obj.dtype.hasobject or obj.dtype.fields is not None or obj.nbytes < SHM_THRESHOLD:
         return None
-    seg = chan.pool.alloc(obj.nbytes)
-    if seg is None:
+    seg_id = chan.pool.alloc(obj.nbytes)
+    if seg_id is None:
         return None
-    dst = np.frombuffer(seg.map.buf, dtype=obj.dtype, count=obj.size).reshape(obj.shape)
+    buf = chan.pool.segments[seg_id].buf
+    dst = np.frombuffer(buf, dtype=obj.dtype, count=obj.size).reshape(obj.shape)
     np.copyto(dst, obj, casting="no")
     del dst
     chan.shm_bytes += obj.nbytes
-    return (_rebuild_array, (seg.id, obj.dtype.str, tuple(obj.shape)))
+    return (_rebuild_array, (seg_id, obj.dtype.str, tuple(obj.shape)))
 
 
 def _lend(chan: Channel, seg_id: int, count: int, dtype: Any) -> Any:
@@ -267,7 +254,7 @@ def _lend(chan: Channel, seg_id: int, count: int, dtype: Any) -> Any:
     """
     import numpy as np
 
-    mapping = chan.peer_segment(seg_id)
+    mapping = chan.peer[seg_id]
     base = np.frombuffer(mapping.buf, dtype=dtype, count=count)
     mapping.borrow()
     weakref.finalize(base, _returned, chan.released, mapping, seg_id)
@@ -288,8 +275,9 @@ def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]
         base = _lend(chan, seg_id, nbytes, "u1")
         return torch.from_numpy(base).view(getattr(torch, dtype)).view(shape)
     # without numpy: copy out, and give the segment back at once
-    seg = chan.peer_segment(seg_id)
-    view = torch.frombuffer(seg.buf, dtype=torch.uint8, count=nbytes).view(getattr(torch, dtype))
+    view = torch.frombuffer(chan.peer[seg_id].buf, dtype=torch.uint8, count=nbytes).view(
+        getattr(torch, dtype)
+    )
     out = view.view(shape).clone()
     del view
     chan.released.append(seg_id)
@@ -308,10 +296,7 @@ def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any
 
 def _rebuild_array(seg_id: int, dtype: str, shape: tuple[int, ...]) -> Any:
     chan: Channel = _local.channel
-    count = 1
-    for n in shape:
-        count *= n
-    base = _lend(chan, seg_id, count, dtype)
+    base = _lend(chan, seg_id, math.prod(shape), dtype)
     chan.shm_in += base.nbytes
     return base.reshape(shape)
 
@@ -376,18 +361,8 @@ class _LenientUnpickler(pickle._Unpickler):
     """The pure-Python unpickler, with what cannot be rebuilt here left as Undecoded (only
     used once the fast one has failed on a frame)."""
 
-    dispatch = {
-        **pickle._Unpickler.dispatch,
-        **{
-            op[0]: _tolerant(op, popped)
-            for op, popped in (
-                (pickle.REDUCE, 2),
-                (pickle.BUILD, 2),
-                (pickle.NEWOBJ, 2),
-                (pickle.NEWOBJ_EX, 3),
-            )
-        },
-    }
+    tolerated = {pickle.REDUCE: 2, pickle.BUILD: 2, pickle.NEWOBJ: 2, pickle.NEWOBJ_EX: 3}
+    dispatch = pickle._Unpickler.dispatch | {op[0]: _tolerant(op, n) for op, n in tolerated.items()}
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -437,15 +412,6 @@ class Channel:
         self._poller.register(conn.fileno(), select.POLLIN)
 
     # -- sending ---------------------------------------------------------------------------
-    def _reduce_array(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor:
-            return _torch_reduce(self, obj, torch)
-        np = sys.modules.get("numpy")
-        if np is not None and type(obj) is np.ndarray:
-            return _numpy_reduce(self, obj, np)
-        return None
-
     def encode(self, payload: Any) -> bytes:
         """Pickle ``(released, forgotten, payload)``; big arrays land in our segments."""
         released = []
@@ -508,14 +474,13 @@ class Channel:
         frame = self.conn.recv_bytes()
         flag = frame[:1]
         if flag == WITH_FDS:
-            marker, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
-            if not marker:
-                raise EOFError("the peer closed the pipe while sending descriptors")
-            expected = int.from_bytes(marker, "little")
-            while len(fds) < expected:
-                _, more, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
-                if not more:
+            fds: list[int] = []
+            expected = 1
+            while len(fds) < expected:  # (every marker holds the total)
+                marker, more, _, _ = socket.recv_fds(self.sock, _FD_MARKER, _MAX_FDS)
+                if not marker:
                     raise EOFError("the peer closed the pipe while sending descriptors")
+                expected = int.from_bytes(marker, "little")
                 fds.extend(more)
             return frame, fds
         if flag == CONTROL:
@@ -563,9 +528,6 @@ class Channel:
     def recv(self) -> Any:
         """Receive and decode one message."""
         return self.decode(*self.recv_frame())
-
-    def peer_segment(self, seg_id: int) -> _Mapping:
-        return self.peer[seg_id]
 
     def poll(self) -> bool:
         """Whether a frame (or the end of the pipe) is waiting to be read."""

@@ -69,14 +69,7 @@ class ProcessEngine:
         policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Segments:
-        run = Run(
-            self.workers,
-            source_of(data),
-            options,
-            self.ids,
-            policy=policy,
-            bars=bars,
-        )
+        run = Run(self.workers, source_of(data), options, self.ids, policy=policy, bars=bars)
         self.last_run = run  # for stats(); it lets go of the data when the run ends
         yield from run.books.stream(run, is_current)
 

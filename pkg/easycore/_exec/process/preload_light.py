@@ -1,4 +1,5 @@
-"""Imported once by the light forkserver: the one for callers that never imported torch.
+"""Imported once by the light forkserver: the one for callers that never imported torch
+(and by the forkserver's own preload, after torch).
 
 Workers forked from it carry no torch (see ``easycore._exec.process.startup.light_wanted``): they
 start and exit several times faster, and import torch only if their work does. numpy is loaded when
@@ -28,4 +29,6 @@ remove_listener_at_exit()  # a caller killed with SIGKILL cannot remove it
 end_what_it_adopts()  # what a killed or dead worker started ends here
 seed_loaded(0)  # first calls import and set up the generators
 
-gc.freeze()  # see _preload: a collection in a forked worker must not touch every page
+# Everything imported so far lives as long as the forkserver: keep the garbage collector off
+# it, so that a collection in a forked worker does not touch (and copy-on-write) every page.
+gc.freeze()
