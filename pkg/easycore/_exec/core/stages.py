@@ -233,7 +233,7 @@ class PreparedStages:
         """This place's event loop, made on first use (a worker's is its main thread's loop
         too: ``asyncio.get_event_loop()`` in a plain ``init`` finds it). It runs when
         something awaits on it: ``init``, ``end`` and, in the caller (``"inline"``), items
-        (:meth:`run_async`); in a worker or an actor, items run while it runs on a thread
+        (:meth:`run`); in a worker or an actor, items run while it runs on a thread
         of its own (:meth:`start_units`), so that chunks in flight at once share it."""
         import asyncio
 
@@ -243,10 +243,6 @@ class PreparedStages:
             if not self.in_caller:  # (the caller's own loop policy is none of our business)
                 asyncio.set_event_loop(loop)
         return self._loop
-
-    def _check_open(self) -> None:
-        if not self.open:  # (a chunk that reached an actor after its finish: never run)
-            raise Finished(f"the stages of hop {self.hop} have finished (or not started)")
 
     def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         import asyncio
@@ -268,21 +264,10 @@ class PreparedStages:
             if thread.is_alive():
                 self._loop = None  # (still running there: not ours to close)
 
-    def run_async(self, coro: Any) -> Any:
-        """Run ``coro`` on the loop and wait for what it gives (or raises)."""
-        import asyncio
-
-        loop = self.loop()
-        if self._loop_thread is None:
-            return _run_until(loop, coro)
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # (any: what it gives)
-
     def wait_for(self, value: Any) -> Any:
         """``value``, or what it gives once awaited on the loop when it is awaitable (an
-        async ``init``/``end``)."""
-        if inspect.isawaitable(value):
-            return self.run_async(_awaited(value))
-        return value
+        async ``init``/``end``: the loop's own thread is not running then)."""
+        return _run_until(self.loop(), value) if inspect.isawaitable(value) else value
 
     # -- init / end ----------------------------------------------------------------------
     def start(self) -> StageFailure | None:
@@ -375,10 +360,14 @@ class PreparedStages:
         Async stages run on the loop (:meth:`arun`); ``timeout`` then cancels the unit (plain
         stages are not timed here: a watchdog kills their worker).
         """
-        if self.is_async:
-            done: tuple[Any, StageFailure | None]
-            done = self.run_async(self.arun(item, index, seed, numbering, timeout))
-            return done
+        if self.is_async:  # (on the loop: here, or on its own thread when it runs there)
+            coro = self.arun(item, index, seed, numbering, timeout)
+            if self._loop_thread is None:
+                done: tuple[Any, StageFailure | None] = _run_until(self.loop(), coro)
+                return done
+            import asyncio
+
+            return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
         seeded = self._seed(seed, index, numbering)
         try:
             value = item
@@ -491,7 +480,8 @@ class PreparedStages:
         import concurrent.futures
 
         with self._starting:  # (finish waits until the loop has this chunk's work)
-            self._check_open()
+            if not self.open:  # (a chunk that reached an actor after its finish: never run)
+                raise Finished(f"the stages of hop {self.hop} have finished (or not started)")
             if self.is_async:  # (on a thread of its own from now until finish: not in the caller)
                 loop = self.loop()
                 if self._loop_thread is None:
