@@ -115,16 +115,13 @@ def _first_host(nodelist: str) -> str:
 
 def _tasks_on_node(tasks_per_node: str, node: int) -> int | None:
     """Read Slurm's ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``) for node number ``node``."""
-    seen = 0
+    counts: list[int] = []
     for part in tasks_per_node.split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if match is None:
             return None
-        count, repeat = int(match.group(1)), int(match.group(2) or 1)
-        if node < seen + repeat:
-            return count
-        seen += repeat
-    return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node] if node < len(counts) else None
 
 
 def detect_launcher(environ: Mapping[str, str] | None = None) -> LaunchInfo:
@@ -153,34 +150,25 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     """
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        world = _int(env, "WORLD_SIZE", 1)
-        return LaunchInfo(
-            launcher="torchrun",
-            rank=_int(env, "RANK", 0),
-            world_size=world,
-            local_rank=_int(env, "LOCAL_RANK", 0),
-            local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_int(env, "MASTER_PORT", DEFAULT_PORT),
-        )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        world = _int(env, "SLURM_NTASKS", 1)
+        launcher, names = "torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        per_node: int | None = _int(env, "LOCAL_WORLD_SIZE", 0)
+        host, port = env.get("MASTER_ADDR", "127.0.0.1"), DEFAULT_PORT
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        launcher, names = "slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
         per_node = _int(env, "SLURM_NTASKS_PER_NODE", 0) or _tasks_on_node(
             env.get("SLURM_TASKS_PER_NODE", ""), _int(env, "SLURM_NODEID", 0)
         )
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        host = env.get("MASTER_ADDR") or _first_host(nodelist)
         job = _int(env, "SLURM_JOB_ID", -1)
         port = DEFAULT_PORT + job % 10000 if job >= 0 else DEFAULT_PORT
-        return LaunchInfo(
-            launcher="slurm",
-            rank=_int(env, "SLURM_PROCID", 0),
-            world_size=world,
-            local_rank=_int(env, "SLURM_LOCALID", 0),
-            local_world_size=per_node or world,
-            master_addr=env.get("MASTER_ADDR") or _first_host(nodelist),
-            master_port=_int(env, "MASTER_PORT", port),
-        )
-    return LaunchInfo(launcher="none")
+    else:
+        return LaunchInfo(launcher="none")
+    me, world, local = (
+        _int(env, name, default) for name, default in zip(names, (0, 1, 0), strict=True)
+    )
+    port = _int(env, "MASTER_PORT", port)
+    return LaunchInfo(launcher, me, world, local, per_node or world, host, port)
 
 
 # ---------------------------------------------------------------------------------------------
