@@ -251,19 +251,6 @@ class PreparedStages:
         bind_thread(self.context["device"])
         loop.run_forever()
 
-    def _park_loop(self) -> None:
-        """Stop the loop's own thread (``end`` runs on the main thread, as ``init`` did);
-        a loop blocked by a sync call in an item is left to the process's exit."""
-        with self._starting:  # (held until parked: a chunk arriving now waits for it)
-            thread, self._loop_thread = self._loop_thread, None
-            loop = self._loop
-            if thread is None or loop is None:
-                return
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(5.0)
-            if thread.is_alive():
-                self._loop = None  # (still running there: not ours to close)
-
     def wait_for(self, value: Any) -> Any:
         """``value``, or what it gives once awaited on the loop when it is awaitable (an
         async ``init``/``end``: the loop's own thread is not running then)."""
@@ -299,7 +286,14 @@ class PreparedStages:
         """Run ``end`` of every started stage, all of them; return the first failure."""
         with self._starting:  # (a chunk arriving meanwhile, on an actor's other thread, waits)
             self.open = False
-            self._park_loop()
+            # the loop's own thread stops (``end`` runs here, as ``init`` did); a loop
+            # blocked by a sync call in an item is left to the process's exit
+            thread, self._loop_thread = self._loop_thread, None
+            if thread is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                thread.join(5.0)
+                if thread.is_alive():
+                    self._loop = None  # (still running there: not ours to close)
             first: StageFailure | None = None
             for st in self.prepared:
                 if st.end is None:
