@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing as mp
-import multiprocessing.connection
 import os
 import select
 import signal
@@ -83,10 +81,6 @@ class Worker(Place):
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
     _exit_poll: Any = None
 
-    @property
-    def conn(self) -> Any:
-        return self.chan.conn
-
     def resident_bytes(self) -> int:
         """Its own resident memory now: pages it shares with the process it was forked
         from (the caller, or a forkserver) are not counted, so a worker forked from a caller
@@ -152,17 +146,8 @@ def _caller_ends() -> list[int]:
     for ws in list(_LIVE):
         for w in ws.workers:
             with contextlib.suppress(OSError, ValueError):
-                fds += [w.conn.fileno(), w.chan.sock.fileno()]  # (the channel reads a dup)
+                fds += [w.chan.fileno(), w.chan.sock.fileno()]  # (the channel reads a dup)
     return [fd for fd in fds if fd >= 0]
-
-
-def _own_descriptors() -> dict[int, tuple[int, int]]:
-    """The descriptors this process opened to start its workers (pipes, sentinels), by
-    number -> identity: they do not stand in the way of a fork (``fork_is_safe``)."""
-    own: dict[int, tuple[int, int]] = {}
-    for ws in list(_LIVE):
-        own.update(ws.descriptors)
-    return own
 
 
 def _start(proc: Any, method: str, light: bool) -> None:
@@ -277,7 +262,10 @@ class WorkerSet:
         # workers never fork: a caller that only asked torch.cuda.is_available() has
         # started the CUDA driver, which a forked child cannot start again
         one_pool_of_cpus = len(self.chain.hops) == 1 and "cuda" not in " ".join(self.chain.devices)
-        ctx = context(self.start_method, one_pool_of_cpus, _own_descriptors())
+        # the descriptors this process opened to start its workers (pipes, sentinels) do not
+        # stand in the way of a fork
+        own = {fd: ident for ws in list(_LIVE) for fd, ident in ws.descriptors.items()}
+        ctx = context(self.start_method, one_pool_of_cpus, own)
         method = ctx.get_start_method()
         before = descriptors() if method == "fork" else {}
         parent, child = ctx.Pipe(duplex=True)
@@ -378,7 +366,7 @@ class WorkerSet:
             WorkerDied: a worker died before it was ready.
         """
         live = [w for w in self.workers if not w.gone]
-        fds = [w.conn.fileno() for w in live] + [w.proc.sentinel for w in live]
+        fds = [w.chan.fileno() for w in live] + [w.proc.sentinel for w in live]
         fds += [x if isinstance(x, int) else x.fileno() for x in extra]
         ready = self._waiter.wait(fds, timeout)
         n = len(live)
@@ -398,20 +386,14 @@ class WorkerSet:
                     w.ready = True
                     note_torch(msg.torch_loaded)
                 elif isinstance(msg, InitFailed):
-                    raise msg.error.to_error(
-                        what="while starting", device=w.device, worker=w.index, index=None
-                    )
-                elif w.stopping and isinstance(msg, Ended | EndFailed):
+                    raise _failed(w, msg, "while starting")
+                elif w.stopping and isinstance(msg, Ended | EndFailed):  # a retired worker
                     note_torch(isinstance(msg, Ended) and msg.torch_loaded)
+                    w.proc.join(5.0)
+                    self._bury(w)
                     if isinstance(msg, EndFailed):
-                        self._bury(w)
-                        raise msg.error.to_error(
-                            what="while ending (the worker was being replaced)",
-                            device=w.device,
-                            worker=w.index,
-                            index=None,
-                        )
-                    self._replace(w)
+                        raise _failed(w, msg, "while ending (the worker was being replaced)")
+                    self.respawn(w.slot)  # a fresh worker in its slot
                     return
                 elif handler is not None:
                     w.last_nbytes = len(frame) + w.chan.shm_in
@@ -421,15 +403,12 @@ class WorkerSet:
             broken = True
         if broken or w.exited():
             self._bury(w)
-            code = w.proc.exitcode
-            if w.stopping and code == 0:  # it ended before we read its goodbye
+            if w.stopping and w.proc.exitcode == 0:  # it ended before we read its goodbye
                 self.respawn(w.slot)
                 return
             when = "ending (it was being replaced)" if w.stopping else "starting (during init)"
             if w.stopping or not w.ready or handler is None:  # (None: only during start-up)
-                msg = f"worker {w.slot} on {w.device} died while {when}: "
-                stage = self.chain.hops[w.hop].name
-                raise WorkerDied(msg + describe_exitcode(code), w.device, w.slot, code, None, stage)
+                raise _died(self.chain, w, when)
             handler(w, None)
 
     @staticmethod
@@ -464,7 +443,7 @@ class WorkerSet:
             if not w.stopping:
                 w.stopping = True
                 with contextlib.suppress(OSError, ValueError):  # dying: its sentinel tells us
-                    w.conn.send_bytes(STOP)
+                    w.chan.conn.send_bytes(STOP)
 
     # -- timeouts ----------------------------------------------------------------------------
     def wait_time(self, timeout: float | None) -> float | None:
@@ -498,12 +477,6 @@ class WorkerSet:
                 w.timed_out = int(index)
                 w.kill()
 
-    def _replace(self, w: Worker) -> None:
-        """A retired worker said goodbye: bury it and start a fresh one in its slot."""
-        w.proc.join(5.0)
-        self._bury(w)
-        self.respawn(w.slot)
-
     # -- stop --------------------------------------------------------------------------------
     def stop(self, grace: float | None) -> BaseException | None:
         """Tell every worker to run ``end`` and exit; wait up to ``grace`` s (None: for
@@ -517,16 +490,15 @@ class WorkerSet:
         workers, self.workers = self.workers, []
         self.descriptors = {}  # (closed now: their numbers go to later descriptors)
         failure: BaseException | None = None
-        ended: set[int] = set()  # slots that said goodbye (they exit by themselves)
+        # those no longer waited for said goodbye (or died): they exit by themselves
+        waiting = {w.slot: w for w in workers if not w.gone}
         try:
-            for w in workers:
-                if not w.gone:
-                    with contextlib.suppress(OSError, ValueError):
-                        w.conn.send_bytes(STOP)
+            for w in waiting.values():
+                with contextlib.suppress(OSError, ValueError):
+                    w.chan.conn.send_bytes(STOP)
             now = time.monotonic()
             deadline = None if grace is None else now + grace
             unit_deadline = None if grace is None else now + min(grace, UNIT_GRACE)
-            waiting = {w.slot: w for w in workers if not w.gone}
             while waiting:
                 for w in list(waiting.values()):
                     done, err = _read_goodbye(self.chain, w)
@@ -534,26 +506,21 @@ class WorkerSet:
                         failure = err
                     if done:
                         del waiting[w.slot]
-                        ended.add(w.slot)
                 until = _wait_until(self.slots, waiting.values(), deadline, unit_deadline)
                 if not waiting or until == 0.0:
                     break
-                objs = [w.conn for w in waiting.values()] + [
-                    w.proc.sentinel for w in waiting.values()
-                ]
                 remaining = None if until is None else max(0.0, until - time.monotonic())
-                mp.connection.wait(objs, remaining)
+                fds = [fd for w in waiting.values() for fd in (w.chan.fileno(), w.proc.sentinel)]
+                self._waiter.wait(fds, remaining)
         except BaseException:
             kill_all([w.proc for w in workers])
             raise
         finally:
             for w in workers:  # a goodbye said: it exits by itself, now
-                if w.slot in ended and w.proc.is_alive():
+                if not w.gone and w.slot not in waiting and w.proc.is_alive():
                     w.proc.join(0.5 if grace is not None else 5.0)
-            kill_workers([w.proc for w in workers])  # the others, all at once
+            kill_all([w.proc for w in workers])  # the others, and what they started
             for w in workers:
-                w.proc.join(2.0)
-                kill_group(w.proc.pid, w.proc.exitcode)  # what it started ends with it
                 with contextlib.suppress(Exception):
                     w.chan.close()
                 w.gone = True
@@ -605,25 +572,26 @@ def _read_goodbye(chain: Chain, w: Worker) -> tuple[bool, BaseException | None]:
                 return True, None
             elif isinstance(msg, EndFailed | InitFailed):
                 what = "while ending" if isinstance(msg, EndFailed) else "while starting"
-                error: WorkerError = msg.error.to_error(
-                    what=what, device=w.device, worker=w.index, index=None
-                )
-                return True, error
+                return True, _failed(w, msg, what)
             # replies of chunks that no longer matter are dropped
     except (EOFError, OSError):
         pass
     if not w.proc.is_alive():
         w.proc.join(0.1)
-        code = w.proc.exitcode
-        if code not in (0, None):
-            when = "while ending" if w.ready else "while starting (during init)"
-            return True, WorkerDied(
-                f"{chain.who(w.hop, w.index)} on {w.device} died {when}: {describe_exitcode(code)}",
-                w.device,
-                w.index,
-                code,
-                None,
-                chain.hops[w.hop].name,
-            )
+        if w.proc.exitcode not in (0, None):
+            return True, _died(chain, w, "ending" if w.ready else "starting (during init)")
         return True, None
     return False, None
+
+
+def _failed(w: Worker, msg: InitFailed | EndFailed, what: str) -> WorkerError:
+    """The error an ``init`` or ``end`` of ``w`` raised (``what``: when)."""
+    error: WorkerError = msg.error.to_error(what=what, device=w.device, worker=w.index, index=None)
+    return error
+
+
+def _died(chain: Chain, w: Worker, when: str) -> WorkerDied:
+    """``w`` died outside any unit (``when``: while starting or ending)."""
+    code = w.proc.exitcode
+    text = f"{chain.who(w.hop, w.index)} on {w.device} died while {when}: {describe_exitcode(code)}"
+    return WorkerDied(text, w.device, w.index, code, None, chain.hops[w.hop].name)
