@@ -353,9 +353,10 @@ def code_digest(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
     return _function_digest(fn, set(), constants).hex(), constants
 
 
-def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:
+def cfg_digests(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """The digest of every leaf of ``cfg`` by its dotted key (``"MODEL.WIDTH"``), so that two
-    cfgs can be told apart key by key. Mappings count as plain dicts, whatever their type.
+    cfgs can be told apart key by key (each after ``prefix``). Mappings count as plain dicts,
+    whatever their type.
 
     >>> cfg_digests({"A": {"B": 1}}) == cfg_digests({"A": {"B": 1}})
     True
@@ -363,16 +364,11 @@ def cfg_digests(cfg: Mapping[str, Any]) -> dict[str, str]:
     ['A.B', 'C']
     """
     out: dict[str, str] = {}
-
-    def walk(node: Mapping[Any, Any], prefix: str) -> None:
-        for key, value in node.items():
-            name = f"{prefix}{key}"
-            if isinstance(value, Mapping) and value:
-                walk(value, name + ".")
-            else:
-                out[name] = item_digest(_plain(value)).hex()
-
-    walk(cfg, "")
+    for key, value in cfg.items():
+        if isinstance(value, Mapping) and value:
+            out.update(cfg_digests(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = item_digest(_plain(value)).hex()
     return out
 
 

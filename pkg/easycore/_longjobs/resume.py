@@ -413,30 +413,30 @@ class RunLedger:
 
     # -- the input ---------------------------------------------------------------------------
     def _key(self, index: int, items: Any) -> str:
+        """Unit ``index``'s key; a ``key=`` value is taken once per run (the ledger keeps one
+        result per key, so a second item under it would get the first's).
+
+        Raises:
+            ValueError: ``key=`` named another unit of this run so.
+        """
         if self.options.key is None:
             return f"i:{self.options.global_index(index)}"
         label = self.options.label(index)
-        key = call_key(self.options.key, items, self.options.global_index(index), label)
-        return f"k:{key_text(key, label)}"
+        value = call_key(self.options.key, items, self.options.global_index(index), label)
+        key = f"k:{key_text(value, label)}"
+        try:
+            self.db.execute("INSERT INTO seen VALUES (?, ?)", (key, index))
+        except sqlite3.IntegrityError:
+            (a,) = self.db.execute("SELECT unit FROM seen WHERE key = ?", (key,)).fetchone()
+            msg = (
+                f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
+                f"{label}: key= must name each item once (the ledger keeps one result per key)"
+            )
+            raise ValueError(msg) from None
+        return key
 
-    def _check_unique(self, keyed: list[tuple[int, str]]) -> None:
-        """Raises ValueError when a key of ``keyed`` ((unit, key) pairs) came before in this
-        run: the ledger keeps one result per key, so the second item would get the first's."""
-        for j, key in keyed:
-            try:
-                self.db.execute("INSERT INTO seen VALUES (?, ?)", (key, j))
-            except sqlite3.IntegrityError:
-                (a,) = self.db.execute("SELECT unit FROM seen WHERE key = ?", (key,)).fetchone()
-                msg = (
-                    f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
-                    f"{self.options.label(j)}: key= must name each item once (the ledger "
-                    "keeps one result per key)"
-                )
-                raise ValueError(msg) from None
-
-    def _select(self, query: str, keys: Iterable[str]) -> list[Any]:
+    def _select(self, query: str, keys: list[str]) -> list[Any]:
         """The rows ``query`` (a SELECT without WHERE) finds whose key is one of ``keys``."""
-        keys = list(keys)
         where = f" WHERE key IN ({','.join('?' * len(keys))})"
         return self.db.execute(query + where, keys).fetchall()
 
@@ -457,8 +457,6 @@ class RunLedger:
                 unit = items[0] if self.align == 1 else items
                 digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
-            if self.options.key is not None:
-                self._check_unique([(j, key) for j, _, _, key, _ in keyed])
             query = "SELECT key, digest, error FROM units"
             rows = {k: (d, e) for k, d, e in self._select(query, [k for *_, k, _ in keyed])}
             for j, items, unit, key, digest in keyed:
@@ -490,8 +488,7 @@ class RunLedger:
         files: list[tuple[str, str, int, int]] = []
         stored: list[tuple[int, str, Any]] = []
         # a sink's chunk of single rows shares one Wrote: pickled once, not once per unit
-        last: Any = None
-        blob = b""
+        blobs: dict[int, bytes] = {}
         for k, value in enumerate(values):
             key, digest, new, unit = self.pending.pop(first + k)
             if not new:
@@ -500,9 +497,9 @@ class RunLedger:
                 error = str(value.exc).split("\n", 1)[0]
                 rows.append((key, digest, error or type(value.exc).__name__, value.stage, None))
             else:
-                if value is not last or last is None:
-                    last, blob = value, cloudpickle.dumps(value)
-                rows.append((key, digest, None, None, blob))
+                if id(value) not in blobs:
+                    blobs[id(value)] = cloudpickle.dumps(value)
+                rows.append((key, digest, None, None, blobs[id(value)]))
                 if type(value) is Wrote:  # a sink's files: recorded with their units
                     files.extend((s.name, s.temp, s.rows, s.nbytes) for s in value.shards)
         if stored:
