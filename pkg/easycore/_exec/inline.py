@@ -143,11 +143,7 @@ class InlineEngine:
             finally:
                 self.flying[hop.index] = 0
             books.count(hop.index, n, time.perf_counter() - t0)
-        books.outputs(work, units, _here)
+        books.outputs(work, units, lambda hop: ("cpu", 0))  # (every inline stage's device, worker)
 
 
 WRITE_GROUP = 256  # units written to one file (at most) in the calling process
-
-
-def _here(hop: int) -> tuple[str, int]:
-    return "cpu", 0  # (the device and worker index every inline stage is given)

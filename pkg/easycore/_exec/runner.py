@@ -592,11 +592,9 @@ def _supervised(
 def count_units(data: Iterable[Any], batch_size: int | None) -> int | None:
     """How many units (items, or batches of ``batch_size``) ``data`` makes; None without
     ``len``."""
-    try:
-        n = len(data)  # type: ignore[arg-type]
-    except TypeError:
+    if not isinstance(data, Sized):
         return None
-    return n if batch_size is None else math.ceil(n / batch_size)
+    return len(data) if batch_size is None else math.ceil(len(data) / batch_size)
 
 
 def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) -> list[Any]:

@@ -21,6 +21,9 @@ from easycore._exec.core.sources import LiveSource
 __all__ = ["Seat", "SubmitFeeder"]
 
 # Runs a live source through the runner's engine: yields segments (start, [results]).
+_CLOSED = "this runner is closed: call runner.activate() to start its workers again"
+_BUSY = "this runner is already running a map/imap; runs go one at a time"
+
 StreamFn = Callable[[LiveSource], Iterator[tuple[int, list[Any]]]]
 
 
@@ -56,7 +59,10 @@ class SubmitFeeder:
     def _ended(self) -> None:
         """(under the lock) No more items: free the runner at once; a later submit starts anew."""
         self.source.closed = True
-        self.seat.feeder_ended(self)
+        if self.seat.feeder is self:
+            self.seat.feeder = None
+        if self.seat.holder is self:
+            self.seat.holder = None
 
     def _serve(self) -> None:
         error: BaseException = RuntimeError("the runner closed before this item ran")
@@ -120,15 +126,13 @@ class Seat:
         while True:
             with self.lock:
                 if not is_active():
-                    msg = "this runner is closed: call runner.activate() to start its workers again"
-                    raise RuntimeError(msg)
+                    raise RuntimeError(_CLOSED)
                 if self.holder is None:
                     token = self.holder = object()
                     return token
                 feeder = self.feeder
             if feeder is None or feeder.is_current():
-                msg = "this runner is already running a map/imap; runs go one at a time"
-                raise RuntimeError(msg)
+                raise RuntimeError(_BUSY)
             self.stop_feeder(abort=False, refuse=False)  # let submitted items finish first
 
     def release(self, token: object) -> None:
@@ -143,28 +147,18 @@ class Seat:
             RuntimeError: the runner is closed or closing, or a stream holds it.
         """
         with self.lock:
-            if not is_active or self.refusing:
-                msg = (
-                    "this runner is closed: call runner.activate() to start its workers again"
-                    if not is_active
-                    else "this runner is closing, or a map/imap waits for submitted items"
-                )
+            if not is_active:
+                raise RuntimeError(_CLOSED)
+            if self.refusing:
+                msg = "this runner is closing, or a map/imap waits for submitted items"
                 raise RuntimeError(msg)
             feeder = self.feeder
             if feeder is not None and feeder.put(item, future):
                 return
             if self.holder is not None:
-                msg = "this runner is already running a map/imap; runs go one at a time"
-                raise RuntimeError(msg)
+                raise RuntimeError(_BUSY)
             self.feeder = self.last_feeder = SubmitFeeder(self, stream, item, future)
             self.holder = self.feeder
-
-    def feeder_ended(self, feeder: SubmitFeeder) -> None:
-        """(under the lock) ``feeder`` takes no more items: the seat is free again."""
-        if self.feeder is feeder:
-            self.feeder = None
-        if self.holder is feeder:
-            self.holder = None
 
     def stop_feeder(self, abort: bool, refuse: bool = True, timeout: float | None = None) -> None:
         """End the submit run: wait for its items (or drop them, ``abort``).
