@@ -84,7 +84,12 @@ def save_checkpoint(
 
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
-    _remove_stale_temps(directory)
+    for entry in os.scandir(directory):  # temporary files of saves killed here: removed
+        m = _TEMP.fullmatch(entry.name)
+        pid = m and int(m.group(1))  # (this process's: an earlier save that failed)
+        if pid and (pid == os.getpid() or not alive(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
     path = os.path.join(directory, f"checkpoint-{step}")
     others = [found for found in _checkpoints(directory) if found[2] != path]
     _warn_lower_step(directory, step, others)
@@ -105,7 +110,12 @@ def save_checkpoint(
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    _sync_dir(directory)
+    with contextlib.suppress(OSError):  # the rename made durable, where the OS allows
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     if keep is not None:
         for *_, old in others[: max(0, len(others) - keep + 1)]:
             with contextlib.suppress(FileNotFoundError):
@@ -244,23 +254,3 @@ def _warn_lower_step(directory: str, step: int, others: list[tuple[int, int, str
             "keep them apart"
         )
         warn(msg)
-
-
-def _remove_stale_temps(directory: str) -> None:
-    """Delete temporary files left by saves killed in this directory (their process gone)."""
-    for entry in os.scandir(directory):
-        m = _TEMP.fullmatch(entry.name)
-        pid = m and int(m.group(1))  # (this process's: an earlier save that failed)
-        if pid and (pid == os.getpid() or not alive(pid)):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-
-
-def _sync_dir(directory: str) -> None:
-    """Make the rename durable: fsync the directory (where the OS allows)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -29,7 +29,6 @@ from typing import Any
 from easycore._errors import some
 from easycore._longjobs.sinks import (
     RunSchema,
-    Shard,
     Sink,
     SinkFiles,
     Written,
@@ -292,8 +291,11 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         schema = RunSchema(sink)  # (Parquet: the directory reads back as one dataset)
         yield next(stream)  # PRIMED
         for start, values in stream:
-            shards = [shard for v in values if type(v) is Wrote for shard in v.shards]
-            yield start, [_commit(sink, schema, shard) for shard in shards]
+            written = []
+            for shard in [shard for v in values if type(v) is Wrote for shard in v.shards]:
+                schema.admit(shard)  # (before the file takes its name: a conflict fails the run)
+                written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
+            yield start, written
         grew = schema.settle()  # (files rewritten in the run's schema: their new sizes)
         if grew:
             yield None, [Written((), 0, grew)]
@@ -304,11 +306,6 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
             lock.end()
             if ledger is not None:  # (the stream closes it once it ran; not before)
                 ledger.close()
-
-
-def _commit(sink: Sink, schema: RunSchema, shard: Shard) -> Written:
-    schema.admit(shard)  # (before the file takes its name: a conflict fails the run)
-    return Written((commit_shard(sink, shard),), shard.rows, shard.nbytes)
 
 
 def commit_written(stream: Iterator[Any]) -> Iterator[Written]:

@@ -76,7 +76,10 @@ def start_at(
     """
     check_state(options, sink)
     data = items_of(data)
-    values = (options.seed, options.epoch, options.batch_size, align, _length_of(data))
+    total = None
+    with contextlib.suppress(TypeError):
+        total = len(data)
+    values = (options.seed, options.epoch, options.batch_size, align, total)
     identity = dict(zip(_IDENTITY, values, strict=True))
     if options.state is None:
         return options, data, Position(identity, align)
@@ -181,13 +184,6 @@ def _refuse(state: Mapping[str, Any], name: str, why: str) -> NoReturn:
         f"{short_repr(dict(state))}): give the dict that the iterator's state_dict() returned"
     )
     raise ValueError(msg)
-
-
-def _length_of(data: Any) -> int | None:
-    """``len(data)``, or None when it has none."""
-    with contextlib.suppress(TypeError):
-        return len(data)
-    return None
 
 
 def _resumable_tail(data: Any, start: int) -> Iterable[Any]:
