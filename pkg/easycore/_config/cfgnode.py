@@ -400,15 +400,11 @@ class CfgNode(dict[str, Any], YamlIO):
         """
         return _copy.deepcopy(self)
 
-    def __copy__(self: _N) -> _N:
-        # Shallow: a new top node sharing its children, like dict.copy().
-        return _restore(type(self), dict(self), self._frozen)
-
     def __deepcopy__(self: _N, memo: dict[int, Any]) -> _N:
         node: _N = _convert(type(self), self, True, self._frozen, memo)
         return node
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # (copy.copy too: a node sharing the children)
         return (_restore, (type(self), dict(self), self._frozen))
 
     def merge(self, other: Mapping[str, Any]) -> None:
