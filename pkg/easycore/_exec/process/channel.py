@@ -78,46 +78,26 @@ class _Mapping:
     """A shared mapping of a segment file that keeps no file descriptor open.
 
     (Python's ``mmap`` keeps a duplicate descriptor per mapping: with results kept by the
-    caller, that would exhaust the descriptor limit.) Lent out to arrays the receiver keeps,
-    it is unmapped only when it is closed *and* the last borrower is gone.
+    caller, that would exhaust the descriptor limit.) It is unmapped when the last reference
+    to it is gone: its owner's (a pool, or a channel's ``peer``) and those of the arrays lent
+    from it (see ``_lend``).
     """
 
-    __slots__ = ("addr", "buf", "closed", "lock", "size", "users")
+    __slots__ = ("addr", "buf", "size")
 
     def __init__(self, fd: int, size: int) -> None:
+        self.buf: Any = None
         addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             err = ctypes.get_errno()
             raise OSError(err, f"mmap of a {size}-byte segment failed: {os.strerror(err)}")
         self.addr: int = addr
         self.size = size
-        self.buf: Any = (ctypes.c_char * size).from_address(addr)
-        self.users = 0
-        self.closed = False
-        self.lock = threading.Lock()
+        self.buf = (ctypes.c_char * size).from_address(addr)
 
-    def borrow(self) -> None:
-        with self.lock:
-            self.users += 1
-
-    def give_back(self) -> None:
-        with self.lock:
-            self.users -= 1
-            done = self.closed and self.users == 0
-        if done:
-            self._unmap()
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            done = self.users == 0
-        if done:
-            self._unmap()
-
-    def _unmap(self) -> None:
+    def __del__(self, munmap: Any = _libc.munmap) -> None:  # (bound now: also at shutdown)
         if self.buf is not None:
-            self.buf = None
-            _libc.munmap(self.addr, self.size)
+            munmap(self.addr, self.size)
 
 
 class _Pool:
@@ -166,8 +146,7 @@ class _Pool:
         free_bytes = sum(self.segments[i].size for i in self.free)
         while free_bytes > MAX_FREE_BYTES:
             seg_id = self.free.pop(0)
-            seg = self.segments.pop(seg_id)
-            seg.close()
+            seg = self.segments.pop(seg_id)  # (unmapped)
             self.total_bytes -= seg.size
             free_bytes -= seg.size
             self.forgotten.append(seg_id)
@@ -176,8 +155,6 @@ class _Pool:
         for fd in self.new_fds:
             os.close(fd)
         self.new_fds.clear()
-        for seg in self.segments.values():
-            seg.close()
         self.segments.clear()
         self.free.clear()
 
@@ -256,14 +233,13 @@ def _lend(chan: Channel, seg_id: int, count: int, dtype: Any) -> Any:
 
     mapping = chan.peer[seg_id]
     base = np.frombuffer(mapping.buf, dtype=dtype, count=count)
-    mapping.borrow()
-    weakref.finalize(base, _returned, chan.released, mapping, seg_id)
+    weakref.finalize(base, _returned, chan.released, seg_id, mapping)
     return base
 
 
-def _returned(released: deque[int], mapping: _Mapping, seg_id: int) -> None:
+def _returned(released: deque[int], seg_id: int, mapping: _Mapping) -> None:
+    """(``mapping`` rides along: it stays mapped while an array lent from it lives)"""
     released.append(seg_id)
-    mapping.give_back()
 
 
 def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -520,9 +496,7 @@ class Channel:
         if released:
             self.pool.release(released)
         for seg_id in forgotten:
-            mapping = self.peer.pop(seg_id, None)
-            if mapping is not None:
-                mapping.close()
+            self.peer.pop(seg_id, None)  # unmapped now, or when the last array lent from it dies
         return payload
 
     def recv(self) -> Any:
@@ -541,8 +515,6 @@ class Channel:
     def close(self) -> None:
         """Close the pipe and unmap every segment; idempotent."""
         self.pool.close()
-        for mapping in self.peer.values():
-            mapping.close()  # unmapped now, or when the last array lent from it dies
-        self.peer.clear()
+        self.peer.clear()  # unmapped now, or when the last array lent from it dies
         self.sock.close()
         self.conn.close()
