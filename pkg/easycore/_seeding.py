@@ -109,9 +109,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
         ValueError: ``epoch`` is negative.
     """
     epoch = check_epoch(epoch)
-    if epoch == 0:
-        return seed
-    return _digest(f"{seed}@epoch:{epoch}")
+    return _digest(f"{seed}@epoch:{epoch}") if epoch else seed
 
 
 def check_epoch(epoch: Any) -> int:
