@@ -720,7 +720,8 @@ class ShardWriter:
                 cols[name] = [_to_numpy(v) for v in col]
         firsts = [(base + k) * self.sink.align for k in at]
         try:
-            self._add_keys(cols, self._item_keys(base, firsts, keys))
+            if self.sink.key_column is not None:  # (no keys looked up for nothing)
+                self._add_keys(cols, self._item_keys(base, firsts, keys))
             table = self._fit(_table(cols, len(rows)))
         except Exception:
             return False
