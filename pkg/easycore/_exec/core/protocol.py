@@ -77,6 +77,7 @@ TIMED_OUT = f"{TimedOutItem.__module__}.{TimedOutItem.__qualname__}"  # a cancel
 STOP = b"\x00easycore-stop"  # a bare frame: run `end` and exit
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 UNREADABLE = "<item unpickling>"  # the stage of a chunk whose items did not unpickle in a worker
+UNPICKLABLE = ("<result pickling>", "<result unpickling>", UNREADABLE)  # SerializationError's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,18 +99,15 @@ def unpack_exception(blob: bytes | None, tname: str, text: str, tb: str | None) 
     ``__cause__`` carries the remote traceback ``tb`` unless it already has a cause (None:
     the error it is the cause of shows it).
     """
-    original: Any = None
-    if blob is not None:
-        try:
-            original = pickle.loads(blob)
-        except Exception:
-            original = None
+    try:
+        original = None if blob is None else pickle.loads(blob)
+    except Exception:
+        original = None
     if not isinstance(original, BaseException):
         original = RuntimeError(f"{tname}: {text} (the original exception did not unpickle)")
     if original.__cause__ is None and tb is not None:
         original.__cause__ = RemoteTraceback(tb)
-    exc: BaseException = original
-    return exc
+    return original
 
 
 class ErrorReport(NamedTuple):
@@ -139,12 +137,7 @@ class ErrorReport(NamedTuple):
         """The ``WorkerError`` (a ``SerializationError`` for an unpicklable result) to raise,
         with the original exception as ``__cause__``."""
         if cls is None:
-            unpicklable = self.stage in (
-                "<result pickling>",
-                "<result unpickling>",
-                UNREADABLE,
-            )
-            cls = SerializationError if unpicklable else WorkerError
+            cls = SerializationError if self.stage in UNPICKLABLE else WorkerError
             if self.type_name == TIMED_OUT:
                 cls = ItemTimeout
         error = user_error(
@@ -337,10 +330,8 @@ class Slots:
         self.raw = raw  # a multiprocessing RawArray("d"), passed to every worker
 
     def reset(self, slot: int) -> None:
-        self.raw[SLOT_WIDTH * slot + AT_STARTED] = IDLE
-        self.raw[SLOT_WIDTH * slot + AT_SENDING] = NOT_SENDING
-        self.raw[SLOT_WIDTH * slot + AT_FLIGHT] = 0.0
-        self.raw[SLOT_WIDTH * slot + AT_AHEAD] = 0.0
+        at = SLOT_WIDTH * slot  # (AT_STARTED, AT_SENDING, AT_FLIGHT, AT_AHEAD: the rest)
+        self.raw[at + AT_STARTED : at + SLOT_WIDTH] = [IDLE, NOT_SENDING, 0.0, 0.0]
 
     def index(self, slot: int) -> float:
         return float(self.raw[SLOT_WIDTH * slot + AT_INDEX])
