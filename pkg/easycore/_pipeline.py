@@ -86,8 +86,8 @@ class _Runs:
     __slots__ = ()
 
     def _as_pipeline(self) -> Pipeline:
-        """The pipeline to run: the pipeline itself, or a stage as a one-stage pipeline."""
-        raise NotImplementedError
+        """The pipeline to run: a stage as a one-stage pipeline, a pipeline as an equal one."""
+        return compose(self)
 
     def __rshift__(self, other: Stage | Pipeline) -> Pipeline:
         return compose(self, other)
@@ -379,9 +379,6 @@ class Stage(_Runs):
         """
         return compose(self).on(devices, batch_size, concurrency=concurrency)
 
-    def _as_pipeline(self) -> Pipeline:
-        return compose(self)
-
 
 # The roles of a stage's three functions, for their checks: (role, positional, allowed).
 _ROLES = {
@@ -659,9 +656,6 @@ class Pipeline(_Runs):
 
     def __len__(self) -> int:
         return len(self.stages)
-
-    def _as_pipeline(self) -> Pipeline:
-        return self
 
 
 def compose(*parts: Any) -> Pipeline:
