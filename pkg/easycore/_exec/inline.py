@@ -67,14 +67,10 @@ class InlineEngine:
         Raises:
             WorkerError: an ``end`` raised (``report``; every ``end`` ran all the same).
         """
-        first = None
-        for stages in self.prepared:
-            failed = stages.finish()
-            if failed is not None and first is None:
-                first = failed
+        failures = [f for f in [stages.finish() for stages in self.prepared] if f is not None]
         self.prepared = []
-        if first is not None and report:
-            raise first.to_error("while ending", None) from first.error
+        if failures and report:
+            raise failures[0].to_error("while ending", None) from failures[0].error
 
     def stats(self) -> list[StageStats]:
         if self.books is None:

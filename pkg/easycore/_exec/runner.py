@@ -128,7 +128,6 @@ class Runner:
         self._seat = Seat()
         self._active = False
         self._generation = 0  # +1 per activate(): a run of an earlier activation must stop
-        self.startup_seconds = 0.0
         self.activate()
 
     # -- public state ------------------------------------------------------------------------
