@@ -107,10 +107,7 @@ class Position:
 
     def passed(self, start: int) -> None:
         """The output unit that begins at first-hop unit ``start`` is behind the caller."""
-        if start != self.prefix:
-            self.beyond.add(start)
-            return
-        self.prefix += self.align
+        self.beyond.add(start)
         while self.prefix in self.beyond:
             self.beyond.remove(self.prefix)
             self.prefix += self.align

@@ -511,9 +511,8 @@ class RunLedger:
                 if error is None:
                     values[k] = pickle.loads(blob)
                     continue
-                index = self.options.global_index(first + k)
                 msg = f"{self.options.label(first + k)} was set aside by an earlier run: {error}"
-                exc = WorkerError(msg, stage, None, None, index)
+                exc = WorkerError(msg, stage, None, None, self.options.global_index(first + k))
                 if not self.options.skip:
                     raise exc
                 values[k] = Failed(exc, unit, stage or "")
