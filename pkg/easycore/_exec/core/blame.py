@@ -16,8 +16,9 @@ one at fault fails (:func:`unpicklable`: a chunk or a result that did not pickle
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 
@@ -37,24 +38,12 @@ from easycore._exec.core.scheduler import Chunk
 __all__ = [
     "Blame",
     "Dead",
-    "Lost",
     "assign_blame",
     "blame_in_order",
     "isolate",
     "settle_death",
     "unpicklable",
 ]
-
-
-class Lost(Protocol):
-    """A chunk a dead worker had: consecutive first-hop units."""
-
-    @property
-    def start(self) -> int: ...
-    @property
-    def items(self) -> Sequence[Any]: ...
-    @property
-    def end(self) -> int: ...
 
 
 class Holder(Protocol):
@@ -86,18 +75,18 @@ class Blame:
     """What a dead worker is charged with (unit indices are within its hop)."""
 
     culprit: int | None  # the unit it was running (or that ran past the timeout)
-    holder: Lost | None  # the chunk that unit belongs to
-    suspect: Lost | None  # the chunk whose results it was pickling or sending
+    holder: Work | None  # the chunk that unit belongs to
+    suspect: Work | None  # the chunk whose results it was pickling or sending
     charged: tuple[int, ...]  # units charged one run each; none: nothing of ours to blame
     # the chunk in hand when which of its units is at fault is not known, and what was
     # being done with it
-    unknown: Lost | None = None
+    unknown: Work | None = None
     doing: str = "running"
     # chunks that run again one output unit per chunk, charged nothing, which pins the unit
     # at fault down (see _splits)
-    split: tuple[Lost, ...] = ()
+    split: tuple[Work, ...] = ()
     # chunks after ``unknown`` that may have been in hand instead (charged too)
-    later: tuple[Lost, ...] = ()
+    later: tuple[Work, ...] = ()
 
 
 def assign_blame(
@@ -110,6 +99,7 @@ def assign_blame(
     those its slot says it had taken ahead (it takes them in the order sent): a chunk of
     one unit names that unit. That chunk, and one whose results it was pickling or sending,
     when bigger, is split or charged whole, as :func:`blame_in_order` does (:func:`_splits`).
+    ``running``: the chunks it ran, oldest first (``Scheduler.died``); ``lost``: all it had.
     """
     unit = books.hops[w.hop].unit
     busy = slots.started(w.slot) > 0
@@ -120,9 +110,7 @@ def assign_blame(
     if culprit == int(UNPICKLING):
         # the chunk after those it had taken ahead (a hop that waits takes the next chunk
         # while units of the ones before run; else none are ahead: its oldest)
-        taken = sorted(running, key=lambda c: c.id)
-        ahead = slots.ahead(w.slot)
-        unpickling = taken[min(ahead, len(taken) - 1)] if taken else None
+        unpickling = running[min(slots.ahead(w.slot), len(running) - 1)] if running else None
         culprit = None
         if unpickling is not None and len(unpickling.items) <= unit:
             culprit = unpickling.start // unit
@@ -133,27 +121,24 @@ def assign_blame(
     # kills the process); with a unit running as well, both are charged.
     sending = slots.sending(w.slot)
     suspect = next((c for c in lost if c.id == sending), None)
-    charged = {culprit} if culprit is not None else set()
-    split: list[Chunk] = []
-    for chunk in (unpickling, suspect):
-        if chunk is not None and culprit is None and _splits(books, chunk):
-            split.append(chunk)
-        elif chunk is not None:
-            charged |= _units(chunk, unit)
-    if not (charged or split or busy) and w.timed_out is None:
+    chunks = [c for c in (unpickling, suspect) if c is not None]
+    if running and not (chunks or busy) and culprit is None and w.timed_out is None:
         # Died between units: what it was about to reply for (its oldest chunk) is suspect,
         # split or charged whole as above. (Busy with something we no longer track, a chunk
         # re-run elsewhere after its sender died, nothing of ours is to blame.)
-        oldest = min(running, key=lambda c: c.id, default=None)
-        if oldest is not None and _splits(books, oldest):
-            split.append(oldest)
-        elif oldest is not None:
-            charged = _units(oldest, unit)
+        chunks = [running[0]]
+    charged = {culprit} if culprit is not None else set()
+    split: list[Chunk] = []
+    for chunk in chunks:
+        if culprit is None and _splits(books, chunk):
+            split.append(chunk)
+        else:
+            charged |= _units(chunk, unit)
     doing = "running" if unpickling is None else "unpickling"
     return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, tuple(split))
 
 
-def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int | None) -> Blame:
+def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Work], culprit: int | None) -> Blame:
     """A death of a worker of ``hop`` known from the order of what it had (a Ray actor runs
     its chunks in order): blame the unit in hand, ``culprit`` (known from a timeout;
     ``UNPICKLING``: its chunk's items were being unpickled), else the oldest chunk
@@ -182,12 +167,12 @@ def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Lost], culprit: int
     return Blame(None, None, None, units, work, doing)
 
 
-def _units(chunk: Lost, unit: int) -> set[int]:
+def _units(chunk: Work, unit: int) -> set[int]:
     """The units (of a hop of ``unit`` first-hop units each) that ``chunk`` holds."""
     return {(chunk.start + k) // unit for k in range(len(chunk.items))}
 
 
-def _splits(books: RunBooks, work: Lost) -> bool:
+def _splits(books: RunBooks, work: Work) -> bool:
     """Whether ``work``, in hand at a death whose unit at fault is not known, runs again one
     output unit per chunk, charged nothing (the books pin units down and it holds several);
     else all its units are charged."""
@@ -195,7 +180,7 @@ def _splits(books: RunBooks, work: Lost) -> bool:
 
 
 def settle_death(
-    books: RunBooks, dead: Dead, blame: Blame, lost: Sequence[Lost], idle_runs: int = 0
+    books: RunBooks, dead: Dead, blame: Blame, lost: Sequence[Work], idle_runs: int = 0
 ) -> list[Work]:
     """Charge the blamed units, fail those out of retries (a ``Failed`` in their place,
     which delivery raises under ``raise``), and return what runs again, in input order.
@@ -203,32 +188,27 @@ def settle_death(
     ``idle_runs``: with nothing charged, deaths in a row that charged nothing (bounded by
     ``retries`` too).
     """
-    retries = books.options.retries
+    hop = books.hops[dead.hop]
     runs = [books.charges.charge(dead.hop, i) for i in blame.charged] or [idle_runs]
     spared: set[int] = set()  # output units failed instead of re-run
-    if max(runs) > retries:
+    if max(runs) > books.options.retries:
         error = _error(books, dead, blame, sum(len(c.items) for c in lost))
-        unit = books.hops[dead.hop].unit
-        for index in [blame.culprit] if blame.culprit is not None else blame.charged:
-            out = index * unit // books.align
-            if out in spared:
-                continue
-            spared.add(out)
+        failed = [blame.culprit] if blame.culprit is not None else blame.charged
+        spared = {index * hop.unit // books.align for index in failed}
+        for out in sorted(spared):
             chunk = next(c for c in lost if c.start <= out * books.align < c.end)
-            items = books.unit_items(chunk.items, chunk.start, out)
-            books.fail(out, error, items, books.hops[dead.hop].name)
+            books.fail(out, error, books.unit_items(chunk.items, chunk.start, out), hop.name)
         if not spared:  # nothing of ours to blame: raise, or go on
             books.policy.unplaced(error)
-    return _requeue(books, blame, lost, spared, books.hops[dead.hop].unit)
+    return _requeue(books, blame, lost, spared, hop.unit)
 
 
 def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied | ItemTimeout:
     """The error for a death whose charged units are out of retries."""
-    options, chain = books.options, books.chain
+    options, hop = books.options, books.hops[dead.hop]
     tries = after_retries(options.retries)
-    hop = chain.hops[dead.hop]
 
-    def span(chunk: Lost) -> str:
+    def span(chunk: Work) -> str:
         first, last = chunk.start // hop.unit, (chunk.end - 1) // hop.unit
         return books.label(dead.hop, first, last, within=chunk)
 
@@ -273,7 +253,7 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
 
 
 def _requeue(
-    books: RunBooks, blame: Blame, lost: Sequence[Lost], spared: set[int], unit: int
+    books: RunBooks, blame: Blame, lost: Sequence[Work], spared: set[int], unit: int
 ) -> list[Work]:
     """What to run again, in input order: every lost chunk, the culprit's output unit alone
     (so it is pinned down), without the output units ``spared``; a chunk of ``blame.split``
@@ -286,13 +266,8 @@ def _requeue(
             out.extend(books.rerun(Work(start, items), spared))
         elif chunk is blame.holder and blame.culprit is not None:
             a = (blame.culprit * unit) // align * align
-            b = a + align
-            parts = [
-                Work(start, items[: a - start]),
-                Work(a, items[a - start : b - start]),
-                Work(b, items[b - start :]),
-            ]
-            out.extend(part for part in parts if len(part.items))
+            cuts = itertools.pairwise((start, a, a + align, chunk.end))
+            out += [Work(x, items[x - start : y - start]) for x, y in cuts if y > x]
         else:
             out.append(Work(start, items))
     return out
@@ -311,10 +286,8 @@ def unpicklable(
         unit = out * books.align // books.hops[hop].unit
         where = f" on {device} (worker {worker})" if at is not None else ""
         label = books.label(hop, unit, within=work)
-        msg = f"{label} or its result cannot be pickled (or unpickled here)"
-        error = SerializationError(
-            f"{msg}{where}: {exc}", "<result pickling>", device, worker, books.index(hop, unit)
-        )
+        msg = f"{label} or its result cannot be pickled (or unpickled here){where}: {exc}"
+        error = SerializationError(msg, "<result pickling>", device, worker, books.index(hop, unit))
         error.__cause__ = exc
         return error
 
@@ -332,10 +305,7 @@ def isolate(
     again = []
     for part in parts:
         out = part.start // books.align
-        bad = next(
-            ((k, e) for k, item in enumerate(part.items) if (e := pickling_error(item))),
-            None,
-        )
+        bad = next(((k, e) for k, x in enumerate(part.items) if (e := pickling_error(x))), None)
         if bad is None and len(parts) > 1:
             again.append(part)
             continue

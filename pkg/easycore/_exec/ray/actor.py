@@ -18,9 +18,10 @@ import pickle
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import attrs
 import ray
 
 from easycore._exec.core.protocol import (
@@ -102,21 +103,19 @@ class UnitClock:
     """
 
     def __init__(self) -> None:
-        self.late: dict[int, tuple[int, float]] = {}  # actor key -> (unit, seconds run)
+        self.late: dict[int, tuple[int, float] | None] = {}  # key -> (unit, seconds run)
 
-    def note(self, key: int, index: int, elapsed: float) -> None:
-        """Actor ``key``'s unit ``index`` has run ``elapsed`` seconds, past the timeout."""
-        self.late[key] = (index, elapsed)
-
-    def clear(self, key: int) -> None:
-        """Actor ``key``'s late unit is over (or the actor is)."""
-        self.late.pop(key, None)
+    def note(self, key: int, late: tuple[int, float] | None) -> None:
+        """Actor ``key``'s unit in hand has run past the timeout: (the unit, seconds run);
+        None: that unit is over (or the actor is)."""
+        self.late[key] = late
 
     def overdue(self) -> dict[int, tuple[int, float]]:
         """Every late unit in hand now, by actor key."""
-        return dict(self.late)
+        return {key: late for key, late in self.late.items() if late is not None}
 
 
+@attrs.define(eq=False, slots=False)
 class StageActor:
     """One hop's producers on one Ray actor (made a Ray actor class by the driver).
 
@@ -141,34 +140,24 @@ class StageActor:
             its event loop, each cancelled at the timeout; plain ones: threads).
     """
 
-    def __init__(
-        self,
-        payload: bytes,
-        paths: Sequence[str],
-        device: str,
-        worker: int,
-        hop: int,
-        batch: int | None,
-        clock: Any = None,
-        key: int = 0,
-        timeout: float | None = None,
-        concurrency: int = 1,
-    ) -> None:
-        self.payload = payload
-        self.paths = paths
-        self.device = "cuda:0" if device.startswith("cuda") else "cpu"
-        self.worker = worker
-        self.hop = hop
-        self.batch = batch
-        self.clock = clock
-        self.key = key
-        self.timeout = timeout
-        self.concurrency = concurrency
-        self.stages = PreparedStages((), device=self.device, cfg=None, worker=worker, hop=hop)
-        # the unit in hand (the oldest in flight), as a local worker's shared slot holds it:
-        # its index, and its start (> RUNNING) as long as it runs
-        self.slot = [IDLE] * SLOT_WIDTH
-        self.where = ""  # str(Placement), once started
+    payload: bytes
+    paths: Sequence[str]
+    device: str = attrs.field(converter=lambda d: "cuda:0" if d.startswith("cuda") else "cpu")
+    worker: int
+    hop: int
+    batch: int | None
+    clock: Any = None
+    key: int = 0
+    timeout: float | None = None
+    concurrency: int = 1
+    # the unit in hand (the oldest in flight), as a local worker's shared slot holds it:
+    # its index, and its start (> RUNNING) as long as it runs
+    slot: list[float] = attrs.field(init=False, factory=lambda: [IDLE] * SLOT_WIDTH)
+    stages: PreparedStages = attrs.field(init=False)
+
+    @stages.default
+    def _no_stages(self) -> PreparedStages:  # (until start: a run there finds it closed)
+        return PreparedStages((), device=self.device, cfg=None, worker=self.worker, hop=self.hop)
 
     def start(self, task: bool = False) -> tuple[ErrorReport | None, Placement]:
         """Bind the device and run every ``init``: (the failure or None, where it runs).
@@ -182,7 +171,6 @@ class StageActor:
             # (setsid, a daemon): finish() ends it, and a driver killing the actor finds it
             become_subreaper()
         where = Placement(ray.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
-        self.where = str(where)
         sys.path.extend(p for p in self.paths if p not in sys.path and os.path.isdir(p))
         seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)  # (a run with no seed)
         # Ray gives an actor's torch one thread per CPU it holds (OMP_NUM_THREADS); bind the
@@ -200,7 +188,7 @@ class StageActor:
             hop=self.hop,
             concurrency=self.concurrency,
         )
-        self.stages.where = self.where
+        self.stages.where = str(where)
         self.stages.flight.to_slot(self.slot, 0)
         if not task:
             threading.Thread(target=self._watch, name="easycore-watchdog", daemon=True).start()
@@ -217,19 +205,18 @@ class StageActor:
         told: tuple[int, float] | None = None
         while True:
             timeout, clock = self.timeout, self.clock
-            every = WATCH_EVERY if timeout is None else min(max(timeout / 4, 0.01), WATCH_EVERY)
-            time.sleep(every)
+            time.sleep(WATCH_EVERY if timeout is None else min(max(timeout / 4, 0.01), WATCH_EVERY))
             start = self.slot[AT_STARTED]
             current = (int(self.slot[AT_INDEX]), start) if start > RUNNING else None
             if clock is None or current == told:
                 continue
             if told is not None:
-                clock.clear.remote(self.key)
+                clock.note.remote(self.key, None)
                 told = None
             if timeout is not None and current is not None:
                 elapsed = time.monotonic() - current[1]
                 if elapsed > timeout:
-                    clock.note.remote(self.key, current[0], elapsed)
+                    clock.note.remote(self.key, (current[0], elapsed))
                     told = current
 
     def run(
@@ -238,7 +225,7 @@ class StageActor:
         base: int,
         seed: int | None,
         retries: int,
-        spent: Mapping[int, int],
+        spent: dict[tuple[int, int], int],
         numbering: tuple[int, int],
         keys: Sequence[Any] | None = None,
     ) -> tuple[list[Any], Meta]:
@@ -252,29 +239,27 @@ class StageActor:
         if self.batch is not None:
             units = batches(units, self.batch)
         stages = self.stages
-        charged = {(self.hop, index): n for index, n in spent.items()}
-        task = Task(0, seed, 0, units, True, retries, charged, numbering, True, self.timeout, keys)
-        busy = None
+        task = Task(0, seed, 0, units, True, retries, spent, numbering, True, self.timeout, keys)
         try:
             if not stages.open:
                 raise Finished("this actor has finished: the run it ran for is over")
             if stages.waits:
                 (out, n, _), busy = ChunkRun(stages, units, base, task).start().result()
+            else:
+                (out, n, _), busy = ChunkRun(stages, units, base, task).run(self.slot, 0), None
+                self.slot[AT_STARTED] = IDLE
         except (Finished, concurrent.futures.CancelledError) as exc:
             # The run is over (its end cancelled this chunk, or the chunk came after it):
             # nobody reads it. Its units fail, not the call: Ray would log a failed call
             # that nobody waits for as an unhandled error.
             return self._failed(len(units), base, ErrorReport.of("<run over>", exc), t0)
-        if busy is None:
-            out, n, _ = ChunkRun(stages, units, base, task).run(self.slot, 0)
-            self.slot[AT_STARTED] = IDLE
         took = time.perf_counter() - t0
         return out, Meta(n, took, rss_bytes(), took if busy is None else busy)
 
     def _failed(self, n: int, base: int, failure: Any, t0: float) -> tuple[list[Any], Meta]:
         """Each of ``n`` units from ``base`` failed with ``failure``, before any ran."""
         took = time.perf_counter() - t0
-        out = [Broken(self.hop, base + k, failure, self.where) for k in range(n)]
+        out = [Broken(self.hop, base + k, failure, self.stages.where) for k in range(n)]
         return out, Meta(0, took, rss_bytes(), took)
 
     def unpack(self, packed: Packed, base: int) -> Any:
@@ -289,8 +274,7 @@ class StageActor:
         try:
             return pickle.loads(packed.blob)
         except Exception as exc:
-            report = ErrorReport.of(UNREADABLE, exc)
-            return Broken(self.hop, packed.n, report, self.where)
+            return Broken(self.hop, packed.n, ErrorReport.of(UNREADABLE, exc), self.stages.where)
         finally:
             flight.release(self._idle)
 

@@ -50,14 +50,13 @@ import contextlib
 import functools
 import itertools
 import os
-import signal
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import ray
 
 from easycore._config.cfgnode import CfgNode
@@ -72,13 +71,12 @@ from easycore._exec.core.plan import (
     pack_payload,
     plan_chain,
 )
-from easycore._exec.core.protocol import PROTOCOL
 from easycore._exec.core.sources import Source, source_of
 from easycore._exec.core.stages import UNIT_GRACE, is_async_fn
-from easycore._exec.ray.actor import Later, Packed, StageActor, UnitClock, run_task
+from easycore._exec.ray.actor import Later, StageActor, UnitClock, run_task
 from easycore._exec.ray.run import Actor, RayRun, first_line
 from easycore._options import RunOptions
-from easycore._reaping import descendants
+from easycore._reaping import descendants, end_processes
 
 __all__ = ["RayEngine", "check_fits", "ray_devices"]
 
@@ -145,9 +143,7 @@ def _kill(actors: Sequence[Actor]) -> None:
     for actor in actors:
         with contextlib.suppress(Exception):
             ray.kill(actor.handle, no_restart=True)
-    for pid in below:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    end_processes(below, within=0.0)
 
 
 def _wait_for_ends(actors: Sequence[Actor], refs: list[Any], grace: float | None) -> list[Any]:
@@ -170,8 +166,7 @@ def _wait_for_ends(actors: Sequence[Actor], refs: list[Any], grace: float | None
 def _local(pid: int) -> bool:
     """Whether ``pid`` is an easycore actor's process on this machine."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().startswith(b"ray::StageActor")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::StageActor")
     except OSError:
         return False
 
@@ -234,17 +229,13 @@ def _one_group(entry: tuple[Any, ...]) -> str:
 
 def _gpus_of(device: str) -> int:
     """GPUs an actor of ``device`` holds: ``"cuda"`` 1, ``"cuda*k"`` k, ``"cpu"`` 0."""
-    if device == "cuda":
-        return 1
-    return int(device[5:]) if device.startswith("cuda*") else 0
+    return 0 if device == "cpu" else int(device.partition("*")[2] or 1)
 
 
 def _one(device: Any) -> str:
     text = str(device)
-    if text == "cpu":
-        return "cpu"
-    if text == "cuda" or text.startswith("cuda:"):
-        return "cuda"
+    if text in ("cpu", "cuda") or text.startswith("cuda:"):
+        return text.partition(":")[0]
     msg = f"unknown device {device!r} for engine='ray' (use 'cpu', 'cuda' or an int)"
     raise ValueError(msg)
 
@@ -271,12 +262,8 @@ class RayEngine:
         _connect()
         try:
             resources = ray.cluster_resources()
-            self.chain: Chain = plan_chain(
-                pipeline,
-                devices,
-                parse=lambda d: ray_devices(d, resources),
-                concurrency=concurrency,
-            )
+            parse = functools.partial(ray_devices, resources=resources)
+            self.chain: Chain = plan_chain(pipeline, devices, parse=parse, concurrency=concurrency)
             check_fits(self.chain, resources)
         except BaseException:
             _disconnect()
@@ -332,16 +319,13 @@ class RayEngine:
                 try:
                     self.payloads.append(pack_payload(h.stages, self.cfg))
                 except Exception as exc:
-                    msg = (
-                        f"the producers {h.name!r} or cfg cannot be pickled; actors receive "
-                        "them pickled"
-                    )
+                    msg = f"the producers {h.name!r} or cfg cannot be pickled to reach the actors"
                     raise SerializationError(msg) from exc
             self.pools = [
                 [self._new_actor(hop.index, k, dev) for k, dev in enumerate(hop.devices)]
                 for hop in self.chain.hops
             ]
-            self._await_started([a for pool in self.pools for a in pool if a.task is None])
+            self._await_started([a for pool in self.pools for a in pool if not a.lone])
         except BaseException:
             self.stop(grace=0.0, report=False)
             raise
@@ -350,7 +334,7 @@ class RayEngine:
         h = self.chain.hops[hop]
         actor = Actor(hop=hop, index=index, device=device, concurrency=h.concurrency)
         if self.as_tasks[hop]:
-            actor.task, actor.lone = self._task_sender(hop, index), True
+            actor.run, actor.lone = self._task_sender(hop, index), True
             return actor
         gpus = _gpus_of(device)
         opts: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
@@ -365,6 +349,7 @@ class RayEngine:
         cls = _remote(StageActor, max_restarts=0, max_task_retries=0).options(**opts)
         args = (self.payloads[hop], sys.path, device, index, hop, h.batch, self.clock)
         actor.handle = cls.remote(*args, actor.key, self.timeout, h.concurrency)
+        actor.run = actor.handle.run.options(num_returns=2).remote
         return actor
 
     def _task_sender(self, hop: int, index: int) -> Callable[..., Any]:
@@ -382,10 +367,8 @@ class RayEngine:
 
         def send(units: Any, *run_args: Any) -> Any:
             # (read in the task once the driver's sys.path is there: see run_task)
-            if isinstance(units, ray.ObjectRef):
+            if isinstance(units, ray.ObjectRef):  # (the first pool's come Packed)
                 units = Later(units)
-            elif type(units) is not Packed:
-                units = Packed(len(units), cloudpickle.dumps(list(units), PROTOCOL))
             args = (pool, payload, sys.path, index, hop, h.batch, h.concurrency)
             return fn.remote(*args, units, *run_args)
 
@@ -420,12 +403,11 @@ class RayEngine:
                 raise self._failed(actor, "while starting", report)
 
     def replace(self, actor: Actor) -> Actor:
-        """A fresh actor (its ``init`` run) in ``actor``'s place (a task slot stays)."""
-        if actor.task is not None:
-            return actor
+        """A fresh actor (its ``init`` run) in ``actor``'s place (never a slot of tasks: no
+        death marks one gone, and a pool of tasks recycles none)."""
         _kill([actor])
         if self.clock is not None:
-            self.clock.clear.remote(actor.key)
+            self.clock.note.remote(actor.key, None)
         fresh = self._new_actor(actor.hop, actor.index, actor.device)
         self.pools[actor.hop][actor.index] = fresh
         self._await_started([fresh])
@@ -434,7 +416,7 @@ class RayEngine:
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
         """Kill each busy actor whose unit in hand has run past ``timeout`` (the clock says
         so): [(actor, that unit)]."""
-        busy = [a for pool in self.pools for a in pool if a.queue and a.task is None]
+        busy = [a for pool in self.pools for a in pool if a.queue and not a.lone]
         late: dict[int, tuple[int, float]] = {}
         if busy and self.clock is not None:
             with contextlib.suppress(ray.exceptions.RayError):
@@ -464,7 +446,7 @@ class RayEngine:
         Raises:
             WorkerError, WorkerDied: (``report``) an ``end`` raised or an actor died in it.
         """
-        every = [a for pool in self.pools for a in pool if a.task is None]
+        every = [a for pool in self.pools for a in pool if not a.lone]
         actors = [a for a in every if not a.gone]
         self.pools = []
         failure: BaseException | None = None
@@ -502,7 +484,7 @@ class RayEngine:
             return
         self.timeout = timeout
         told = []
-        for a in [a for pool in self.pools for a in pool if a.task is None and not a.gone]:
+        for a in [a for pool in self.pools for a in pool if not (a.lone or a.gone)]:
             ref = a.handle.watch.remote(timeout, self.clock)
             if self.waits[a.hop]:
                 told.append(ref)
@@ -512,9 +494,7 @@ class RayEngine:
             ray.get(told)
 
     def stats(self) -> list[StageStats]:
-        if self.last_run is None:
-            return idle_stats(self.chain)
-        return self.last_run.stats()
+        return idle_stats(self.chain) if self.last_run is None else self.last_run.stats()
 
     # -- runs --------------------------------------------------------------------------------
     def stream(

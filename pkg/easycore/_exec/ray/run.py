@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import attrs
 import cloudpickle
@@ -49,19 +49,13 @@ class Actor(Place):
     key: int = -1  # its name at the engine's clock
     where: Placement | None = None
     cut_short: bool = False  # a run was cancelled while it had work: it may be mid-unit
-    # Not an actor but a slot of Ray tasks (an init-less pool; see actor.run_task): sends
-    # ``run``'s arguments as a task; its chunks run independently of each other (``lone``:
-    # it holds one at a time).
-    task: Callable[..., Any] | None = None
-
-    def run(self, *args: Any) -> Any:
-        """Send a chunk: ``(values ref, meta ref)``."""
-        if self.task is not None:
-            return self.task(*args)
-        return self.handle.run.options(num_returns=2).remote(*args)
+    # sends a chunk (``StageActor.run``'s arguments): ``(values ref, meta ref)``. A place
+    # that is ``lone`` is not an actor but a slot of Ray tasks (an init-less pool; see
+    # actor.run_task): its chunks run independently of each other, one at a time.
+    run: Any = None
 
     def who(self, chain: Chain) -> str:
-        kind = "Ray task" if self.task is not None else "Ray actor"
+        kind = "Ray task" if self.lone else "Ray actor"
         return chain.who(self.hop, self.index).replace("worker", kind, 1)
 
     def describe(self, chain: Chain) -> str:
@@ -78,13 +72,6 @@ class ActorPools(Protocol):
     def replace(self, actor: Actor) -> Actor: ...
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
     def recycle(self, due: Sequence[Place]) -> None: ...
-
-
-class Refs(NamedTuple):
-    """A chunk's object references: each hop's ``Meta``, and the last hop's values."""
-
-    metas: list[Any]
-    values: Any
 
 
 class RayRun:
@@ -132,10 +119,8 @@ class RayRun:
             self.books.source.drain_wakeups()
         elif not (self.books.redo or self.books.deliverable()):
             raise self.books.stalled()
-        if self.options.timeout is not None:
-            self.check_clock()
-        self.engine.recycle(self.sched.retirees())
-        self.sweep()
+        self.check_clock()
+        self.sweep()  # (actors due for replacement: dispatch, which always comes next)
 
     def dispatch(self, most_chunks: int | None = None) -> None:
         """Carry out the scheduler's commands: actors due for it replaced, then chunks sent
@@ -157,40 +142,34 @@ class RayRun:
             books.store(chunk.start, [CACHED] * self.hops[-1].units(n), n)
             return
         spent = books.charges.spent(chunk.start, chunk.end)
+        run = (self.options.run_seed, self.options.retries, spent)
         arg: Any = chunk.items
         keys = books.keys_of(chunk.items, chunk.start)  # (key= raising is its own error)
-        chunk.refs = Refs([], None)
+        chunk.refs = []  # each hop's Meta, then the last hop's values
         for hop, actor in zip(self.hops, chunk.path, strict=True):
             try:
-                if hop.index == 0 and self.options.timeout is not None:
-                    # unpickled inside run(), on the clock (see actor.Packed)
+                if hop.index == 0 and (self.options.timeout is not None or actor.lone):
+                    # unpickled inside run(), on the clock; a task's, once the driver's
+                    # sys.path is there (see actor.Packed, actor.run_task)
                     arg = Packed(len(chunk.items), cloudpickle.dumps(list(chunk.items), PROTOCOL))
-                arg, meta = actor.run(
-                    arg,
-                    chunk.start // hop.unit,
-                    self.options.run_seed,
-                    self.options.retries,
-                    {i: k for (h, i), k in spent.items() if h == hop.index},
-                    books.numbering if hop.index == 0 else (0, 1),
-                    keys if hop is self.hops[-1] else None,
-                )
+                numbering = books.numbering if hop.index == 0 else (0, 1)
+                last = (numbering, keys if hop is self.hops[-1] else None)
+                arg, meta = actor.run(arg, chunk.start // hop.unit, *run, *last)
             except Exception as exc:  # an item that cannot be pickled
                 self.forget(chunk)
                 unpicklable(books, chunk, exc)
                 return
-            chunk.refs.metas.append(meta)
+            chunk.refs.append(meta)
             self.pending[meta] = (chunk, hop.index)
-        chunk.refs = chunk.refs._replace(values=arg)
+        chunk.refs.append(arg)
 
     def forget(self, chunk: Chunk) -> None:
         """Forget ``chunk``: the scheduler's books, its pending references (read once
         ready: :meth:`sweep`)."""
         self.sched.untrack(chunk)
-        refs: Refs | None = chunk.refs
-        if refs is not None:
-            for meta in refs.metas:
-                self.pending.pop(meta, None)
-            self.dropped += [r for r in (*refs.metas, refs.values) if r is not None]
+        for ref in chunk.refs or ():
+            self.pending.pop(ref, None)
+        self.dropped += chunk.refs or []
 
     def sweep(self, wait: float = 0.0) -> None:
         """Read the forgotten references that are ready (``wait``: seconds to wait for the
@@ -209,15 +188,12 @@ class RayRun:
         actor: Actor = chunk.path[h]
         try:
             meta: Meta = ray.get(ref)
-            values = ray.get(chunk.refs.values) if h == len(self.hops) - 1 else None
+            values = ray.get(chunk.refs[-1]) if h == len(self.hops) - 1 else None
         except ray.exceptions.RayError as exc:
             if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
                 dead = self.dead_actor(chunk)
-                if dead.task is None:
-                    self.on_death(dead, exc, culprit=None)  # (forgets every chunk of the actor)
-                else:  # a task's process died: that chunk alone was running there
-                    self.forget(chunk)
-                    books.again(self.blame(dead, [chunk], exc, None))
+                # (an actor: every chunk it had; a task's process: that chunk alone ran there)
+                self.on_death(dead, exc, None, [chunk] if dead.lone else None)
             elif isinstance(exc, ray.exceptions.RayTaskError | ray.exceptions.RaySystemError):
                 # a result that would not pickle there, or not unpickle here (a class this
                 # process lacks, a __setstate__ that raises): its unit fails, named
@@ -242,31 +218,35 @@ class RayRun:
             ):
                 books.again(books.rerun(chunk))
                 return
-            path = chunk.path
-            books.outputs(chunk, values, lambda h: (path[h].device, path[h].index))
+            books.outputs(chunk, values, lambda h: (chunk.path[h].device, chunk.path[h].index))
 
     # -- failures ----------------------------------------------------------------------------
     def dead_actor(self, chunk: Chunk) -> Actor:
         """The first actor on ``chunk``'s path that failed (later hops fail because of it)."""
-        path: list[Actor] = chunk.path
-        for h, meta in enumerate(chunk.refs.metas):
+        for actor, meta in zip(chunk.path, chunk.refs, strict=False):  # (then the values)
             try:
                 ray.get(meta, timeout=0)
             except ray.exceptions.GetTimeoutError:
                 continue
             except ray.exceptions.RayError:
-                return path[h]
-        return path[-1]
+                return actor
+        return chunk.path[-1]
 
-    def on_death(self, actor: Actor, exc: BaseException, culprit: int | None) -> None:
-        """``actor`` is gone: blame the chunk it was running, re-run the rest; it is
-        replaced once its pool needs it (``Scheduler.sends``), not here: a run that the death fails
-        raises without waiting for a fresh actor's start and ``init`` (many seconds on a
-        busy machine: Ray starts workers at a low priority).
+    def on_death(
+        self, actor: Actor, exc: BaseException, culprit: int | None, lost: Any = None
+    ) -> None:
+        """``actor`` is gone: blame the chunk it was running (``blame_in_order``: its oldest;
+        not known, every chunk it had), re-run the rest; it is replaced once its pool needs
+        it (``Scheduler.sends``), not here: a run that the death fails raises without
+        waiting for a fresh actor's start and ``init`` (many seconds on a busy machine: Ray
+        starts workers at a low priority).
 
-        ``culprit``: the unit (of ``actor``'s hop) known to be in hand (a timeout).
+        ``culprit``: the unit (of ``actor``'s hop) known to be in hand (a timeout; or
+        ``UNPICKLING``: the chunk's items were being unpickled). ``lost``: a task's chunk
+        (a slot of tasks stays); else every chunk the actor had.
         """
-        _, lost = self.sched.died(actor)
+        if lost is None:
+            _, lost = self.sched.died(actor)
         for chunk in lost:
             self.forget(chunk)
         # A sync actor runs its chunks in order, so the oldest it had was running, unless
@@ -277,38 +257,20 @@ class RayRun:
         # An actor of a pool that waits runs chunks at once: one being unpickled is not
         # known to be the oldest either.
         unknown = culprit is None or (culprit == int(UNPICKLING) and self.engine.waits[actor.hop])
-        again: list[Work] = []
-        if unknown and len(lost) > 1 and self.books.pins_down():
-            again = [Work(work.start, work.items, solo=True) for work in lost]
-        elif lost:
-            again = self.blame(actor, lost, exc, culprit)  # (may raise)
+        again = [Work(work.start, work.items, solo=True) for work in lost]
+        if lost and not (unknown and len(lost) > 1 and self.books.pins_down()):
+            blame = blame_in_order(self.books, actor.hop, lost, culprit)
+            who = (actor.hop, actor.index, actor.device, actor.who(self.chain), first_line(exc))
+            where = f", {actor.where}" if actor.where else ""
+            timed_out = isinstance(exc, TimeoutError)  # (check_clock: past the timeout)
+            dead = Dead(*who, None, timed_out, where, "actor")
+            again = settle_death(self.books, dead, blame, lost)  # (may raise)
         self.books.again(again)
-
-    def blame(
-        self, actor: Actor, lost: Sequence[Work], exc: BaseException, culprit: int | None
-    ) -> list[Work]:
-        """Blame the chunk ``actor`` was running for its death (its oldest; not known, every
-        chunk it had: ``blame_in_order``); what runs again. ``culprit``: the unit in hand,
-        known from a timeout (or ``UNPICKLING``: the chunk's items were being unpickled)."""
-        blame = blame_in_order(self.books, actor.hop, lost, culprit)
-        dead = Dead(
-            actor.hop,
-            actor.index,
-            actor.device,
-            actor.who(self.chain),
-            first_line(exc),
-            timed_out=isinstance(exc, TimeoutError),  # (check_clock: past the timeout)
-            where=f", {actor.where}" if actor.where else "",
-            kind="actor",
-        )
-        return settle_death(self.books, dead, blame, lost)
 
     def check_clock(self) -> None:
         """Units past ``timeout`` have had their actors killed: deaths charging them."""
-        timeout = self.options.timeout
-        assert timeout is not None
-        now = time.monotonic()
-        if now - self.last_probe < min(timeout / 4, 0.5):
+        timeout, now = self.options.timeout, time.monotonic()
+        if timeout is None or now - self.last_probe < min(timeout / 4, 0.5):
             return
         self.last_probe = now
         for actor, unit in self.engine.kill_overdue(timeout):  # (actors with chunks)
@@ -355,14 +317,7 @@ class RayRun:
         for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:
             h = actor.hop
             chunks = sorted(list(actor.queue.values()), key=lambda c: c.id)
-            if not self.engine.waits[h]:
-                chunks = chunks[:1]  # (one at a time, in order)
-            metas = [c.refs.metas[:h] if c.refs else [None] for c in chunks]  # (None: unsent)
-            ready = [
-                c
-                for c, ms in zip(chunks, metas, strict=True)
-                if not any(m in self.pending for m in ms)
-            ]
-            units = sum(hops[h].units(len(c.items)) for c in ready)
-            flying[h] += min(hops[h].concurrency, units)
+            chunks = chunks[: None if self.engine.waits[h] else 1]  # (else one at a time)
+            ready = [c for c in chunks if not any(m in self.pending for m in (c.refs or [])[:h])]
+            flying[h] += min(hops[h].concurrency, sum(hops[h].units(len(c.items)) for c in ready))
         return stage_stats(self.books, queued, [0] * len(hops), flying)
