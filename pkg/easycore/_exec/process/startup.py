@@ -7,9 +7,9 @@ started Ray and how many runners use it, is in ``ray.engine``):
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;
 * ``_TORCH_SEEN``: a worker of this process has loaded torch, so later pools fork with it;
 * ``_START_LOCK``: guards the two module attributes of multiprocessing we swap while a
-  process starts (see :func:`hidden_main`);
+  process starts (see :func:`_hidden_main`);
 * ``_OWN``: this process's live workers started by ``spawn`` or ``fork`` (its children: it
-  is the subreaper of what they start while it has any; see :func:`adopt_for`).
+  is the subreaper of what they start while it has any; see :func:`_adopt_for`).
 """
 
 from __future__ import annotations
@@ -39,18 +39,16 @@ from easycore._reaping import (
 )
 
 __all__ = [
-    "adopt_for",
     "check_capacity",
     "context",
     "descriptors",
     "fork_is_safe",
-    "hidden_main",
     "kill_all",
-    "kill_group",
     "kill_workers",
     "light_forkserver_pid",
     "light_wanted",
     "note_torch",
+    "start_worker",
 ]
 
 _START_LOCK = threading.Lock()
@@ -209,15 +207,6 @@ def light_wanted(method: str, devices: Sequence[str]) -> bool:
     return hasattr(multiprocessing.forkserver, "connect_to_new_process")
 
 
-def _light_server() -> Any:
-    global _LIGHT_SERVER
-    if _LIGHT_SERVER is None:
-        server = multiprocessing.forkserver.ForkServer()
-        server.set_forkserver_preload(["easycore._exec.process.preload_light"])
-        _LIGHT_SERVER = server
-    return _LIGHT_SERVER
-
-
 def light_forkserver_pid() -> int | None:
     """The light forkserver's pid while it runs (a long-lived helper, not a worker)."""
     if _LIGHT_SERVER is None:
@@ -264,14 +253,14 @@ def context(
     ctx = mp.get_context(method)
     if method == "forkserver" and not _PRELOAD_SET:
         # The forkserver imports torch once, before it has any thread or CUDA context; every
-        # worker forks from it with torch already loaded. No '__main__': see hidden_main.
+        # worker forks from it with torch already loaded. No '__main__': see _hidden_main.
         ctx.set_forkserver_preload(["easycore._exec.process.preload"])
         _PRELOAD_SET = True
     return ctx
 
 
 @contextlib.contextmanager
-def hidden_main(light: bool = False) -> Iterator[None]:
+def _hidden_main(light: bool = False) -> Iterator[None]:
     """Start processes without the caller's ``__main__`` (and, ``light``, from the light
     forkserver).
 
@@ -281,6 +270,7 @@ def hidden_main(light: bool = False) -> Iterator[None]:
     The originals are read under the lock: read before it, they could be another start's
     replacements, and "restoring" them would leave those in place for good.
     """
+    global _LIGHT_SERVER
     forkserver: Any = multiprocessing.forkserver  # its module-level connect is swapped
     with _START_LOCK:
         original = multiprocessing.spawn.get_preparation_data
@@ -293,8 +283,11 @@ def hidden_main(light: bool = False) -> Iterator[None]:
             return data
 
         multiprocessing.spawn.get_preparation_data = without_main
+        if light and _LIGHT_SERVER is None:
+            _LIGHT_SERVER = multiprocessing.forkserver.ForkServer()
+            _LIGHT_SERVER.set_forkserver_preload(["easycore._exec.process.preload_light"])
         if light:
-            forkserver.connect_to_new_process = _light_server().connect_to_new_process
+            forkserver.connect_to_new_process = _LIGHT_SERVER.connect_to_new_process
         try:
             yield
         finally:
@@ -304,11 +297,11 @@ def hidden_main(light: bool = False) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def adopt_for(method: str) -> Iterator[Callable[[int], None]]:
+def _adopt_for(method: str) -> Iterator[Callable[[int], None]]:
     """Around the start of a worker by ``method``: one started by ``spawn`` or ``fork`` is a
     child of this process, which is then made the subreaper of what the worker starts (a
     forkserver is its workers'). A worker that dies leaves it here: processes that left the
-    worker's group (``setsid``, a daemon) included, found and ended by :func:`kill_group`.
+    worker's group (``setsid``, a daemon) included, found and ended by :func:`kill_all`.
     Yields a function to call with the new worker's pid."""
     if method == "forkserver":
         yield lambda pid: None
@@ -327,26 +320,6 @@ def adopt_for(method: str) -> Iterator[Callable[[int], None]]:
         finally:
             if not _OWN:
                 become_subreaper(on=False)
-
-
-def kill_group(pid: int | None, code: int | None = None) -> None:
-    """Kill what a worker started: its process group (a worker leads one; see _worker),
-    and remove the temporary directory its multiprocessing used (a killed worker cannot).
-    A worker of :func:`adopt_for` that did not end well (``code``: its exit code) left
-    what it started here, those that left its group too: they are ended (and reaped)."""
-    if pid:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
-        with _OWN_LOCK:
-            own = _OWN.pop(pid, None)
-            if own is not None and code != 0:
-                since, before = own
-                keep = [p.pid for p in mp.active_children()]
-                end_processes(left_by(since, keep=[*keep, *before, *_OWN]))
-            if own is not None and not _OWN:
-                become_subreaper(on=False)
-        if code != 0:  # (one that ended well removed its own: no scan of the temp folder)
-            remove_mp_tempdir(pid)
 
 
 def kill_workers(procs: Sequence[Any]) -> None:
@@ -372,10 +345,50 @@ def kill_workers(procs: Sequence[Any]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def kill_all(procs: list[Any]) -> None:
-    """Kill and reap processes and what they started (a finaliser's last resort)."""
+def kill_all(procs: Sequence[Any]) -> None:
+    """Kill and reap processes and what they started (:func:`kill_workers`), then their
+    process groups (a worker leads one), and remove the temporary directory each one's
+    multiprocessing used (a killed worker cannot). A worker of :func:`_adopt_for` that did
+    not end well left what it started here, those that left its group too: they are ended
+    (and reaped)."""
     kill_workers(procs)
     for p in procs:
         with contextlib.suppress(Exception):
             p.join(1.0)
-        kill_group(p.pid, p.exitcode)
+        pid, code = p.pid, p.exitcode
+        if not pid:
+            continue
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with _OWN_LOCK:
+            own = _OWN.pop(pid, None)
+            if own is not None and code != 0:
+                since, before = own
+                keep = [child.pid for child in mp.active_children()]
+                end_processes(left_by(since, keep=[*keep, *before, *_OWN]))
+            if own is not None and not _OWN:
+                become_subreaper(on=False)
+        if code != 0:  # (one that ended well removed its own: no scan of the temp folder)
+            remove_mp_tempdir(pid)
+
+
+def start_worker(proc: Any, method: str, devices: Sequence[str]) -> None:
+    """Start a worker process by ``method`` (from the light forkserver where
+    :func:`light_wanted`)."""
+    # (a fork prepares nothing: the caller's state is there, nothing to hide or swap)
+    hide = (
+        contextlib.nullcontext()
+        if method == "fork"
+        else _hidden_main(light_wanted(method, devices))
+    )
+    # Ctrl-C between a fork and the worker's ignoring it would print the worker's own
+    # KeyboardInterrupt: a forked worker starts with SIGINT blocked (the caller's stays
+    # pending until the start is done)
+    block = {signal.SIGINT} if method == "fork" else set()
+    with hide, _adopt_for(method) as started:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        started(proc.pid)

@@ -11,12 +11,12 @@ import contextlib
 import math
 import os
 import select
-import signal
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 import attrs
@@ -41,15 +41,12 @@ from easycore._exec.core.scheduler import Place
 from easycore._exec.core.stages import UNIT_GRACE
 from easycore._exec.process.channel import Channel
 from easycore._exec.process.startup import (
-    adopt_for,
     context,
     descriptors,
-    hidden_main,
     kill_all,
-    kill_group,
     kill_workers,
-    light_wanted,
     note_torch,
+    start_worker,
 )
 from easycore._exec.process.worker_loop import WorkerSpec, worker_main
 
@@ -79,7 +76,6 @@ class Worker(Place):
     timed_out: int | None = None  # index of the unit we killed it for
     stopping: bool = False  # told to end (retiring): its goodbye brings a fresh worker
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
-    _exit_poll: Any = None
 
     def resident_bytes(self) -> int:
         """Its own resident memory now: pages it shares with the process it was forked
@@ -96,16 +92,6 @@ class Worker(Place):
                 return int(f.read().split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
             return 0
-
-    def kill(self) -> None:
-        """Kill the process now, and every process it started (its timeout passed)."""
-        kill_workers([self.proc])
-
-    def exited(self) -> bool:
-        """Whether the process has ended (``not proc.is_alive()``, without a selector per call)."""
-        if self._exit_poll is None:
-            self._exit_poll = poller((self.proc.sentinel,))
-        return bool(self._exit_poll.poll(0))
 
 
 class _Waiter:
@@ -150,23 +136,6 @@ def _caller_ends() -> list[int]:
     return [fd for fd in fds if fd >= 0]
 
 
-def _start(proc: Any, method: str, light: bool) -> None:
-    """Start a worker process by ``method`` (``light``: from the light forkserver)."""
-    # (a fork prepares nothing: the caller's state is there, nothing to hide or swap)
-    hide = contextlib.nullcontext() if method == "fork" else hidden_main(light)
-    # Ctrl-C between a fork and the worker's ignoring it would print the worker's own
-    # KeyboardInterrupt: a forked worker starts with SIGINT blocked (the caller's stays
-    # pending until the start is done)
-    block = {signal.SIGINT} if method == "fork" else set()
-    with hide, adopt_for(method) as started:
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
-        try:
-            proc.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        started(proc.pid)
-
-
 def _culprit_of(stages: Sequence[Any], cfg: CfgNode) -> str:
     for stage in stages:
         for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
@@ -194,7 +163,6 @@ class WorkerSet:
         self.start_method = start_method
         self.workers: list[Worker] = []
         self.slots: Slots | None = None
-        self._ctx: Any = None
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = 0
         self._waiter = _Waiter()
@@ -219,9 +187,8 @@ class WorkerSet:
 
     def start(self) -> None:
         """Start one process per device (not waiting for them to be ready)."""
-        self._ctx = context(self.start_method)
         n = len(self.chain.devices)
-        self.slots = Slots(self._ctx.RawArray("d", SLOT_WIDTH * n))
+        self.slots = Slots(RawArray("d", SLOT_WIDTH * n))
         self.workers = []
         self._pairs.clear()
         for slot in range(n):
@@ -279,7 +246,7 @@ class WorkerSet:
             name=f"easycore-worker-{slot}-{device}",
             daemon=True,
         )
-        _start(proc, method, light_wanted(method, self.chain.devices))
+        start_worker(proc, method, self.chain.devices)
         child.close()
         self.slots.reset(slot)
         worker = Worker(
@@ -372,9 +339,11 @@ class WorkerSet:
         n = len(live)
         for k, w in enumerate(live):
             if fds[k] in ready or fds[n + k] in ready:
-                self._read(w, handler)
+                self._read(w, handler, fds[n + k] in ready)
 
-    def _read(self, w: Worker, handler: Handler | None) -> None:
+    def _read(self, w: Worker, handler: Handler | None, ended: bool) -> None:
+        """Handle what ``w`` sent, then its death if it has ``ended`` (its sentinel said so,
+        which it does once it has written all it wrote) or its pipe broke."""
         # Read everything the worker sent before looking at whether it is alive: a result that
         # reached the pipe before the death must count, and must not be re-run.
         broken = False
@@ -401,7 +370,7 @@ class WorkerSet:
                     handler(w, msg)
         except (EOFError, OSError):
             broken = True
-        if broken or w.exited():
+        if broken or ended:
             self._bury(w)
             if w.stopping and w.proc.exitcode == 0:  # it ended before we read its goodbye
                 self.respawn(w.slot)
@@ -414,10 +383,7 @@ class WorkerSet:
     @staticmethod
     def _bury(w: Worker) -> None:
         w.proc.join(1.0)
-        if w.proc.is_alive():  # pipe broke but the process lingers: finish it
-            w.kill()
-            w.proc.join(1.0)
-        kill_group(w.proc.pid, w.proc.exitcode)  # and whatever it started
+        kill_all([w.proc])  # (one whose pipe broke may linger) and whatever it started
         w.gone = True
         with contextlib.suppress(Exception):
             w.chan.close()
@@ -475,7 +441,7 @@ class WorkerSet:
             index, start = slots.index(w.slot), slots.started(w.slot)
             if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
                 w.timed_out = int(index)
-                w.kill()
+                kill_workers([w.proc])  # and every process it started
 
     # -- stop --------------------------------------------------------------------------------
     def stop(self, grace: float | None) -> BaseException | None:
