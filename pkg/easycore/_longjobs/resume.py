@@ -408,8 +408,7 @@ class RunLedger:
     def committed_shards(self) -> list[Shard]:
         """The files of a sink this ledger's runs committed (a crash may have cut their
         rename short: ``easycore._longjobs.sinks.recover`` finishes it)."""
-        rows = self.db.execute("SELECT temp, name, rows, bytes FROM files")
-        return [Shard(temp, name, n, nbytes) for temp, name, n, nbytes in rows]
+        return [Shard(*row) for row in self.db.execute("SELECT temp, name, rows, bytes FROM files")]
 
     # -- the input ---------------------------------------------------------------------------
     def _key(self, index: int, items: Any) -> str:
