@@ -453,22 +453,19 @@ class PreparedStages:
 
     def retries_left(self, task: Task, index: int) -> int:
         """Retries unit ``index`` of ``task`` may still use (deaths have charged some)."""
-        if not task.spent:
-            return task.retries
         return task.retries - task.spent.get((self.hop, index), 0)
 
     # -- units in flight together (concurrency=k, async stages) --------------------------------
     def start_units(
-        self, jobs: Sequence[tuple[int, Any]], unit: Callable[..., Any], tally: _Tally
-    ) -> concurrent.futures.Future[tuple[list[Any], float]]:
+        self, jobs: Sequence[tuple[int, Any]], unit: Callable[..., Any]
+    ) -> concurrent.futures.Future[list[Any]]:
         """Start ``unit(k, index, item)`` (a coroutine: the tries of one unit) for each job
         ``(index, item)`` on this place's ``concurrency`` slots, behind the units started
         before (first come, first served): async stages as tasks of the loop, plain ones on
         ``concurrency`` threads.
 
         Returns:
-            A future of the results in job order and the slot-seconds the units held
-            (``tally``).
+            A future of the results in job order.
         """
         import asyncio
         import concurrent.futures
@@ -476,44 +473,33 @@ class PreparedStages:
         with self._starting:  # (finish waits until the loop has this chunk's work)
             if not self.open:  # (a chunk that reached an actor after its finish: never run)
                 raise Finished(f"the stages of hop {self.hop} have finished (or not started)")
-            if self.is_async:  # (on a thread of its own from now until finish: not in the caller)
-                loop = self.loop()
-                if self._loop_thread is None:
-                    self._loop_thread = threading.Thread(
-                        target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
+            if not self.is_async:
+                if self._threads is None:
+                    self._threads = concurrent.futures.ThreadPoolExecutor(
+                        self.concurrency,
+                        thread_name_prefix="easycore-item",
+                        initializer=bind_thread,
+                        initargs=(self.context["device"],),
                     )
-                    self._loop_thread.start()
-                return asyncio.run_coroutine_threadsafe(self._amany(jobs, unit, tally), loop)
-            if self._threads is None:
-                self._threads = concurrent.futures.ThreadPoolExecutor(
-                    self.concurrency,
-                    thread_name_prefix="easycore-item",
-                    initializer=bind_thread,
-                    initargs=(self.context["device"],),
+                threads = self._threads
+                return _gather([threads.submit(_now, unit, k, *job) for k, job in enumerate(jobs)])
+            loop = self.loop()  # (on a thread of its own from now until finish)
+            if self._loop_thread is None:
+                self._loop_thread = threading.Thread(
+                    target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
                 )
-            threads = self._threads
-            return tally.gather([threads.submit(_now, unit, k, *job) for k, job in enumerate(jobs)])
+                self._loop_thread.start()
+            gate = self._gate
+            assert gate is not None  # (made with the loop)
 
-    async def _amany(
-        self, jobs: Sequence[tuple[int, Any]], unit: Callable[..., Any], tally: _Tally
-    ) -> tuple[list[tuple[Any, StageFailure | None]], float]:
-        import asyncio
+            async def one(k: int, index: int, item: Any) -> Any:
+                async with gate:
+                    return await unit(k, index, item)
 
-        gate = self._gate
-        assert gate is not None  # (made with the loop this runs on)
+            async def every() -> list[Any]:  # (cancelled, gather cancels the units)
+                return list(await asyncio.gather(*(one(k, *job) for k, job in enumerate(jobs))))
 
-        async def one(k: int, index: int, item: Any) -> tuple[Any, StageFailure | None]:
-            async with gate:
-                done: tuple[Any, StageFailure | None] = await unit(k, index, item)
-                return done
-
-        tasks = [asyncio.ensure_future(one(k, *job)) for k, job in enumerate(jobs)]
-        try:
-            return list(await asyncio.gather(*tasks)), tally.busy
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            raise
+            return asyncio.run_coroutine_threadsafe(every(), loop)
 
 
 _NEVER = threading.Event()  # a stop that never comes (inline, Ray)
@@ -654,12 +640,13 @@ class ChunkRun:
     sink writes the values (:meth:`_ran`, the one write path).
     """
 
-    __slots__ = ("base", "future", "passed", "stages", "task", "units")
+    __slots__ = ("base", "future", "passed", "spans", "stages", "task", "units")
 
     def __init__(self, stages: PreparedStages, units: Any, base: int, task: Task) -> None:
         self.stages, self.units, self.base, self.task = stages, units, base, task
         self.passed: dict[int, Any] = {}  # position -> a marker that came in (passed on)
-        self.future: concurrent.futures.Future[tuple[list[Any], float]] | None = None
+        self.future: concurrent.futures.Future[list[Any]] | None = None
+        self.spans: list[float] = []  # the seconds each unit started held its slot
 
     def run(self, cur: Any, at: int, stop: Any = None, since: float | None = None) -> Ran:
         """Run the units one at a time, here. The index of the unit in hand, and with a
@@ -716,22 +703,21 @@ class ChunkRun:
         grace = cancel_grace(task.timeout) if stages.is_async and task.timeout else 0.0
         stages.flight.timing = (task.timed, grace)
         stop = _NEVER if stop is None else stop
-        tally = _Tally()
 
         def unit(k: int, index: int, item: Any) -> Any:  # (a coroutine: the unit's tries)
-            attempt = functools.partial(self._flown, item, index, tally)
+            attempt = functools.partial(self._flown, item, index)
             allowed = stages.retries_left(task, index)
             return _retrying(attempt, allowed, stop, since if k == 0 else None)
 
-        self.future = stages.start_units(self._jobs(), unit, tally)
+        self.future = stages.start_units(self._jobs(), unit)
         return self
 
     def result(self) -> tuple[Ran, float]:
         """What ran (as :meth:`run` returns it), and the slot-seconds, once ``future`` is
         done; a sink has written the values."""
         assert self.future is not None
-        done, busy = self.future.result()
-        return self._ran(*self._placed(done)), busy
+        done = self.future.result()
+        return self._ran(*self._placed(done)), sum(self.spans)
 
     def unpicklable(self, values: Any, exc: BaseException, cur: Any = None, at: int = 0) -> Any:
         """``values`` (of the units) did not pickle on their way on (``exc``): each that
@@ -836,11 +822,11 @@ class ChunkRun:
         return self.stages.run(item, index, task.seed, task.numbering, task.timeout)
 
     async def _flown(
-        self, item: Any, index: int, tally: _Tally, since: float | None
+        self, item: Any, index: int, since: float | None
     ) -> tuple[Any, StageFailure | None]:
         """One try of unit ``index`` among units in flight together: the place's
         :class:`Flight` hears of it (its start: ``since`` when the place was idle since
-        then, else now), ``tally`` of its slot-seconds."""
+        then, else now), :attr:`spans` of its slot-seconds."""
         stages, task = self.stages, self.task
         key, started = stages.flight.begin(index, since)
         try:
@@ -850,7 +836,7 @@ class ChunkRun:
                 )
             return stages.run(item, index, task.seed, task.numbering)
         finally:
-            tally.add(stages.flight.end(key))
+            self.spans.append(stages.flight.end(key))  # (atomic: threads append at once)
 
 
 async def _retrying(
@@ -873,61 +859,46 @@ async def _retrying(
     return value, failed
 
 
-class _Tally:
-    """The slot-seconds that the units of one chunk held, and their results gathered."""
+def _gather(
+    futures: list[concurrent.futures.Future[Any]],
+) -> concurrent.futures.Future[list[Any]]:
+    """One future of every unit's result (in order), once all are done; a unit cancelled
+    before it started (the threads shut down) is left out."""
+    import concurrent.futures
 
-    __slots__ = ("busy", "lock")
+    done: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
+    left = [len(futures)]
+    lock = threading.Lock()
 
-    def __init__(self) -> None:
-        self.busy = 0.0
-        self.lock = threading.Lock()
+    def one_done(_: Any) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            done.set_result([(None, None) if f.cancelled() else f.result() for f in futures])
 
-    def add(self, seconds: float) -> None:
-        with self.lock:
-            self.busy += seconds
-
-    def gather(
-        self, futures: list[concurrent.futures.Future[Any]]
-    ) -> concurrent.futures.Future[tuple[list[Any], float]]:
-        """One future of every unit's result (in order) and the busy time, once all are
-        done; a unit cancelled before it started (the threads shut down) is left out."""
-        import concurrent.futures
-
-        done: concurrent.futures.Future[tuple[list[Any], float]] = concurrent.futures.Future()
-        left = [len(futures)]
-
-        def one_done(_: Any) -> None:
-            with self.lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                results = [(None, None) if f.cancelled() else f.result() for f in futures]
-                done.set_result((results, self.busy))
-
-        if not futures:
-            done.set_result(([], 0.0))
-        for f in futures:
-            f.add_done_callback(one_done)
-        return done
+    if not futures:
+        done.set_result([])
+    for f in futures:
+        f.add_done_callback(one_done)
+    return done
 
 
 class Flight:
     """The units in flight in one place (of every chunk it runs), oldest first: the oldest
-    goes to ``publish``, their number to ``flying`` (see :meth:`to_slot`).
+    and their number go into the place's slot (see :meth:`to_slot`).
 
     ``by_step`` (async stages, whose units the loop cancels at their timeout): what a
     watchdog times is the unit holding the event loop now (:meth:`step`), from its own
-    start (:class:`_Spent`); while none holds it, the oldest goes to ``publish`` untimed
+    start (:class:`_Spent`); while none holds it, the oldest goes to the slot untimed
     (start None).
 
     While :meth:`hold` is on (a chunk is being unpickled, which the place's shared slot
-    says), neither hears of changes; :meth:`release` tells them how things stand.
+    says), the slot hears of no change; :meth:`release` tells it how things stand.
     """
 
     def __init__(self, by_step: bool = False) -> None:
-        # (index, start) of the unit a watchdog times (start None: untimed), or (None, 0.0)
-        self.publish: Callable[[int | None, float | None], None] | None = None
-        self.flying: Callable[[int], None] | None = None
+        self.slot: tuple[Any, int] | None = None  # (cur, at): the slot told (see to_slot)
         self.items: dict[int, tuple[int, float]] = {}
         self.lock = threading.Lock()
         self.n = 0
@@ -938,23 +909,11 @@ class Flight:
         self.timing = (False, 0.0)  # the newest chunk's: units timed, the grace added
 
     def to_slot(self, cur: Any, at: int) -> None:
-        """The oldest unit in flight goes into the slot ``cur[at:]`` (its index, and its start
-        when its chunk is timed, with the grace of an async unit's own cancellation:
-        :attr:`timing`; else RUNNING), their number too."""
-
-        def publish(index: int | None, start: float | None) -> None:
-            if index is None:
-                cur[at + AT_STARTED] = RUNNING
-                return
-            cur[at + AT_INDEX] = float(index)
-            timed, grace = self.timing
-            cur[at + AT_STARTED] = start + grace if timed and start is not None else RUNNING
-
-        def flying(n: int) -> None:
-            cur[at + AT_FLIGHT] = float(n)
-
+        """The oldest unit in flight goes into the slot ``cur[at:]`` from now on (its index,
+        and its start when its chunk is timed, with the grace of an async unit's own
+        cancellation: :attr:`timing`; else RUNNING), their number too."""
         with self.lock:
-            self.publish, self.flying = publish, flying
+            self.slot = (cur, at)
 
     def hold(self) -> None:
         with self.lock:
@@ -962,28 +921,31 @@ class Flight:
 
     def release(self, empty: Callable[[], None] | None = None) -> None:
         """End :meth:`hold`, telling how things stand (``empty`` is called instead of
-        ``publish`` when no unit is in flight)."""
+        telling the oldest when no unit is in flight)."""
         with self.lock:
             self.held = False
-            if self.items:
-                self._tell(True)
-                return
-            if self.flying is not None:
-                self.flying(0)
-            if empty is not None:
+            self._tell(bool(self.items))
+            if not self.items and empty is not None:
                 empty()
 
     def _tell(self, oldest: bool) -> None:
-        if self.flying is not None:
-            self.flying(len(self.items))
-        if oldest and self.publish is not None:
-            first = next(iter(self.items.values()), None)
-            if self.stepping is not None:
-                self.publish(*self.stepping)
-            elif first is None:
-                self.publish(None, 0.0)
-            else:  # (by_step: the loop cancels the oldest at its timeout, no watchdog)
-                self.publish(first[0], None if self.by_step else first[1])
+        if self.slot is None:
+            return
+        cur, at = self.slot
+        cur[at + AT_FLIGHT] = float(len(self.items))
+        if not oldest:
+            return
+        first = next(iter(self.items.values()), None)
+        if self.stepping is not None:
+            index, start = self.stepping
+        elif first is None:
+            cur[at + AT_STARTED] = RUNNING
+            return
+        else:  # (by_step: the loop cancels the oldest at its timeout, no watchdog)
+            index, start = first[0], None if self.by_step else first[1]
+        cur[at + AT_INDEX] = float(index)
+        timed, grace = self.timing
+        cur[at + AT_STARTED] = start + grace if timed and start is not None else RUNNING
 
     def step(self, key: int | None, start: float = 0.0) -> None:
         """(``by_step``) The unit of ``key`` holds the event loop from now, its own time
