@@ -3,7 +3,6 @@
 The local engine's global state is all here (the Ray engine's, whether this process
 started Ray and how many runners use it, is in ``ray.engine``):
 
-* ``_PRELOAD_SET``: multiprocessing's forkserver has been told to preload torch;
 * ``_LIGHT_SERVER``: a second forkserver without torch, for callers that never import it;
 * ``_TORCH_SEEN``: a worker of this process has loaded torch, so later pools fork with it;
 * ``_START_LOCK``: guards the two module attributes of multiprocessing we swap while a
@@ -52,7 +51,6 @@ __all__ = [
 ]
 
 _START_LOCK = threading.Lock()
-_PRELOAD_SET = False
 _LIGHT_SERVER: Any = None  # the forkserver without torch (see light_wanted)
 _TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fork with it
 # spawned or forked workers alive: pid -> (start time, this process's children before it)
@@ -108,7 +106,7 @@ def check_capacity(n_workers: int) -> None:
         raise ValueError(msg)
 
 
-def fork_is_safe(own: Mapping[int, tuple[int, int]] = {}) -> bool:
+def fork_is_safe(own: Mapping[int, tuple[int, int, int]] = {}) -> bool:
     """Whether a worker may fork from this process itself: the cheapest start (no new
     interpreter, nothing imported again), chosen when nobody asked for a start method.
 
@@ -135,34 +133,27 @@ def fork_is_safe(own: Mapping[int, tuple[int, int]] = {}) -> bool:
             _pause_openblas()
             if len(os.listdir("/proc/self/task")) > 1:
                 return False
-        names = os.listdir("/proc/self/fd")
     except OSError:  # pragma: no cover - no /proc
         return False
-    for name in names:
-        fd = int(name)
-        if fd <= 2:
+    for fd, ident in descriptors().items():
+        if stat.S_ISCHR(ident[2]) or own.get(fd) == ident:
             continue
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISCHR(st.st_mode) or own.get(fd) == (st.st_dev, st.st_ino):
-                continue
+        with contextlib.suppress(OSError):  # (the listing's own descriptor, closed since)
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/"):
                 return False
-        except OSError:  # (the listing's own descriptor, closed since)
-            continue
     return True
 
 
-def descriptors() -> dict[int, tuple[int, int]]:
-    """This process's open descriptors past the standard streams: number -> (device, inode),
-    which tells a descriptor from a later one given the same number."""
+def descriptors() -> dict[int, tuple[int, int, int]]:
+    """This process's open descriptors past the standard streams: number -> (device, inode,
+    mode), which tells a descriptor from a later one given the same number."""
     out = {}
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
                 if int(name) > 2:
                     st = os.fstat(int(name))
-                    out[int(name)] = (st.st_dev, st.st_ino)
+                    out[int(name)] = (st.st_dev, st.st_ino, st.st_mode)
     return out
 
 
@@ -218,14 +209,13 @@ def light_forkserver_pid() -> int | None:
 def note_torch(loaded: bool) -> None:
     """A worker reported whether it has torch loaded; once one has, later pools fork with it."""
     global _TORCH_SEEN
-    if loaded:
-        _TORCH_SEEN = True
+    _TORCH_SEEN = _TORCH_SEEN or loaded
 
 
 def context(
     start_method: str | None,
     forkable: bool = False,
-    own: Mapping[int, tuple[int, int]] = {},
+    own: Mapping[int, tuple[int, int, int]] = {},
 ) -> Any:
     """The multiprocessing context for ``start_method``; by default ``fork`` where
     ``forkable`` (one pool of CPU workers) and :func:`fork_is_safe` (given ``own``), else
@@ -234,7 +224,6 @@ def context(
     Raises:
         ValueError: the method does not exist here, or ``fork`` after CUDA was initialised.
     """
-    global _PRELOAD_SET
     methods = mp.get_all_start_methods()
     method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
     if start_method is None and forkable and "fork" in methods and fork_is_safe(own):
@@ -251,11 +240,10 @@ def context(
             )
             raise ValueError(msg)
     ctx = mp.get_context(method)
-    if method == "forkserver" and not _PRELOAD_SET:
+    if method == "forkserver":
         # The forkserver imports torch once, before it has any thread or CUDA context; every
         # worker forks from it with torch already loaded. No '__main__': see _hidden_main.
         ctx.set_forkserver_preload(["easycore._exec.process.preload"])
-        _PRELOAD_SET = True
     return ctx
 
 

@@ -268,15 +268,17 @@ class _Reader:
 class _ToCaller:
     """Last hop: each chunk's results go back to the caller in one ``Done`` reply."""
 
-    def __init__(self, caller: Channel, cur: Any, at: int, spec: WorkerSpec) -> None:
+    def __init__(
+        self, caller: Channel, cur: Any, spec: WorkerSpec, stages: PreparedStages, inbox: Any
+    ) -> None:
         self.caller = caller
         self.cur = cur
-        self.at = at
+        self.at = spec.slot * SLOT_WIDTH
         self.spec = spec
-        self.stages: PreparedStages | None = None  # set once init has run
+        self.stages = stages
         # control traffic (the reader's): it concerns held chunks only, which a last hop
         # never has, so only its end (None) comes here, and nobody reads it
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.inbox = inbox
 
     def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
         values, n, marked = ran
@@ -293,7 +295,6 @@ class _ToCaller:
         self.cur[self.at + AT_SENDING] = NOT_SENDING
 
     def _run(self, task: Task, units: Any) -> ChunkRun:
-        assert self.stages is not None
         return ChunkRun(self.stages, units, task.start // self.spec.unit, task)
 
 
@@ -305,8 +306,10 @@ class _ToNextHop(_ToCaller):
     the sender thread encodes on downstream pipes, so their shared-memory segments need no lock.
     """
 
-    def __init__(self, caller: Channel, cur: Any, at: int, spec: WorkerSpec) -> None:
-        super().__init__(caller, cur, at, spec)
+    def __init__(
+        self, caller: Channel, cur: Any, spec: WorkerSpec, stages: PreparedStages, inbox: Any
+    ) -> None:
+        super().__init__(caller, cur, spec, stages, inbox)
         _thread.start_new_thread(_or_die, (self._send_loop,))
 
     # main thread
@@ -412,10 +415,9 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     chan = Channel(conn)
     tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the outlet's (see _Reader)
     stop = threading.Event()
-    at = spec.slot * SLOT_WIDTH
-    outlet = (_ToCaller if spec.last else _ToNextHop)(chan, worker_view(slots), at, spec)
-    reader = _Reader(chan, tasks, stop, outlet.inbox)
+    reader = _Reader(chan, tasks, stop, inbox)
     # (a bare thread: Thread.start() waits until the new thread runs, milliseconds on a
     # busy machine, on the way to this worker's first item)
     _thread.start_new_thread(_or_die, (reader.loop,))
@@ -438,7 +440,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         hop=spec.hop,
         concurrency=spec.concurrency,
     )
-    outlet.stages = stages
+    outlet = (_ToCaller if spec.last else _ToNextHop)(chan, worker_view(slots), spec, stages, inbox)
     failed = stages.start()
     if failed is not None:
         _end(chan, InitFailed(failed.report()))  # (and what the init started ends)
@@ -454,7 +456,6 @@ def _serve(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet: _ToCall
     """Run tasks until STOP: decode, run the stages, hand the results to the outlet."""
     clock = time.monotonic
     cur, at, stages, unit = outlet.cur, outlet.at, outlet.stages, outlet.spec.unit
-    assert stages is not None
     upstream: set[Channel] = set()
     while True:
         entry = _next_entry(tasks, upstream)
@@ -491,7 +492,6 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
     the event loop, the only one timed: the loop cancels the others, ``Flight.by_step``)."""
     clock = time.monotonic
     cur, at, stages, unit = outlet.cur, outlet.at, outlet.stages, outlet.spec.unit
-    assert stages is not None
     upstream: set[Channel] = set()
     pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
 

@@ -167,7 +167,7 @@ class WorkerSet:
         self._pair_keys = 0
         self._waiter = _Waiter()
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        self.descriptors: dict[int, tuple[int, int]] = {}  # opened to start its workers
+        self.descriptors: dict[int, tuple[int, int, int]] = {}  # opened to start its workers
         _LIVE.add(self)
 
     # -- start -----------------------------------------------------------------------------
@@ -463,16 +463,16 @@ class WorkerSet:
                 with contextlib.suppress(OSError, ValueError):
                     w.chan.conn.send_bytes(STOP)
             now = time.monotonic()
-            deadline = None if grace is None else now + grace
-            unit_deadline = None if grace is None else now + min(grace, UNIT_GRACE)
+            deadline, unit_deadline = now + (grace or 0.0), now + min(grace or 0.0, UNIT_GRACE)
             while waiting:
                 for w in list(waiting.values()):
                     done, err = _read_goodbye(self.chain, w)
-                    if err is not None and failure is None:
-                        failure = err
+                    failure = failure or err
                     if done:
                         del waiting[w.slot]
-                until = _wait_until(self.slots, waiting.values(), deadline, unit_deadline)
+                until = None
+                if grace is not None:
+                    until = _wait_until(self.slots, waiting.values(), deadline, unit_deadline)
                 if not waiting or until == 0.0:
                     break
                 remaining = None if until is None else max(0.0, until - time.monotonic())
@@ -497,19 +497,14 @@ class WorkerSet:
 
 
 def _wait_until(
-    slots: Slots | None,
-    waiting: Iterable[Worker],
-    deadline: float | None,
-    unit_deadline: float | None,
-) -> float | None:
-    """Until when to wait for the goodbyes of ``waiting`` (None: for good; 0.0: not at all).
+    slots: Slots | None, waiting: Iterable[Worker], deadline: float, unit_deadline: float
+) -> float:
+    """Until when to wait for the goodbyes of ``waiting`` (0.0: not at all).
 
     A worker still in ``init`` cannot run ``end`` before it is done; one in a unit only
     once the unit is: it is waited for until ``unit_deadline`` (then, between units, it
     is running ``end``, and has until ``deadline``).
     """
-    if deadline is None or unit_deadline is None:
-        return None
     now = time.monotonic()
     if now >= deadline:
         return 0.0
