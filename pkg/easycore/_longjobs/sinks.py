@@ -26,7 +26,6 @@ import functools
 import gc
 import itertools
 import json
-import math
 import os
 import posixpath
 import re
@@ -54,7 +53,6 @@ __all__ = [
     "commit_shard",
     "recover",
     "sweep",
-    "unify_schemas",
 ]
 
 TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
@@ -337,8 +335,8 @@ class RunSchema:
         if len(self.kinds) > 1:
             run = self.schema if self.schema is not None else _schema_of(next(iter(self.kinds)))
             try:
-                self.schema = unify_schemas([run, _schema_of(shard.schema)])
-            except RowError as exc:
+                self.schema = _unify([run, _schema_of(shard.schema)])
+            except SinkError as exc:
                 msg = f"{self.sink!r}: {shard.name} does not read with the run's other files: {exc}"
                 raise ValueError(msg) from None
 
@@ -368,7 +366,7 @@ class RunSchema:
             self.schema = _schema_of(next(iter(self.kinds)))
         if self.schema is None:
             return 0
-        stale = {b for b in self.kinds if not _same(_schema_of(b), self.schema)} | {b""}
+        stale = {b for b in self.kinds if not _schema_of(b).equals(self.schema)} | {b""}
         return sum(
             _rewrite(files, self.sink, name, self.schema)
             for name, schema in self.files.items()
@@ -424,15 +422,13 @@ def _is_array(value: Any) -> bool:
 
 
 def _is_column(value: Any) -> bool:
-    value = _to_numpy(value)
-    if _is_array(value):
+    if _is_array(value):  # (a tensor too)
         return len(value.shape) >= 1
     return isinstance(value, (list, tuple, *_types("pyarrow", "Array", "ChunkedArray")))
 
 
 def _py(value: Any) -> Any:
     """A value as plain Python (for JSON): arrays and tensors as lists."""
-    value = _to_numpy(value)
     if _is_array(value) or hasattr(value, "as_py"):
         return value.tolist() if _is_array(value) else value.as_py()
     if isinstance(value, Mapping):
@@ -459,7 +455,7 @@ def rows_of(value: Any, batched: bool) -> tuple[dict[str, list[Any]], int]:
     if isinstance(value, Mapping):
         value = _named(value)
         if batched and value and all(_is_column(v) for v in value.values()):
-            lengths = {len(_to_numpy(v)) for v in value.values()}
+            lengths = {len(v) for v in value.values()}
             if len(lengths) != 1:
                 msg = f"its columns have different lengths ({sorted(lengths)})"
                 raise RowError(msg)
@@ -829,7 +825,7 @@ class ShardWriter:
         if table.schema.equals(self.schema):
             return table
         given = self.sink.schema is not None
-        schema = self.schema if given else unify_schemas([self.schema, table.schema], keep=True)
+        schema = self.schema if given else _unify([self.schema, table.schema])
         table = _conform(table, schema, given)
         self.schema = schema
         return table
@@ -873,7 +869,7 @@ class ShardWriter:
         bad: Errors = []
         for u in units:
             try:
-                cells = ({k: _cell(v, j) for k, v in u.cols.items()} for j in range(u.n))
+                cells = (_py({k: v[j] for k, v in u.cols.items()}) for j in range(u.n))
                 encoded.append((u, [encode(u, j, row) for j, row in enumerate(cells)]))
             except Exception as exc:
                 bad.append((u.pos, _unit_error(exc, "its rows cannot be written")))
@@ -903,7 +899,7 @@ class ShardWriter:
 
 def _line(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
     """A JSON line."""
-    return None, (_json(_py(row)) + "\n").encode()
+    return None, (_json(row) + "\n").encode()
 
 
 def _sample(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
@@ -975,38 +971,29 @@ def _merge_type(a: Any, b: Any) -> Any:
         return None
 
 
-def unify_schemas(schemas: Sequence[Any], keep: bool = False) -> Any:
+def _unify(schemas: Sequence[Any]) -> Any:
     """One schema holding the rows of every schema in ``schemas`` (columns in the order
-    first seen; a column some lack is nullable). ``keep``: where a column's types conflict,
-    keep the first (:func:`_conform` then names the conflict: the run's own rows conflict).
+    first seen; a column some lack is nullable).
 
     Raises:
-        RowError: a column's types conflict (naming it and both types), unless ``keep``.
+        SinkError: a column's types conflict, naming it and both types (the run's own rows:
+            which of them came first decides nothing, so the run fails rather than one item).
     """
     import pyarrow as pa
 
     fields: dict[str, Any] = {}
-    for schema in schemas:
-        for field in schema:
-            have = fields.get(field.name)
-            if have is None:
-                fields[field.name] = field
-                continue
-            typ = _merge_type(have.type, field.type)
-            if typ is None and keep:
-                typ = have.type
-            elif typ is None:
-                msg = (
-                    f"column {field.name!r} holds {field.type} in some rows and {have.type} "
-                    "in others: give the sink a schema= that fits every row "
-                    f"(write.parquet(..., schema=pyarrow.schema(...)))"
-                )
-                raise RowError(msg)
-            fields[field.name] = pa.field(field.name, typ, have.nullable or field.nullable)
-    names = set(fields)
-    for schema in schemas:  # a column some schema lacks: its rows hold nulls there
-        for name in names - set(schema.names):
-            fields[name] = fields[name].with_nullable(True)
+    for field in (field for schema in schemas for field in schema):
+        have = fields.setdefault(field.name, field)
+        typ = _merge_type(have.type, field.type)
+        if typ is None:
+            msg = (
+                f"column {field.name!r} holds {field.type} where other rows have {have.type}: "
+                "give the sink a schema= that fits every row "
+                "(write.parquet(..., schema=pyarrow.schema(...)))"
+            )
+            raise SinkError(msg)
+        lacking = any(field.name not in schema.names for schema in schemas)
+        fields[field.name] = pa.field(field.name, typ, have.nullable or field.nullable or lacking)
     return pa.schema(list(fields.values()), metadata=schemas[0].metadata)
 
 
@@ -1019,13 +1006,6 @@ def _schema_of(serialized: bytes) -> Any:
     import pyarrow as pa
 
     return pa.ipc.read_schema(pa.py_buffer(serialized))
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether two schemas have the same columns of the same types (in any order)."""
-    return len(a) == len(b) and all(
-        f.name in b.names and b.field(f.name).type.equals(f.type) for f in a
-    )
 
 
 def _conform(table: Any, schema: Any, given: bool = False) -> Any:
@@ -1052,15 +1032,10 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
             cols.append(pa.nulls(table.num_rows, field.type))
             continue
         col = table.column(field.name)
-        if col.type.equals(field.type):
-            cols.append(col)
-            continue
         try:
-            if not given and _merge_type(col.type, field.type) is None:  # (no 1 -> "1")
-                raise pa.ArrowTypeError("values of another kind")
             cols.append(col.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            where = "the schema= given has" if given else "this worker's earlier rows have"
+            where = "the schema= given has" if given else "the run's other rows have"
             msg = (
                 f"column {field.name!r} holds {col.type} where {where} {field.type} "
                 f"({exc}): give the sink a schema= that fits every row"
@@ -1131,7 +1106,7 @@ def _entry_bytes(value: Any) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode()
-    return _json(_py(value)).encode()
+    return _json(value).encode()
 
 
 def _json(value: Any) -> str:
@@ -1139,24 +1114,9 @@ def _json(value: Any) -> str:
     ``NaN`` and ``Infinity``, which JSON readers refuse)."""
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every float that is not finite replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _cell(col: Any, j: int) -> Any:
-    value = col[j]
-    return value.as_py() if hasattr(value, "as_py") else value
+    except ValueError:  # (read back, each NaN or infinity is None)
+        text = json.loads(json.dumps(value), parse_constant=lambda _: None)
+        return json.dumps(text, ensure_ascii=False, allow_nan=False)
 
 
 def _row_keys(first: int, n: int, align: int) -> list[int]:
