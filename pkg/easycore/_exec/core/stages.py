@@ -311,9 +311,7 @@ class PreparedStages:
                 import asyncio
 
                 try:
-                    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                    for t in pending:
-                        t.cancel()
+                    pending = _cancel_all(loop)
                     if pending:
                         _run_until(loop, asyncio.gather(*pending, return_exceptions=True))
                     _run_until(loop, loop.shutdown_asyncgens())
@@ -332,37 +330,33 @@ class PreparedStages:
         where the raised error's cause is then the live exception)."""
         return Broken(self.hop, index, failed if self.in_caller else failed.report(), self.where)
 
-    def _seed(self, seed: int | None, index: int, numbering: tuple[int, int]) -> Any:
-        """Seed unit ``index`` (:func:`easycore.item_seed`; in the caller also torch or numpy
-        that its work imports first); what :func:`_unseed` undoes. None: no seed."""
-        if seed is None:
+    def _seed(self, task: Task, index: int) -> Any:
+        """Seed unit ``index`` of ``task`` (:func:`easycore.item_seed`; in the caller also
+        torch or numpy that its work imports first); what :func:`_unseed` undoes. None: no
+        seed."""
+        if task.seed is None:
             return None
-        value = derive_seed(seed, numbering[0] + index * numbering[1], self.hop)
+        first, step = task.numbering
+        value = derive_seed(task.seed, first + index * step, self.hop)
         seed_loaded(value)
         return ITEM_SEED.set(value), seed_on_import() if self.in_caller else []
 
-    def run(
-        self,
-        item: Any,
-        index: int,
-        seed: int | None,
-        numbering: tuple[int, int] = (0, 1),
-        timeout: float | None = None,
-    ) -> tuple[Any, StageFailure | None]:
-        """Run the stages over unit ``index`` once: ``(value, None)`` or ``(None, failure)``.
+    def run(self, item: Any, index: int, task: Task) -> tuple[Any, StageFailure | None]:
+        """Run the stages over unit ``index`` of ``task`` once: ``(value, None)`` or ``(None,
+        failure)``.
 
-        Async stages run on the loop (:meth:`arun`); ``timeout`` then cancels the unit (plain
-        stages are not timed here: a watchdog kills their worker).
+        Async stages run on the loop (:meth:`arun`); the task's ``timeout`` then cancels the
+        unit (plain stages are not timed here: a watchdog kills their worker).
         """
         if self.is_async:  # (on the loop: here, or on its own thread when it runs there)
-            coro = self.arun(item, index, seed, numbering, timeout)
+            coro = self.arun(item, index, task)
             if self._loop_thread is None:
                 done: tuple[Any, StageFailure | None] = _run_until(self.loop(), coro)
                 return done
             import asyncio
 
             return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
-        seeded = self._seed(seed, index, numbering)
+        seeded = self._seed(task, index)
         try:
             value = item
             for st in self.prepared:
@@ -377,25 +371,19 @@ class PreparedStages:
             _unseed(seeded)
 
     async def arun(
-        self,
-        item: Any,
-        index: int,
-        seed: int | None,
-        numbering: tuple[int, int],
-        timeout: float | None = None,
-        started: float | None = None,
-        key: int = -1,
+        self, item: Any, index: int, task: Task, started: float | None = None, key: int = -1
     ) -> tuple[Any, StageFailure | None]:
         """:meth:`run` on the loop (async stages), seeded in the unit's own context, failed
-        once past ``timeout`` seconds of its own time (from ``started``, when its unpickling
-        went before; ``key``: its :attr:`flight` key). Its own time leaves out what other
+        once past the task's ``timeout`` seconds of its own time (from ``started``, when its
+        unpickling went before; ``key``: its :attr:`flight` key). Its own time leaves out what other
         units' steps held the loop meanwhile (:class:`_Spent`): awaiting past it, it is
         cancelled; holding the loop past it, its result is dropped; either way no other unit
         is charged for it."""
         import asyncio
 
         where = [self.prepared[0].name if self.prepared else ""]
-        chain = self._achain(item, where, (seed, index, numbering))
+        chain = self._achain(item, index, task, where)
+        timeout = task.timeout
         if timeout is None:
             return await chain
         loop = asyncio.get_running_loop()
@@ -427,13 +415,13 @@ class PreparedStages:
         return None, StageFailure(where[0], error)
 
     async def _achain(
-        self, item: Any, where: list[str], seeding: tuple[int | None, int, tuple[int, int]]
+        self, item: Any, index: int, task: Task, where: list[str]
     ) -> tuple[Any, StageFailure | None]:
         """The stages over one unit on the loop, seeded (:meth:`_seed`) in its own context."""
         import asyncio
 
         value = item
-        seeded = self._seed(*seeding)
+        seeded = self._seed(task, index)
         try:
             for st in self.prepared:
                 where[0] = st.name
@@ -575,11 +563,14 @@ def _run_until(loop: asyncio.AbstractEventLoop, aw: Any) -> Any:
         helper.shutdown(wait=False)
 
 
-def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
+    """Cancel every task of ``loop`` (none is done); return them."""
     import asyncio
 
-    for task in asyncio.all_tasks(loop):
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
         task.cancel()
+    return tasks
 
 
 class _Spent:
@@ -754,15 +745,10 @@ class ChunkRun:
 
     def _jobs(self) -> list[tuple[int, Any]]:
         """The units to run, ``(index, unit)``; markers that came in go to :attr:`passed`."""
-        jobs = []
-        marked = self.task.marked
-        for k, unit in enumerate(self.units):
-            done = settled(unit) if marked else None
-            if done is not None:
-                self.passed[k] = done
-            else:
-                jobs.append((self.base + k, unit))
-        return jobs
+        if self.task.marked:
+            passed = {k: settled(u) for k, u in enumerate(self.units)}
+            self.passed = {k: done for k, done in passed.items() if done is not None}
+        return [(self.base + k, u) for k, u in enumerate(self.units) if k not in self.passed]
 
     def _placed(self, done: Any) -> tuple[list[Any], bool]:
         """The chunk's values: the markers passed on, and in the other places what its jobs
@@ -819,7 +805,7 @@ class ChunkRun:
         cur[at + AT_INDEX] = float(index)
         if task.timed:
             cur[at + AT_STARTED] = time.monotonic() if since is None else since
-        return self.stages.run(item, index, task.seed, task.numbering, task.timeout)
+        return self.stages.run(item, index, task)
 
     async def _flown(
         self, item: Any, index: int, since: float | None
@@ -831,10 +817,8 @@ class ChunkRun:
         key, started = stages.flight.begin(index, since)
         try:
             if stages.is_async:
-                return await stages.arun(
-                    item, index, task.seed, task.numbering, task.timeout, started, key
-                )
-            return stages.run(item, index, task.seed, task.numbering)
+                return await stages.arun(item, index, task, started, key)
+            return stages.run(item, index, task)
         finally:
             self.spans.append(stages.flight.end(key))  # (atomic: threads append at once)
 
