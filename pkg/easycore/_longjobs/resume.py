@@ -412,27 +412,29 @@ class RunLedger:
 
     # -- the input ---------------------------------------------------------------------------
     def _key(self, index: int, items: Any) -> str:
-        """Unit ``index``'s key; a ``key=`` value is taken once per run (the ledger keeps one
-        result per key, so a second item under it would get the first's).
-
-        Raises:
-            ValueError: ``key=`` named another unit of this run so.
-        """
         if self.options.key is None:
             return f"i:{self.options.global_index(index)}"
         label = self.options.label(index)
         value = call_key(self.options.key, items, self.options.global_index(index), label)
-        key = f"k:{key_text(value, label)}"
+        return f"k:{key_text(value, label)}"
+
+    def _once(self, index: int, key: str) -> None:
+        """A ``key=`` value is taken once per run (the ledger keeps one result per key, so a
+        second item under it would get the first's).
+
+        Raises:
+            ValueError: ``key=`` named another unit of this run so.
+        """
         try:
             self.db.execute("INSERT INTO seen VALUES (?, ?)", (key, index))
         except sqlite3.IntegrityError:
             (a,) = self.db.execute("SELECT unit FROM seen WHERE key = ?", (key,)).fetchone()
             msg = (
                 f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
-                f"{label}: key= must name each item once (the ledger keeps one result per key)"
+                f"{self.options.label(index)}: key= must name each item once (the ledger "
+                "keeps one result per key)"
             )
             raise ValueError(msg) from None
-        return key
 
     def _select(self, query: str, keys: list[str]) -> list[Any]:
         """The rows ``query`` (a SELECT without WHERE) finds whose key is one of ``keys``."""
@@ -456,6 +458,8 @@ class RunLedger:
                 unit = items[0] if self.align == 1 else items
                 digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
+            for j, *_, key, _ in keyed if self.options.key is not None else ():
+                self._once(j, key)  # (after every key of the block: key='s own errors first)
             query = "SELECT key, digest, error FROM units"
             rows = {k: (d, e) for k, d, e in self._select(query, [k for *_, k, _ in keyed])}
             for j, items, unit, key, digest in keyed:
