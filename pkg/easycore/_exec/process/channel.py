@@ -62,11 +62,6 @@ CONTROL = b"\x02"
 _local = threading.local()  # the channel decoding on this thread (for the rebuild functions)
 
 
-def _page_round(n: int) -> int:
-    page = mmap.PAGESIZE
-    return (n + page - 1) // page * page
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
@@ -122,7 +117,7 @@ class _Pool:
         else:
             if self.total_bytes + nbytes > MAX_POOL_BYTES:
                 return None
-            size = _page_round(max(nbytes, _SEGMENT_MIN))
+            size = math.ceil(max(nbytes, _SEGMENT_MIN) / mmap.PAGESIZE) * mmap.PAGESIZE
             fd = os.memfd_create(f"easycore-{self.next_id}", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, size)

@@ -93,13 +93,13 @@ class Run:
         idle = not self.sched and (wake is None or source.exhausted)
         if idle and all(w.ready and not w.retiring for w in self.workers.workers):
             raise self.books.stalled()
-        timeout = self.options.timeout
         self.workers.wait_and_handle(
-            self.workers.wait_time(timeout), self.on_message, () if wake is None else (wake,)
+            self.workers.kill_overdue(self.options.timeout),
+            self.on_message,
+            () if wake is None else (wake,),
         )
         if wake is not None:
             source.drain_wakeups()
-        self.workers.kill_overdue(timeout)
 
     # -- dispatch ----------------------------------------------------------------------------
     def dispatch(self, most_chunks: int | None = None) -> None:
@@ -258,10 +258,10 @@ class Run:
         for chunk in self.sched.drop_held():
             with contextlib.suppress(OSError):
                 chunk.place.chan.send_control(Drop(chunk.id))
-        timeout = self.options.timeout
         while self.sched:
-            self.workers.wait_and_handle(self.workers.wait_time(timeout), self._discard)
-            self.workers.kill_overdue(timeout)
+            self.workers.wait_and_handle(
+                self.workers.kill_overdue(self.options.timeout), self._discard
+            )
 
     def _discard(self, w: Worker, msg: Any) -> None:
         if isinstance(msg, Damaged):

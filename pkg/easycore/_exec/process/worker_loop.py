@@ -300,17 +300,12 @@ class _ToCaller:
 
 class _ToNextHop(_ToCaller):
     """Other hops: results wait here (held) until the caller routes them to a worker of the
-    next hop, which this outlet's sender thread then sends them to directly.
+    next hop, which this outlet's sender thread (:meth:`_send_loop`) then sends them to
+    directly.
 
     The caller knows every queue's depth, which is how backpressure holds across hops; only
     the sender thread encodes on downstream pipes, so their shared-memory segments need no lock.
     """
-
-    def __init__(
-        self, caller: Channel, cur: Any, spec: WorkerSpec, stages: PreparedStages, inbox: Any
-    ) -> None:
-        super().__init__(caller, cur, spec, stages, inbox)
-        _thread.start_new_thread(_or_die, (self._send_loop,))
 
     # main thread
     def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
@@ -441,6 +436,8 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
         concurrency=spec.concurrency,
     )
     outlet = (_ToCaller if spec.last else _ToNextHop)(chan, worker_view(slots), spec, stages, inbox)
+    if isinstance(outlet, _ToNextHop):
+        _thread.start_new_thread(_or_die, (outlet._send_loop,))
     failed = stages.start()
     if failed is not None:
         _end(chan, InitFailed(failed.report()))  # (and what the init started ends)

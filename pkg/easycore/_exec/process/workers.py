@@ -412,36 +412,27 @@ class WorkerSet:
                     w.chan.conn.send_bytes(STOP)
 
     # -- timeouts ----------------------------------------------------------------------------
-    def wait_time(self, timeout: float | None) -> float | None:
-        """How long a wait may last before a unit can pass ``timeout`` (None: no limit)."""
+    def kill_overdue(self, timeout: float | None) -> float | None:
+        """Kill each worker whose unit in hand has run past ``timeout`` (its death then
+        charges that unit: ``Worker.timed_out``); returns how long a wait may last before
+        another unit can pass it (None: no limit)."""
         if timeout is None:
             return None
-        now = time.monotonic()
         slots = self.slots
         assert slots is not None
+        now = time.monotonic()
         nearest = timeout
         for w in self.workers:
-            start = slots.started(w.slot)
-            if not w.gone and start > 1.0:  # timed units, also of chunks no longer tracked
-                nearest = min(nearest, start + timeout - now)
-        # A worker may start a unit without telling us; look again at least every 0.25 s.
-        return max(0.0, min(nearest, 0.25))
-
-    def kill_overdue(self, timeout: float | None) -> None:
-        """Kill each worker whose unit in hand has run past ``timeout`` (its death then
-        charges that unit: ``Worker.timed_out``)."""
-        if timeout is None:
-            return
-        slots = self.slots
-        assert slots is not None
-        now = time.monotonic()
-        for w in self.workers:
-            if w.gone or w.timed_out is not None:
-                continue
             index, start = slots.index(w.slot), slots.started(w.slot)
-            if start > 1.0 and now - start > timeout and slots.index(w.slot) == index:
+            if w.gone or start <= 1.0:  # (timed units, also of chunks no longer tracked)
+                continue
+            nearest = min(nearest, start + timeout - now)
+            overdue = now - start > timeout and slots.index(w.slot) == index
+            if overdue and w.timed_out is None:
                 w.timed_out = int(index)
                 kill_workers([w.proc])  # and every process it started
+        # A worker may start a unit without telling us; look again at least every 0.25 s.
+        return max(0.0, min(nearest, 0.25))
 
     # -- stop --------------------------------------------------------------------------------
     def stop(self, grace: float | None) -> BaseException | None:
