@@ -340,15 +340,14 @@ def _numpy_loaded(npr: Any) -> None:
         npr.seed(_LAST_SEED % (2**32))
 
 
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _AfterImport(importlib.abc.MetaPathFinder):
     """Calls ``then(module)`` once, right after the module ``name`` is first imported: the
-    finder of that module, which loads it with the module's own loader, then calls."""
+    finder of that module, whose own loader's ``exec_module`` then calls."""
 
     def __init__(self, name: str, then: Callable[[Any], None]) -> None:
         self.name = name
         self.then = then
         self.looking = False
-        self.inner: Any = None  # the module's own loader, once found
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name or self.looking:
@@ -360,19 +359,14 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             self.looking = False
         if spec is None or spec.loader is None:
             return None
-        self.inner, spec.loader = spec.loader, self
+        loader = spec.loader
+        load = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            del loader.exec_module  # (the loader's own again: it may load other modules)
+            load(module)
+            drop_hooks([self])
+            self.then(module)
+
+        loader.exec_module = exec_module
         return spec
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        self.then(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, is_package...
-        if name == "inner":  # not set yet (a copy): no endless recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
