@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import gc
 import itertools
 import json
@@ -108,15 +107,13 @@ def _check_key_column(_: Any, __: Any, name: Any) -> None:
         raise ValueError(msg)
 
 
-def _as_path(value: Any) -> Any:
+def _as_path(value: Any) -> str:
     """A directory as a str: a ``pathlib.Path`` (any ``os.PathLike``) is taken as its path."""
-    return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-
-def _check_path(_: Any, __: Any, value: Any) -> None:
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(value, str) or not value:
         msg = f"path must be a directory (a str or pathlib.Path) or an fsspec URL, got {value!r}"
         raise TypeError(msg)
+    return value
 
 
 @attrs.frozen(repr=False)
@@ -125,7 +122,7 @@ class Sink:
     ``webdataset``. It ends a pipeline in place of a consumer."""
 
     kind: str
-    path: str = attrs.field(converter=_as_path, validator=_check_path)
+    path: str = attrs.field(converter=_as_path)
     rows_per_file: int | None = attrs.field(
         default=None, validator=lambda _, a, value: check_count(a.name, value)
     )
@@ -392,14 +389,13 @@ def _named(row: Mapping[Any, Any]) -> dict[str, Any]:
         SinkError: two of its names are one string (``1`` and ``"1"``).
     """
     named = {k if type(k) is str else str(k): v for k, v in row.items()}
-    seen: dict[str, Any] = {}
-    for k in row if len(named) < len(row) else ():
-        if seen.setdefault(str(k), k) is not k:
-            msg = (
-                f"the results have columns {seen[str(k)]!r} and {k!r}, both named "
-                f"{str(k)!r} (column names are strings): rename one of them"
-            )
-            raise SinkError(msg)
+    if len(named) < len(row):
+        name = next(n for n in named if sum(str(k) == n for k in row) > 1)
+        msg = (
+            f"the results have columns {[k for k in row if str(k) == name]}, all named "
+            f"{name!r} (column names are strings): rename all but one of them"
+        )
+        raise SinkError(msg)
     return named
 
 
@@ -490,9 +486,8 @@ def _arrow_column(values: Any) -> Any:
                 # arrays of one dtype whose lengths differ: each row as a file of it alone
                 # would hold it, in the type that holds them all (a variable-length list
                 # where lengths differ, fixed-size lists inside where they do not)
-                rows = [_arrow_column(v[None]) for v in values]
-                typ = functools.reduce(_merge_type, dict.fromkeys(row.type for row in rows))
-                return pa.concat_arrays([row.cast(typ) for row in rows])
+                rows = [pa.table({"_": _arrow_column(v[None])}) for v in values]
+                return pa.concat_tables(rows, promote_options="permissive")["_"]
     if _is_array(values) and len(values.shape) >= 1:
         arr = np.ascontiguousarray(values)
         out = _flat(arr.reshape(-1))
@@ -542,47 +537,35 @@ def _plain_column(values: Any) -> Any:
     kinds.discard(type(None))
     if not kinds:
         return pa.nulls(len(values))
-    if missing:
-        valid = np.array([v is not None for v in values])
-        bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        nulls = len(values) - int(valid.sum())
-    else:
-        bits, nulls = None, 0
-    if kinds in ({str}, {bytes}):
-        text = kinds == {str}
-        raw = [b"" if v is None else v.encode() if text else v for v in values]
+    kind = float if kinds == {int, float} else kinds.pop() if len(kinds) == 1 else None
+    if kind not in (str, bytes, bool, int, float):
+        return None
+    full = [kind() if v is None else v for v in values] if missing else values  # ("", 0...)
+    if kind in (str, bytes):
+        raw = [v.encode() for v in full] if kind is str else full
         offsets = np.zeros(len(raw) + 1, np.int64)
         np.cumsum([len(d) for d in raw], out=offsets[1:])
-        large = bool(offsets[-1] >= 1 << 31)
-        if text:
-            typ = pa.large_string() if large else pa.string()
-        else:
-            typ = pa.large_binary() if large else pa.binary()
-        offsets = offsets if large else offsets.astype(np.int32)
-        buffers = [bits, pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))]
-        return pa.Array.from_buffers(typ, len(values), buffers, nulls)
-    if kinds == {bool}:
-        dtype: Any = np.bool_
-    elif kinds <= {int, float}:
-        dtype = np.float64 if float in kinds else np.int64
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))]
+        large = pa.large_string() if kind is str else pa.large_binary()
+        out = pa.Array.from_buffers(large, len(raw), buffers)
+        if offsets[-1] < 1 << 31:  # (as pa.array makes it: 32-bit offsets where they do)
+            out = out.cast(pa.string() if kind is str else pa.binary())
     else:
-        return None
-    try:
-        arr: Any = np.array([0 if v is None else v for v in values] if missing else values, dtype)
-    except OverflowError:  # an int beyond int64: pa.array's business
-        return None
-    out = _flat(arr)
+        try:
+            out = _flat(np.array(full, {bool: np.bool_, int: np.int64, float: np.float64}[kind]))
+        except OverflowError:  # an int beyond int64: pa.array's business
+            return None
     if not missing:
         return out
-    return pa.Array.from_buffers(out.type, len(values), [bits, out.buffers()[1]], nulls)
+    valid = _flat(np.array([v is not None for v in values])).buffers()[1]
+    return pa.Array.from_buffers(out.type, len(values), [valid, *out.buffers()[1:]])
 
 
 def _table(cols: Mapping[str, Any], n: int) -> Any:
     import pyarrow as pa
 
     if not cols:
-        empty = pa.Table.from_arrays([pa.nulls(n)], names=["__empty__"])
-        return empty.drop_columns(["__empty__"])
+        return pa.table({"_": pa.nulls(n)}).select([])
     arrays = [_arrow_column(v) for v in cols.values()]
     # (Parquet holds no struct of no fields: a column of nulls)
     arrays = [pa.nulls(len(a)) if a.type == pa.struct([]) else a for a in arrays]
@@ -694,8 +677,10 @@ class ShardWriter:
             except Exception as exc:
                 errors.append((k, exc))
                 continue
-            first = (base + k) * self.sink.align
-            index = self._item_keys(base, _row_keys(first, n, self.sink.align), keys)
+            first, align = (base + k) * self.sink.align, self.sink.align
+            # each row's item: one each when the rows are as many as those, else the first
+            firsts = range(first, first + n) if align > 1 and n == align else [first] * n
+            index = self._item_keys(base, list(firsts), keys)
             self._add_keys(cols, index)
             units.append(_Unit(k, first, cols, n, index))
         return units, errors
@@ -955,22 +940,6 @@ def _unit_error(exc: Exception, what: str) -> Exception:
     return exc if isinstance(exc, SinkError) else RowError(f"{what}: {exc}")
 
 
-def _merge_type(a: Any, b: Any) -> Any:
-    """The type that holds the values of types ``a`` and ``b``, or None when they conflict:
-    pyarrow's permissive promotion (a null type gives way to the other, numbers widen, lists
-    of different lengths are variable-length lists, structs merge field by field: a field
-    one lacks is null there)."""
-    import pyarrow as pa
-
-    if a.equals(b):
-        return a
-    one = [pa.schema([("_", typ)]) for typ in (a, b)]
-    try:
-        return pa.unify_schemas(one, promote_options="permissive").field(0).type
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None
-
-
 def _unify(schemas: Sequence[Any]) -> Any:
     """One schema holding the rows of every schema in ``schemas`` (columns in the order
     first seen; a column some lack is nullable).
@@ -984,16 +953,19 @@ def _unify(schemas: Sequence[Any]) -> Any:
     fields: dict[str, Any] = {}
     for field in (field for schema in schemas for field in schema):
         have = fields.setdefault(field.name, field)
-        typ = _merge_type(have.type, field.type)
-        if typ is None:
+        try:  # (pyarrow's permissive promotion: a null type gives way, numbers widen, lists
+            # of several lengths are variable-length lists, structs merge field by field)
+            pair = [pa.schema([have]), pa.schema([field])]
+            merged = pa.unify_schemas(pair, promote_options="permissive").field(0)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             msg = (
                 f"column {field.name!r} holds {field.type} where other rows have {have.type}: "
                 "give the sink a schema= that fits every row "
                 "(write.parquet(..., schema=pyarrow.schema(...)))"
             )
-            raise SinkError(msg)
+            raise SinkError(msg) from None
         lacking = any(field.name not in schema.names for schema in schemas)
-        fields[field.name] = pa.field(field.name, typ, have.nullable or field.nullable or lacking)
+        fields[field.name] = merged.with_nullable(merged.nullable or lacking)
     return pa.schema(list(fields.values()), metadata=schemas[0].metadata)
 
 
@@ -1117,12 +1089,6 @@ def _json(value: Any) -> str:
     except ValueError:  # (read back, each NaN or infinity is None)
         text = json.loads(json.dumps(value), parse_constant=lambda _: None)
         return json.dumps(text, ensure_ascii=False, allow_nan=False)
-
-
-def _row_keys(first: int, n: int, align: int) -> list[int]:
-    """The item (first-hop unit) of each of an output unit's ``n`` rows: one each when the
-    rows are as many as those, else the unit's first."""
-    return list(range(first, first + n)) if align > 1 and n == align else [first] * n
 
 
 def _passes(value: Any) -> bool:
