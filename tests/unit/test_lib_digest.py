@@ -121,7 +121,7 @@ def test_a_ledger_of_the_earlier_digests_is_refused(tmp_path):
     with sqlite3.connect(db) as con:
         con.execute("UPDATE meta SET value = ? WHERE name = 'format'", (json.dumps(2),))
     con.close()
-    with pytest.raises(ValueError, match=r"ledger format: 2 -> 5 \(another easycore wrote it\)"):
+    with pytest.raises(ValueError, match=r"ledger format: 2 -> 6 \(another easycore wrote it\)"):
         double.map([1, 2], devices="inline", resume=db)
 
 

@@ -30,16 +30,17 @@ A function's digest is its code (bytecode, constants, names, nested code objects
 defaults, the values its closure holds, and what of its own module it names: functions
 (by their digest), plain data (numbers, strings, arrays, tensors, and lists, tuples, dicts
 and sets of them: by value) and classes (their methods, and data attributes as ``C.K``);
-not where it sits in its file, nor ``id``/``hash``. Bytecode is the interpreter's, so
-another Python version makes another digest. :func:`code_digest` leaves the data's values
-out and returns them by name, so that a message can name them.
+not where it sits in its file, nor ``id``/``hash``: all of it as one value, pickled as an
+item is (code objects as their parts). Bytecode is the interpreter's, so another Python
+version makes another digest. :func:`code_digest` leaves the data's values out and returns
+them by name, so that a message can name them; :func:`function_digest` is that digest
+with the data's item digests.
 """
 
 from __future__ import annotations
 
 import collections
 import copyreg
-import functools
 import hashlib
 import io
 import operator
@@ -71,15 +72,17 @@ class _Canonical(pickle.Pickler):
     """Pickles a value canonically, as joblib's hashing does (see the module's docstring);
     arrays' and tensors' values are hashed apart, not copied into the pickle.
 
-    ``active``: the ids of the functions on the way down, shared with
-    :class:`_FunctionHasher` (a function whose closure holds a value that holds it).
+    ``active``: the ids of the functions on the way down (a function whose closure holds a
+    value that holds it); ``constants``: where a function's module data goes by name
+    (:func:`code_digest`), None outside a function's digest.
     """
 
-    def __init__(self, active: set[int]) -> None:
+    def __init__(self, active: set[int], constants: dict[str, Any] | None = None) -> None:
         self.stream = io.BytesIO()
         super().__init__(self.stream, protocol=5)
         self.fast = True  # (no memo; a value that holds itself is an error)
         self.active = active
+        self.constants = constants  # (within a function's digest: see code_digest)
         self.values = _hasher()
 
     def digest(self, obj: Any) -> bytes:
@@ -97,7 +100,13 @@ class _Canonical(pickle.Pickler):
         if kind is set or kind is frozenset:
             return kind.__name__, self._sorted(list(obj), key=lambda v: v)
         if kind is types.FunctionType:
-            return "f", _function_digest(obj, self.active)
+            if self.constants is None:
+                return "f", function_digest(obj)
+            return "f", _code_digest(obj, self.active, self.constants)
+        if kind is types.MethodType:
+            return "m", obj.__func__, obj.__self__
+        if kind is types.CodeType:
+            return "c", _code(obj, obj.co_consts)
         if kind is _ByName:
             return "n", obj.fn.__module__, obj.fn.__qualname__
         if isinstance(obj, type | types.BuiltinFunctionType | types.ModuleType):
@@ -147,7 +156,7 @@ class _Canonical(pickle.Pickler):
         str, int or bytes, by value; any others by their digests."""
         kinds = {type(key(v)) for v in values}
         if len(kinds) > 1 or not kinds <= {str, int, bytes}:
-            return sorted(values, key=lambda v: _item_digest(key(v), self.active))
+            return sorted(values, key=lambda v: _item_digest(key(v), self.active, self.constants))
         return sorted(values, key=key)
 
 
@@ -176,90 +185,90 @@ def item_digest(obj: Any) -> bytes:
     return _item_digest(obj, set())
 
 
-def _item_digest(obj: Any, active: set[int]) -> bytes:
+def _item_digest(obj: Any, active: set[int], constants: dict[str, Any] | None = None) -> bytes:
     try:
-        return _Canonical(active).digest(obj)
+        return _Canonical(active, constants).digest(obj)
     except Exception:  # a cycle, or what pickle cannot take: its cloudpickle (or its error)
         return bytes(_hasher(b"P" + cloudpickle.dumps(obj)).digest())
 
 
 # -- functions ---------------------------------------------------------------------------------
-class _FunctionHasher:
-    """Feeds what a callable computes with to a hash (see the module's docstring)."""
+def _code_digest(fn: Any, active: set[int], constants: dict[str, Any]) -> bytes:
+    """:func:`code_digest`'s bytes; a callable already on the way down (``active``: one that
+    refers to itself) is a mark."""
+    if id(fn) in active:
+        return b"@"
+    active.add(id(fn))
+    try:
+        return _Canonical(active, constants).digest(_parts(fn, active, constants))
+    finally:
+        active.discard(id(fn))
 
-    def __init__(self, active: set[int], constants: dict[str, Any] | None = None) -> None:
-        self.active = active  # on the way down (see _Canonical): recursion ends in a mark
-        # None: constants are fed by value; a dict: by name only, their values kept here
-        self.constants = constants
 
-    def feed(self, h: Any, fn: Any, walk: Callable[[Any, Any], None] | None = None) -> None:
-        """Feed callable ``fn`` (or a class of the module, as ``walk`` does), once on the way
-        down: a function (or a method) that refers to itself is a mark."""
-        if id(fn) in self.active:
-            h.update(b"@")
-            return
-        self.active.add(id(fn))
+def _parts(fn: Any, active: set[int], constants: dict[str, Any]) -> Any:
+    """What callable ``fn`` computes with, as a value to pickle canonically: a function's
+    name, code, defaults, closure values and what of its module it names; a method's
+    function and object; any other callable's ``__call__`` (when it is Python's) and
+    state."""
+
+    def value(v: Any) -> Any:  # (its type's name when it has no digest)
         try:
-            (walk or self._callable)(h, fn)
-        finally:
-            self.active.discard(id(fn))
+            return _item_digest(v, active, constants)
+        except Exception:
+            return f"{type(v).__module__}.{type(v).__qualname__}"
 
-    def _callable(self, h: Any, fn: Any) -> None:
-        if isinstance(fn, types.FunctionType):
-            self._function(h, fn)
-        elif isinstance(fn, types.MethodType):
-            self.feed(h, fn.__func__)
-            self._value(h, fn.__self__)
-        elif isinstance(fn, functools.partial):
-            for part in (fn.func, fn.args, fn.keywords):
-                self._value(h, part)
-        else:  # a class or builtin: by name; an object with __call__: that method, its state
-            call = getattr(type(fn), "__call__", None)  # noqa: B004
-            if isinstance(call, types.FunctionType):
-                self.feed(h, call)
-            self._value(h, fn)
+    if isinstance(fn, types.MethodType):
+        return "m", fn.__func__, value(fn.__self__)
+    if not isinstance(fn, types.FunctionType):
+        call = getattr(type(fn), "__call__", None)  # noqa: B004
+        return "o", call if isinstance(call, types.FunctionType) else None, value(fn)
+    code, doc = fn.__code__, fn.__doc__
+    skip = doc is not None and code.co_consts[:1] == (doc,)  # (a changed docstring: the same)
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(value(cell.cell_contents))
+        except ValueError:  # an empty cell (a name not bound yet)
+            cells.append(b"e")
+    # helpers, data and classes of its own module that it names: a change there changes
+    # what it computes (names of other modules, and other objects, are left out)
+    reads: dict[str, Any] = {}
+    for name in sorted(_names(code)):
+        if name in fn.__globals__:
+            _read(reads, name, fn.__globals__[name], fn.__module__, constants)
+    defaults = value(fn.__defaults__), value(fn.__kwdefaults__)
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    return name, _code(code, code.co_consts[skip:]), defaults, cells, reads
 
-    def _function(self, h: Any, fn: types.FunctionType) -> None:
-        self._value(h, f"{fn.__module__}.{fn.__qualname__}")
-        code = fn.__code__
-        doc = fn.__doc__
-        self._code(h, code, skip_doc=doc is not None and code.co_consts[:1] == (doc,))
-        self._value(h, fn.__defaults__)
-        self._value(h, fn.__kwdefaults__)
-        for cell in fn.__closure__ or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell (a name not bound yet)
-                h.update(b"e")
-                continue
-            self._value(h, value)
-        # helpers, data and classes of its own module that it names: a change there changes
-        # what it computes (names of other modules, and other objects, are left out)
-        for name in sorted(_names(code)):
-            if name in fn.__globals__:
-                self._global(h, name, fn.__globals__[name], fn.__module__)
 
-    def _global(self, h: Any, name: str, value: Any, module: str) -> None:
-        """A global ``name`` of ``module`` that a function names: a function of the module
-        by its digest, plain data (:func:`_is_data`) as a constant, a class of the module
-        by its methods and data attributes (``C.K``)."""
-        if isinstance(value, types.FunctionType) and value.__module__ == module:
-            h.update(b"g" + name.encode() + b"\0")
-            self.feed(h, value)
-        elif _is_data(value):
-            h.update(b"k" + name.encode() + b"\0")
-            if self.constants is None:
-                self._value(h, value)
-            else:  # (a name two modules use: the first one's value; the digest tells)
-                self.constants.setdefault(name, value)
-        elif isinstance(value, type) and value.__module__ == module:
-            self.feed(h, value, lambda h, cls: self._class(h, name, cls, module))
+def _code(code: types.CodeType, consts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A code object as plain values (code nested in ``consts`` pickles as this too)."""
+    counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+    names = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
+    return counts, code.co_code, getattr(code, "co_exceptiontable", b""), names, consts
 
-    def _class(self, h: Any, name: str, cls: type, module: str) -> None:
-        """A class of the function's module: its methods and data attributes, its own and
-        those of its bases in the module, by their names (``C.K``)."""
+
+def _read(
+    reads: dict[str, Any],
+    name: str,
+    value: Any,
+    module: str,
+    constants: dict[str, Any],
+    within: tuple[type, ...] = (),
+) -> None:
+    """A global ``name`` of ``module`` that a function names, into ``reads``: a function of
+    the module (pickled as its digest), plain data (:func:`_is_data`) by name only, its
+    value into ``constants`` (under ``module.name`` where another module's took the name),
+    a class of the module by its methods and data attributes (``C.K``)."""
+    if isinstance(value, types.FunctionType) and value.__module__ == module:
+        reads[name] = value
+    elif _is_data(value):
+        key = name if constants.setdefault(name, value) is value else f"{module}.{name}"
+        constants[key] = value
+        reads[name] = "k", key
+    elif isinstance(value, type) and value.__module__ == module and value not in within:
         members: dict[str, Any] = {}
-        for klass in reversed(cls.__mro__):  # (as attribute lookup finds them)
+        for klass in reversed(value.__mro__):  # (as attribute lookup finds them)
             if klass.__module__ == module:
                 members.update(vars(klass))
         for attr, member in sorted(members.items()):
@@ -268,30 +277,7 @@ class _FunctionHasher:
             elif isinstance(member, property):
                 member = member.fget
             if not attr.startswith("__") or isinstance(member, types.FunctionType):
-                self._global(h, f"{name}.{attr}", member, module)
-
-    def _code(self, h: Any, code: types.CodeType, *, skip_doc: bool = False) -> None:
-        counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
-        names = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
-        consts = code.co_consts[1:] if skip_doc else code.co_consts
-        table = getattr(code, "co_exceptiontable", b"")
-        self._value(h, (counts, code.co_code, table, names, len(consts)))
-        for const in consts:
-            if isinstance(const, types.CodeType):
-                self._code(h, const)
-            else:
-                self._value(h, const)
-
-    def _value(self, h: Any, value: Any) -> None:
-        """A value the function holds or names: a function (a method, a partial) by its own
-        digest, anything else by its item digest, or its type's name when it has none."""
-        if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
-            self.feed(h, value)
-            return
-        try:
-            h.update(b"v" + _item_digest(value, self.active))
-        except Exception:  # cannot be pickled either: its type stands for it
-            h.update(b"x" + f"{type(value).__module__}.{type(value).__qualname__}".encode())
+                _read(reads, f"{name}.{attr}", member, module, constants, (*within, value))
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -322,35 +308,29 @@ def _is_data(value: Any, depth: int = 0) -> bool:
 
 def function_digest(fn: Callable[..., Any]) -> str:
     """A hex digest of what ``fn`` computes with: the same in every process for the same
-    code, defaults and closure values.
+    code, defaults and closure values, and module data it reads.
 
     >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 1)
     True
     >>> function_digest(lambda x: x + 1) == function_digest(lambda x: x + 2)
     False
     """
-    return _function_digest(fn, set()).hex()
+    constants: dict[str, Any] = {}
+    code = code_digest(fn, constants)
+    return item_digest((code, {k: item_digest(v) for k, v in constants.items()})).hex()
 
 
-def _function_digest(
-    fn: Callable[..., Any], active: set[int], constants: dict[str, Any] | None = None
-) -> bytes:
-    h = _hasher()
-    _FunctionHasher(active, constants).feed(h, fn)
-    return bytes(h.digest())
-
-
-def code_digest(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+def code_digest(fn: Callable[..., Any], constants: dict[str, Any]) -> str:
     """:func:`function_digest` without the values of the module constants ``fn`` and its
-    helpers read, and those values by name: when only the constants differ, a message can
-    name them and both values.
+    helpers read: those go into ``constants`` by name, so that when only they differ a
+    message can name them and both values.
 
-    >>> code, constants = code_digest(lambda: DIGEST_SIZE)
+    >>> constants = {}
+    >>> code = code_digest(lambda: DIGEST_SIZE, constants)
     >>> constants
     {'DIGEST_SIZE': 16}
     """
-    constants: dict[str, Any] = {}
-    return _function_digest(fn, set(), constants).hex(), constants
+    return _code_digest(fn, set(), constants).hex()
 
 
 def cfg_digests(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

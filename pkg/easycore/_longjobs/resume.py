@@ -69,7 +69,7 @@ _SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, unit INTEGE
 _LOOKUP = 256  # units looked up in the file at once
 _UNIT_COLUMNS = ("key", "digest", "error", "stage", "result")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_FORMAT = 5  # the ledger's layout; RunIdentity's "format"
+_FORMAT = 6  # the ledger's layout; RunIdentity's "format"
 
 
 def _refuse(path: str, why: str) -> ValueError:
@@ -164,15 +164,16 @@ class RunIdentity:
 
     Its parts (:attr:`parts`, each stored as JSON):
 
-    * ``format``: the ledger's layout (5: as 4, a function's digest without tags for what
-      holds it, values by their item digests; 4: as 3, types digested under their module
-      paths of the layout by layer; 3: item digests of a canonical pickle, checked keys, this
-      table);
-    * ``stages``: every producer in order: its name, the digest of its function and of its
-      ``init`` (the state ``init`` makes is an input of every item), and the ``batch_size``
-      of the pool it starts (pools after the first; the first pool's is ``batch_size``);
-      to name what changed, also ``code`` (the two digests without the module constants
-      they read) and ``reads`` (those constants: digest and short repr by name);
+    * ``format``: the ledger's layout (6: as 5, a function's digest one canonical pickle
+      of what it computes with, a stage's identity its code and the data it reads; 5: as
+      4, a function's digest without tags for what holds it, values by their item digests;
+      4: as 3, types digested under their module paths of the layout by layer; 3: item
+      digests of a canonical pickle, checked keys, this table);
+    * ``stages``: every producer in order: its name, ``code``: the digests of its function
+      and of its ``init`` (the state ``init`` makes is an input of every item) without the
+      module constants they read, ``reads``: those constants (digest and short repr by
+      name, so that a message names them), and the ``batch_size`` of the pool it starts
+      (pools after the first; the first pool's is ``batch_size``);
     * ``key``: the ``key=`` function's name and digest (another one names other units:
       their results, and a sink's files, would be computed and written again);
     * ``cfg``: a digest of every leaf by its dotted key (so a message can name the keys);
@@ -200,18 +201,16 @@ class RunIdentity:
         for i, (group, binding) in enumerate(pipeline.pools):
             for k, stage in enumerate(group):
                 fn, init = stage.fn, getattr(stage, "init", None)
-                coded = [code_digest(fn), (None, {}) if init is None else code_digest(init)]
+                reads: dict[str, Any] = {}
+                code = [code_digest(fn, reads), None if init is None else code_digest(init, reads)]
                 stages.append(
                     {
                         "name": stage.name,
-                        "fn": function_digest(fn),
-                        "init": None if init is None else function_digest(init),
                         "batch_size": binding.batch_size if binding and i > 0 and k == 0 else None,
-                        "code": [digest for digest, _ in coded],
-                        "reads": {  # (the function's value where init reads the same name)
+                        "code": code,
+                        "reads": {
                             name: [item_digest(value).hex(), short_repr(value, 60)]
-                            for _, constants in reversed(coded)
-                            for name, value in constants.items()
+                            for name, value in reads.items()
                         },
                     }
                 )
@@ -260,14 +259,15 @@ class RunIdentity:
             out.append(f"cfg: {some(keys, 6)}")
         if stored["sink"] != new["sink"]:
             out.append(f"sink: {_sink_text(stored['sink'])} -> {_sink_text(new['sink'])}")
-        if stored.get("key") != new["key"]:
-            keys = (stored.get("key", {"name": "(not recorded: an older ledger)"}), new["key"])
-            old, now = (k["name"] if k else "(none)" for k in keys)
+        if stored["key"] != new["key"]:
+            old, now = (k["name"] if k else "(none)" for k in (stored["key"], new["key"]))
             change = f"the function {now} changed" if old == now else f"{old} -> {now}"
             out.append(f"key=: {change}")
-        for name, default in (("seed", None), ("batch_size", None), ("epoch", 0)):
-            if stored.get(name, default) != new.get(name, default):
-                out.append(f"{name}: {stored.get(name, default)} -> {new.get(name, default)}")
+        out += [
+            f"{k}: {stored[k]} -> {new[k]}"
+            for k in ("seed", "batch_size", "epoch")
+            if stored[k] != new[k]
+        ]
         return code, out
 
     def check(self, path: str, stored: Mapping[str, Any]) -> list[str]:
@@ -296,23 +296,16 @@ def _name(fn: Any) -> str:
 
 
 def _code_changes(where: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """How the code of stage ``a`` (as a ledger stored it) and ``b`` differ, in words: the
-    module constants they read by name with both values, else "its function changed"."""
-    if (a["fn"], a["init"]) == (b["fn"], b["init"]):
-        return []
-    code = a.get("code") or [None, None]  # (not kept by ledgers written before it was)
-    out = [
-        f"{where}: its {what} changed"
-        for i, (what, part) in enumerate((("function", "fn"), ("init", "init")))
-        if a[part] != b[part] and code[i] != b["code"][i]
-    ]
-    old, new = a.get("reads") or {}, b["reads"]
-    out += [
+    """How the code of stage ``a`` (as a ledger stored it) and ``b`` differ, in words: its
+    function or ``init``, and the module constants they read by name with both values."""
+    old, new = a["reads"], b["reads"]
+    parts = zip(("function", "init"), a["code"], b["code"], strict=True)
+    out = [f"{where}: its {what} changed" for what, x, y in parts if x != y]
+    return out + [
         f"{where}: the global {name} it reads changed ({old[name][1]} -> {new[name][1]})"
         for name in sorted(old.keys() & new.keys())
         if old[name][0] != new[name][0]
     ]
-    return out or [f"{where}: its function changed"]
 
 
 def _sink_text(sink: Any) -> str:
