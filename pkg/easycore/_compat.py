@@ -36,7 +36,7 @@ Errors are the executor's: a raising ``producer_work`` (which hangs 0.4 forever)
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from easycore._exec.entry import Runner
@@ -78,9 +78,7 @@ def runner_pipeline(cls: type[BaseRunner]) -> Pipeline:
     c_init, c_work, c_end = cls.consumer_init, cls.consumer_work, cls.consumer_end
 
     def init(device: str, cfg: Mapping[str, Any]) -> CfgNode:
-        own = CfgNode(cfg)  # the worker's mutable copy: 0.4 state lives in it
-        p_init(device, own)
-        return own
+        return _own(cfg, p_init, device)  # the worker's copy: 0.4 state lives in it
 
     def work(data: Any, *, device: str, state: CfgNode) -> Any:
         return p_work(device, state, data)
@@ -89,21 +87,23 @@ def runner_pipeline(cls: type[BaseRunner]) -> Pipeline:
         p_end(device, state)
 
     def start(cfg: Mapping[str, Any]) -> CfgNode:
-        own = CfgNode(cfg)  # fresh for every call, as in 0.4
-        c_init(own)
-        return own
+        return _own(cfg, c_init)  # fresh for every call, as in 0.4
 
     def fold(own: CfgNode, data: Any) -> CfgNode:
         c_work(own, data)
         return own
 
-    def finish(own: CfgNode) -> Any:
-        return c_end(own)
-
     # The stage's name is what WorkerError messages show: name it after the user's class.
     work.__name__ = f"{cls.__name__}.producer"
     fold.__name__ = f"{cls.__name__}.consumer"
-    return producer(init=init, end=end)(work) >> consumer(init=start, end=finish)(fold)
+    return producer(init=init, end=end)(work) >> consumer(init=start, end=c_end)(fold)
+
+
+def _own(cfg: Mapping[str, Any], call: Callable[..., Any], *args: Any) -> CfgNode:
+    """A mutable copy of ``cfg``, once ``call(*args, copy)`` has run."""
+    own = CfgNode(cfg)
+    call(*args, own)
+    return own
 
 
 class BaseRunner:

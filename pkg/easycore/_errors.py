@@ -266,9 +266,7 @@ def item_label(index: int, batch_size: int | None, size: int | None = None) -> s
 
 def after_retries(retries: int) -> str:
     """``" after 2 retries"`` for messages, or nothing without retries."""
-    if not retries:
-        return ""
-    return f" after {retries} retr{'y' if retries == 1 else 'ies'}"
+    return f" after {retries} retr{'y' if retries == 1 else 'ies'}" if retries else ""
 
 
 def some(names: Sequence[str], shown: int) -> str:
@@ -355,9 +353,8 @@ def user_error(
     ``device=None`` is the calling process (the consumer); ``remote=False`` an inline run,
     whose traceback is local.
     """
-    where = "in the calling process" if device is None else f"on {device} (worker {worker})"
-    if device is not None and not remote:
-        where = f"inline {where}"
+    inline = "" if remote else "inline "
+    where = "in the calling process" if device is None else f"{inline}on {device} (worker {worker})"
     if issubclass(cls, ItemTimeout):  # (an async item, cancelled: no user code raised)
         return cls(f"{stage} {text}\n  {what} {where}", stage, device, worker, index)
     short = type_name.rsplit(".", 1)[-1]

@@ -435,10 +435,7 @@ def rank_share(
     """
     launched = get_dist_info() if rank is None or world_size is None else (rank, world_size)
     world = check_int("world_size", launched[1] if world_size is None else world_size, 1)
-    me = check_int("rank", launched[0] if rank is None else rank)
-    if not 0 <= me < world:
-        msg = f"rank={me!r} is not a rank of a world of {world}: expected 0 .. {world - 1}"
-        raise ValueError(msg)
+    me = _check_rank("rank", check_int("rank", launched[0] if rank is None else rank), world)
     sized = hasattr(items, "__len__") and hasattr(items, "__getitem__")
     if isinstance(items, Mapping) or not sized:  # a dict's [k] is by key, not position
         msg = f"rank_share needs a sized sequence (len and indexing), got {type(items).__name__}"
@@ -455,11 +452,11 @@ def rank_share(
 # ---------------------------------------------------------------------------------------------
 # collectives on picklable objects
 # ---------------------------------------------------------------------------------------------
-def _check_rank(name: str, value: int) -> None:
-    world = world_size()
+def _check_rank(name: str, value: int, world: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < world:
-        msg = f"{name}={value!r} is not a rank of this job: expected 0 .. {world - 1}"
+        msg = f"{name}={value!r} is not a rank of a world of {world}: expected 0 .. {world - 1}"
         raise ValueError(msg)
+    return value
 
 
 def _joined() -> Any:
@@ -508,7 +505,7 @@ def gather(obj: Any, dst: int = 0) -> list[Any] | None:
     >>> gather("mine")
     ['mine']
     """
-    _check_rank("dst", dst)
+    _check_rank("dst", dst, world_size())
     blob = cloudpickle.dumps(obj)
     parts: list[Any] | None = [blob]
     dist = _joined()
@@ -534,7 +531,7 @@ def broadcast(obj: Any, src: int = 0) -> Any:
     >>> broadcast([1, 2])
     [1, 2]
     """
-    _check_rank("src", src)
+    _check_rank("src", src, world_size())
     box = [cloudpickle.dumps(obj) if rank() == src else None]
     dist = _joined()
     if dist is not None:

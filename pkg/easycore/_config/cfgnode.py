@@ -67,10 +67,8 @@ def _plain(value: Any) -> Any:
     """The tree as builtin dicts, lists and tuples (for ``repr``)."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_plain(v) for v in value]
-    if type(value) is tuple:
-        return tuple(_plain(v) for v in value)
+    if type(value) in (list, tuple):
+        return type(value)(_plain(v) for v in value)
     return value
 
 
