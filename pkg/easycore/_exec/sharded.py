@@ -5,9 +5,8 @@
     every rank iterates the same data ──> units: items, or batches of batch_size (global)
       unit i goes to rank i % world_size, numbered i there (its seed: derive_seed(seed, i))
     rank r: a Runner over its units on its own devices         (the ordinary executor)
-      ├─ ok    -> ("ok", results)         ┐  all_gather (no consumer): every rank merges
-      └─ error -> ("error", description)  ┘  gather to rank 0 (consumer): rank 0 merges,
-                                              folds once, broadcasts ("ok", result) or error
+      ├─ ok    -> ("ok", results)         ┐  gather to rank 0: rank 0 merges, folds once
+      └─ error -> ("error", description)  ┘  (a consumer), broadcasts ("ok", result) or error
     every rank returns the same value, or every rank raises WorkerError naming the rank
 
 A failing rank still takes part in the exchange, with a description of its error instead of
@@ -90,21 +89,12 @@ def _raise_failure(
     raise WorkerError(msg, *args) from cause
 
 
-_MISSING = object()
-
-
 def _interleave(shares: list[list[Any]]) -> list[Any]:
     """Undo the round robin: unit ``i`` is element ``i // world`` of share ``i % world``."""
-    out: list[Any] = []
-    for row in itertools.zip_longest(*shares, fillvalue=_MISSING):
-        out.extend(v for v in row if v is not _MISSING)
+    out: list[Any] = [None] * sum(map(len, shares))
+    for rank, share in enumerate(shares):
+        out[rank :: len(shares)] = share
     return out
-
-
-def _unpack(statuses: list[bytes]) -> tuple[list[Any], list[Any]]:
-    """The ranks' shares of results, and their failures, from their pickled statuses."""
-    unpacked = [cloudpickle.loads(b) for b in statuses]
-    return [v for tag, v in unpacked if tag == "ok"], [v for tag, v in unpacked if tag != "ok"]
 
 
 def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
@@ -180,31 +170,25 @@ def sharded_map(
         own = exc
         status = cloudpickle.dumps(("error", _describe(exc, me)))
 
-    if pipeline.consumer is None:
-        shares, failures = _unpack(_exchange(distributed.all_gather, "results", me, status))
-        if failures:
-            _raise_failure(failures, me, world, own)
-        return _interleave(shares)
-
     gathered = _exchange(distributed.gather, "results", me, status, 0)
     verdict: bytes | None = None
-    if gathered is not None:  # rank 0: fold once, then tell everyone
-        shares, failures = _unpack(gathered)
+    if gathered is not None:  # rank 0: merge, fold once, then tell everyone
+        unpacked = [cloudpickle.loads(b) for b in gathered]
+        failures = [v for tag, v in unpacked if tag != "ok"]
         if failures:
             verdict = cloudpickle.dumps(("error", failures))
         else:
             try:
-                merged = _interleave(shares)
-                fold_only = attrs.evolve(pipeline, producers=(), placement=())
-                with Runner(fold_only, "inline", cfg=where["cfg"]) as run:
-                    result = run.run_map(merged, RunOptions(numbering=Numbering(batch=size)))
+                result = _interleave([v for _, v in unpacked])
+                if pipeline.consumer is not None:
+                    fold_only = attrs.evolve(pipeline, producers=(), placement=())
+                    with Runner(fold_only, "inline", cfg=where["cfg"]) as run:
+                        result = run.run_map(result, RunOptions(numbering=Numbering(batch=size)))
                 verdict = cloudpickle.dumps(("ok", result))
             except Exception as exc:
                 own = exc
                 verdict = cloudpickle.dumps(("error", [_describe(exc, me)]))
-    tag, value = cloudpickle.loads(
-        _exchange(distributed.broadcast, "the consumer's result", me, verdict, 0)
-    )
+    tag, value = cloudpickle.loads(_exchange(distributed.broadcast, "the result", me, verdict, 0))
     if tag == "error":
         _raise_failure(value, me, world, own)
     return value
