@@ -190,8 +190,6 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     if seg_id is None:
         # Small (or no room left): raw bytes in the pickle. torch's own tensor pickling goes
         # through a storage serializer, ~20x slower for a small tensor.
-        if not _has_numpy():
-            return None
         raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         dtype = str(obj.dtype).removeprefix("torch.")
         return (_rebuild_small_tensor, (raw, dtype, tuple(obj.shape)))
@@ -242,17 +240,8 @@ def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]
 
     chan: Channel = _local.channel
     chan.shm_in += nbytes
-    if _has_numpy():
-        base = _lend(chan, seg_id, nbytes, "u1")
-        return torch.from_numpy(base).view(getattr(torch, dtype)).view(shape)
-    # without numpy: copy out, and give the segment back at once
-    view = torch.frombuffer(chan.peer[seg_id].buf, dtype=torch.uint8, count=nbytes).view(
-        getattr(torch, dtype)
-    )
-    out = view.view(shape).clone()
-    del view
-    chan.released.append(seg_id)
-    return out
+    base = _lend(chan, seg_id, nbytes, "u1")
+    return torch.from_numpy(base).view(getattr(torch, dtype)).view(shape)
 
 
 def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -270,16 +259,6 @@ def _rebuild_array(seg_id: int, dtype: str, shape: tuple[int, ...]) -> Any:
     base = _lend(chan, seg_id, math.prod(shape), dtype)
     chan.shm_in += base.nbytes
     return base.reshape(shape)
-
-
-def _has_numpy() -> bool:
-    if "numpy" in sys.modules:
-        return True
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Undecoded:

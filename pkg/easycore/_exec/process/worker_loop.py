@@ -319,32 +319,24 @@ class _ToNextHop(_ToCaller):
     def _send_loop(self) -> None:
         held: dict[int, Task] = {}
         down: dict[int, Channel] = {}
+        # (the reader puts a pipe's "fwd" before anything it reads from it, "gone" after)
         while (op := self.inbox.get()) is not None:
-            kind = op[0]
-            if kind == "held":
-                held[op[1]] = op[2]
-            elif kind == "drop":
-                held.pop(op[1], None)
-            elif kind == "rel":
-                _, key, frame, fds = op
-                ch = down.get(key)
-                if ch is None:
-                    for fd in fds:
-                        os.close(fd)
-                else:
-                    ch.decode(frame, fds)
-            elif kind == "gone":
-                ch = down.pop(op[1], None)
-                if ch is not None:
-                    ch.close()
-            elif kind == "fwd":
-                _, chunk_id, key, new = op
-                if new is not None:
-                    down[key] = new
-                task = held.pop(chunk_id, None)
-                ch = down.get(key)
-                if task is not None and ch is not None:  # else dropped, or the peer died:
-                    self._send_on(ch, task)  # the caller re-runs the chunk
+            match op:
+                case ("held", chunk_id, task):
+                    held[chunk_id] = task
+                case ("drop", chunk_id):
+                    held.pop(chunk_id, None)
+                case ("rel", key, frame, fds):
+                    down[key].decode(frame, fds)
+                case ("gone", key):
+                    down.pop(key).close()
+                case ("fwd", chunk_id, key, new):
+                    if new is not None:
+                        down[key] = new
+                    task = held.pop(chunk_id, None)
+                    ch = down.get(key)
+                    if task is not None and ch is not None:  # else dropped, or the peer died:
+                        self._send_on(ch, task)  # the caller re-runs the chunk
 
     def _send_on(self, ch: Channel, task: Task) -> None:
         """Send ``task`` on; a result that does not pickle is a Broken in its place (every

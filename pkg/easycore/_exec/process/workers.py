@@ -211,19 +211,6 @@ class WorkerSet:
         index = slot - hop.first_slot
         env_set = any(k in os.environ for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
         threads = None if env_set else max(1, cpu_count() // len(self.chain.devices))
-        spec = WorkerSpec(
-            slot=slot,
-            worker=index,
-            device=device,
-            threads=threads,
-            payload=hop.payload,
-            entropy=int.from_bytes(os.urandom(8), "little") >> 1,
-            hop=hop.index,
-            last=hop is self.chain.last,
-            group=hop.batch,
-            unit=hop.unit,
-            concurrency=hop.concurrency,
-        )
         assert self.slots is not None
         # asked again at each start: a respawn forks only if the caller still may. GPU
         # workers never fork: a caller that only asked torch.cuda.is_available() has
@@ -236,10 +223,23 @@ class WorkerSet:
         method = ctx.get_start_method()
         before = descriptors() if method == "fork" else {}
         parent, child = ctx.Pipe(duplex=True)
-        if method == "fork":  # it lets go of the caller's ends of every worker's pipe
-            spec = spec._replace(release=(parent.fileno(), *_caller_ends()))
-        else:  # it sees this process's environment, as a forked one does
-            spec = spec._replace(environ=dict(os.environ))
+        spec = WorkerSpec(
+            slot=slot,
+            worker=index,
+            device=device,
+            threads=threads,
+            payload=hop.payload,
+            entropy=int.from_bytes(os.urandom(8), "little") >> 1,
+            hop=hop.index,
+            last=hop is self.chain.last,
+            group=hop.batch,
+            unit=hop.unit,
+            concurrency=hop.concurrency,
+            # forked: it lets go of the caller's ends of every worker's pipe; else it sees
+            # this process's environment, as a forked one does
+            release=(parent.fileno(), *_caller_ends()) if method == "fork" else (),
+            environ=None if method == "fork" else dict(os.environ),
+        )
         proc = ctx.Process(
             target=worker_main,
             args=(child, self.slots.raw, spec),
@@ -270,8 +270,7 @@ class WorkerSet:
 
     def respawn(self, slot: int) -> None:
         """Replace the (dead) worker in ``slot`` by a fresh one, which runs ``init`` again."""
-        for pair in [p for p in self._pairs if slot in p]:
-            del self._pairs[pair]
+        self._pairs = {pair: key for pair, key in self._pairs.items() if slot not in pair}
         self.workers[slot] = self._spawn(slot)
         self._watch()
 
