@@ -130,8 +130,9 @@ class StageActor:
             of the actor's, so that functions importable in the driver (a test module, a
             project not installed) import here too, as in a local worker.
         worker, hop: as for a local worker.
-        device: ``"cpu"``, or ``"cuda"`` for an actor holding one GPU (Ray has set
-            ``CUDA_VISIBLE_DEVICES`` to it, so torch sees it as ``cuda:0``).
+        device: as the actor's code sees it: ``"cpu"``, or ``"cuda:0"`` for an actor holding
+            GPUs (Ray has set ``CUDA_VISIBLE_DEVICES`` to them, so torch sees the first as
+            ``cuda:0``).
         batch: this hop groups the previous hop's results by this many (None: one each).
         clock: the engine's :class:`UnitClock` actor (None before a run with a timeout).
         key: this actor's name at the clock.
@@ -142,7 +143,7 @@ class StageActor:
 
     payload: bytes
     paths: Sequence[str]
-    device: str = attrs.field(converter=lambda d: "cuda:0" if d.startswith("cuda") else "cpu")
+    device: str
     worker: int
     hop: int
     batch: int | None
@@ -170,7 +171,7 @@ class StageActor:
             # what the work starts stays below this actor, also what leaves its session
             # (setsid, a daemon): finish() ends it, and a driver killing the actor finds it
             become_subreaper()
-        where = Placement(ray.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
+        where = Placement(ray.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())  # type: ignore[no-untyped-call]
         sys.path.extend(p for p in self.paths if p not in sys.path and os.path.isdir(p))
         seed_loaded(int.from_bytes(os.urandom(8), "little") >> 1)  # (a run with no seed)
         # Ray gives an actor's torch one thread per CPU it holds (OMP_NUM_THREADS); bind the

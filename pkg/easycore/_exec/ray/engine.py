@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import os
 import socket
 import sys
@@ -71,6 +72,7 @@ from easycore._exec.core.plan import (
     pack_payload,
     plan_chain,
 )
+from easycore._exec.core.protocol import ErrorReport
 from easycore._exec.core.sources import Source, source_of
 from easycore._exec.core.stages import UNIT_GRACE, is_async_fn
 from easycore._exec.ray.actor import Later, StageActor, UnitClock, run_task
@@ -120,7 +122,7 @@ def _connect() -> None:
                     "on a local Ray started for the run"
                 )
                 raise ConnectionError(msg) from err
-        ray.init(include_dashboard=False, log_to_driver=True, logging_level="WARNING")
+        ray.init(include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
         _OWNED = True
     _USERS += 1
 
@@ -205,17 +207,21 @@ def check_fits(chain: Chain, resources: dict[str, float]) -> None:
         ValueError: the pools together ask for more CPUs or GPUs than the cluster has (Ray
             would wait forever for an actor it cannot place).
     """
-    counts = {"CPU": lambda ds: ds.count("cpu"), "GPU": lambda ds: sum(map(_gpus_of, ds))}
-    for unit, count in counts.items():
-        need, have = count(chain.devices), int(resources.get(unit, 0))
+    for unit, need in _needs(chain.devices).items():
+        have = int(resources.get(unit, 0))
         if need > have:
-            each = ", ".join(f"{h.name}: {count(h.devices)}" for h in chain.hops)
+            each = ", ".join(f"{h.name}: {_needs(h.devices)[unit]}" for h in chain.hops)
             msg = (
                 f"the pools together ask for {need} {unit}(s) ({each}; one CPU per CPU actor), "
                 f"and the Ray cluster has {have} {unit}(s): ask for fewer, or add nodes "
                 "(ray start --address=...)"
             )
             raise ValueError(msg)
+
+
+def _needs(devices: Sequence[str]) -> dict[str, int]:
+    """The CPUs and GPUs that actors of ``devices`` hold together."""
+    return {"CPU": devices.count("cpu"), "GPU": sum(map(_gpus_of, devices))}
 
 
 def _one_group(entry: tuple[Any, ...]) -> str:
@@ -240,6 +246,11 @@ def _one(device: Any) -> str:
     raise ValueError(msg)
 
 
+def _keeps(stage: Any) -> bool:
+    """Whether a stage keeps something in its worker: an ``init``, an ``end``, a sink."""
+    return getattr(stage, "is_sink", False) is True or stage.has_init or stage.end is not None
+
+
 @functools.cache
 def _remote(fn: Any, **options: Any) -> Any:
     """``fn`` as a Ray actor class or remote function (made once per process)."""
@@ -261,7 +272,7 @@ class RayEngine:
     ) -> None:
         _connect()
         try:
-            resources = ray.cluster_resources()
+            resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
             parse = functools.partial(ray_devices, resources=resources)
             self.chain: Chain = plan_chain(pipeline, devices, parse=parse, concurrency=concurrency)
             check_fits(self.chain, resources)
@@ -280,13 +291,7 @@ class RayEngine:
             for h in self.chain.hops
         ]
         self.as_tasks = [
-            tasks
-            and not waits
-            and set(h.devices) == {"cpu"}
-            and not any(
-                getattr(st, "is_sink", False) is True or st.has_init or st.end is not None
-                for st in h.stages
-            )
+            tasks and not waits and set(h.devices) == {"cpu"} and not any(map(_keeps, h.stages))
             for h, waits in zip(self.chain.hops, self.waits, strict=True)
         ]
         self.pools: list[list[Actor]] = []
@@ -347,7 +352,8 @@ class RayEngine:
         actor.key = next(self.next_key)
         # (no concurrency groups: with any, Ray runs every task off the actor's main thread)
         cls = _remote(StageActor, max_restarts=0, max_task_retries=0).options(**opts)
-        args = (self.payloads[hop], sys.path, device, index, hop, h.batch, self.clock)
+        seen = "cpu" if device == "cpu" else "cuda:0"  # (Ray shows it its GPUs from cuda:0)
+        args = (self.payloads[hop], sys.path, seen, index, hop, h.batch, self.clock)
         actor.handle = cls.remote(*args, actor.key, self.timeout, h.concurrency)
         actor.run = actor.handle.run.options(num_returns=2).remote
         return actor
@@ -374,7 +380,7 @@ class RayEngine:
 
         return send
 
-    def _failed(self, actor: Actor, what: str, report: Any = None) -> Exception:
+    def _failed(self, actor: Actor, what: str, report: ErrorReport | None = None) -> Exception:
         """The error of ``actor`` whose ``init`` or ``end`` raised (``report``; ``what``:
         while doing what), or that ``what`` (died, was not placed)."""
         if report is not None:
@@ -392,7 +398,7 @@ class RayEngine:
             raise self._failed(
                 late,
                 f"was not placed and started within {START_TIMEOUT:.0f} s "
-                f"(EASYCORE_RAY_START_TIMEOUT); the cluster has {ray.available_resources()} free",
+                f"(EASYCORE_RAY_START_TIMEOUT); the cluster has {ray.available_resources()} free",  # type: ignore[no-untyped-call]
             )
         for actor, ref in zip(actors, refs, strict=True):
             try:
@@ -433,11 +439,9 @@ class RayEngine:
             WorkerError: its ``end`` raised.
         """
         for actor in due:
-            report = None
-            with contextlib.suppress(ray.exceptions.RayError):
-                report = ray.get(actor.handle.finish.remote())
-            if report is not None:
-                raise self._failed(actor, "while ending", report)
+            with contextlib.suppress(ray.exceptions.RayError):  # (a death there: replaced)
+                if (report := ray.get(actor.handle.finish.remote())) is not None:
+                    raise self._failed(actor, "while ending", report)
             self.replace(actor)
 
     def stop(self, grace: float | None, report: bool) -> None:
@@ -454,15 +458,12 @@ class RayEngine:
             refs = [a.handle.finish.remote() for a in actors]
             ready = _wait_for_ends(actors, refs, grace)
             for actor, ref in zip(actors, refs, strict=True):
-                if ref not in ready or failure is not None:
-                    continue
-                try:
-                    ended = ray.get(ref)
-                except ray.exceptions.RayError as exc:
-                    failure = self._failed(actor, f"died while ending: {first_line(exc)}")
-                    continue
-                if ended is not None:
-                    failure = self._failed(actor, "while ending", ended)
+                if ref in ready and failure is None:
+                    try:
+                        if (ended := ray.get(ref)) is not None:
+                            failure = self._failed(actor, "while ending", ended)
+                    except ray.exceptions.RayError as exc:
+                        failure = self._failed(actor, f"died while ending: {first_line(exc)}")
         finally:
             _kill(every)
             if self.clock is not None:

@@ -223,14 +223,15 @@ class RayRun:
     # -- failures ----------------------------------------------------------------------------
     def dead_actor(self, chunk: Chunk) -> Actor:
         """The first actor on ``chunk``'s path that failed (later hops fail because of it)."""
-        for actor, meta in zip(chunk.path, chunk.refs, strict=False):  # (then the values)
+        path: list[Actor] = chunk.path
+        for actor, meta in zip(path, chunk.refs, strict=False):  # (then the values)
             try:
                 ray.get(meta, timeout=0)
             except ray.exceptions.GetTimeoutError:
                 continue
             except ray.exceptions.RayError:
                 return actor
-        return chunk.path[-1]
+        return path[-1]
 
     def on_death(
         self, actor: Actor, exc: BaseException, culprit: int | None, lost: Any = None
