@@ -368,5 +368,5 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             drop_hooks([self])
             self.then(module)
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec

@@ -92,22 +92,14 @@ def cancel_grace(timeout: float) -> float:
 class StageDef(Protocol):
     """What running needs of a producer stage (``easycore.Stage`` is one)."""
 
-    @property
-    def fn(self) -> Callable[..., Any]: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def has_init(self) -> bool: ...
-    @property
-    def init(self) -> Any: ...
-    @property
-    def end(self) -> Callable[..., Any] | None: ...
-    @property
-    def fn_names(self) -> tuple[str, ...]: ...
-    @property
-    def init_names(self) -> tuple[str, ...]: ...
-    @property
-    def end_names(self) -> tuple[str, ...]: ...
+    fn: Callable[..., Any]
+    name: str
+    has_init: bool
+    init: Any
+    end: Callable[..., Any] | None
+    fn_names: tuple[str, ...]
+    init_names: tuple[str, ...]
+    end_names: tuple[str, ...]
 
 
 class StageFailure(NamedTuple):
@@ -920,6 +912,7 @@ class Flight:
         if not oldest:
             return
         first = next(iter(self.items.values()), None)
+        start: float | None
         if self.stepping is not None:
             index, start = self.stepping
         elif first is None:
