@@ -27,13 +27,13 @@ and every run, however the workers' timing goes.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
 
-from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries
+from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retries, item_label
 from easycore._exec.core.outcomes import Failed, Segment
 from easycore._exec.core.plan import Chain, StageStats
 from easycore._exec.core.protocol import UNREADABLE, Broken, is_cached
@@ -112,27 +112,22 @@ class Work:
         return self.start + len(self.items)
 
 
-class Charges:
+class Charges(Counter[tuple[int, int]]):
     """Runs charged to units by deaths and timeouts, keyed ``(hop, unit of that hop)``."""
 
     def __init__(self, chain: Chain) -> None:
+        super().__init__()
         self.hops = chain.hops
-        self.runs: dict[tuple[int, int], int] = {}
 
     def charge(self, hop: int, unit: int) -> int:
         """One more run charged to ``unit`` of ``hop``; the runs charged so far."""
-        key = (hop, unit)
-        self.runs[key] = self.runs.get(key, 0) + 1
-        return self.runs[key]
+        self[hop, unit] += 1
+        return self[hop, unit]
 
     def spent(self, start: int, end: int) -> dict[tuple[int, int], int]:
         """Runs charged to units within first-hop units ``[start, end)``, for a worker's own
         retries (a unit may retry ``retries`` minus what deaths used)."""
-        if not self.runs:
-            return {}
-        return {
-            (h, i): k for (h, i), k in self.runs.items() if start <= i * self.hops[h].unit < end
-        }
+        return {(h, i): k for (h, i), k in self.items() if start <= i * self.hops[h].unit < end}
 
 
 def _failed(error: BaseException, item: Any, stage: str) -> Failed:
@@ -214,38 +209,35 @@ class RunBooks:
         self.raises: set[int] = set()
         self.next_out = self.first
         # a sink writes a file (or more) per chunk: chunks of ~0.5 s make fewer, bigger files
-        last = self.hops[-1].stages
-        self.writes = bool(last) and getattr(last[-1], "is_sink", False) is True
-        self.sizers = [
-            ChunkSizer(WRITE_CHUNK_SECONDS if self.writes else TARGET_CHUNK_SECONDS)
-            for _ in self.hops
-        ]
+        hop = self.hops[-1]
+        last = hop.stages[-1] if hop.stages else None
+        sink: Any = last if getattr(last, "is_sink", False) is True else None
+        self.writes = sink is not None
+        seconds = WRITE_CHUNK_SECONDS if self.writes else TARGET_CHUNK_SECONDS
+        self.sizers = [ChunkSizer(seconds) for _ in self.hops]
         # a sink that writes item keys (a key column, WebDataset's __key__) and a key=:
         # each chunk carries its units' keys to the worker that writes them
-        sink: Any = last[-1] if self.writes else None
         wants_keys = sink is not None and (sink.key_column is not None or sink.kind == "webdataset")
         self.key_fn = options.key if wants_keys else None
         # whether the writing pool's units are batches (its batch_size, or the run's for a
         # first pool): from the run's configuration, never from a result's type
-        hop = self.hops[-1]
         self.batched = self.writes and (hop.batch if hop.index else options.batch_size) is not None
-        # A worker of a hop with concurrency=k holds up to `depth x k` units (its k slots
-        # are shared by its chunks, each answered as it ends): chunks of a sixteenth of k or
-        # more, so that a chunk held open by one slow unit holds few others' results (on
-        # Ray, of k: there a chunk's call costs more than a unit's wait saves).
-        most = max(h.concurrency for h in self.hops)
-        self.slots = most  # units a worker of the widest hop runs at once
-        self.least = -(-most // shares // self.align) * self.align if most > 1 else 1
+        # The least chunk, whole output units. A worker of a hop with concurrency=k holds up
+        # to `depth x k` units (its k slots are shared by its chunks, each answered as it
+        # ends): chunks of a sixteenth of k or more, so that a chunk held open by one slow
+        # unit holds few others' results (on Ray, of k: there a chunk's call costs more than
+        # a unit's wait saves).
+        self.slots = max(h.concurrency for h in self.hops)  # (a worker of the widest hop)
+        least = -(-self.slots // shares // self.align) * self.align
         if fixed is not None:
-            self.least = fixed * self.align
+            least = fixed * self.align
         # a sink given rows_per_file: chunks of that many items (a row each, as a rule), the
         # last ones too (a file holds one chunk's rows: chunks sized by the clock made files
         # of a few rows)
-        rows = sink.rows_per_file if sink is not None else None
-        if rows:
-            units = rows // (options.batch_size or 1)  # (first-hop units: items or batches)
-            self.least = max(self.least, units - units % self.align, self.align)
-        self.chunk_size = max(self.align, self.least)
+        if sink is not None and sink.rows_per_file:
+            units = sink.rows_per_file // (options.batch_size or 1)  # (first-hop units)
+            least = max(least, units - units % self.align)
+        self.least = self.chunk_size = least
         self.done = [0] * len(self.hops)
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
@@ -276,11 +268,18 @@ class RunBooks:
 
     # -- names and numbers -------------------------------------------------------------------
     def label(self, hop: int, index: int, last: int | None = None, within: Any = None) -> str:
-        """Unit ``index`` (to ``last``) of ``hop`` in messages (see ``Chain.label``), a batch
-        with the items it holds when the chunk it is ``within`` is known."""
+        """Name unit ``index`` of hop ``hop`` in messages: ``"batch 2 (items 8..11)"``; or
+        units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"`` (the stage named
+        where there are hops), a batch with the items it holds when the chunk it is
+        ``within`` is known (the input's last batch may hold fewer)."""
+
+        def name(i: int, n: int | None = None) -> str:
+            return self.options.label(i, n) if hop == 0 else item_label(i, self.hops[hop].batch, n)
+
         end = index if last is None else last
         size = None if within is None else self.size(hop, end, within)
-        return self.chain.label(hop, index, self.options, last, size)
+        text = name(end, size) if end == index else f"{name(index)} .. {name(end, size)}"
+        return f"{text} of stage {self.hops[hop].name!r}" if self.chain.named else text
 
     def size(self, hop: int, index: int, within: Any) -> int | None:
         """How many units of its input unit ``index`` of ``hop`` holds, a batch in chunk
@@ -380,7 +379,7 @@ class RunBooks:
         if any(s.per_item is None for s in self.sizers):
             return  # a hop not yet measured may be the slow one: no big chunks before then
         size = min(s.size for s in self.sizers)
-        self.chunk_size = max(self.align, size - size % self.align, self.least)
+        self.chunk_size = max(size - size % self.align, self.least)
 
     def count(
         self,

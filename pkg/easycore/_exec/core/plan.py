@@ -7,6 +7,7 @@ chain of one hop: there is no separate single-pool path.
 
 from __future__ import annotations
 
+import functools
 import io
 import linecache
 import os
@@ -170,27 +171,6 @@ class Chain:
                 return hop
         raise AssertionError(slot)  # pragma: no cover
 
-    def label(
-        self,
-        hop: int,
-        index: int,
-        options: RunOptions,
-        last: int | None = None,
-        size: int | None = None,
-    ) -> str:
-        """Name unit ``index`` of hop ``hop`` in messages: ``"batch 2 (items 8..11)"``; or
-        units ``index`` to ``last``: ``"item 3 .. item 9 of stage 'f'"`` (``size``: the
-        items of the last unit named, when known: the input's last batch may hold fewer)."""
-
-        def name(i: int, n: int | None = None) -> str:
-            return options.label(i, n) if hop == 0 else item_label(i, self.hops[hop].batch, n)
-
-        end = index if last is None else last
-        text = name(end, size) if end == index else f"{name(index)} .. {name(end, size)}"
-        if self.named:
-            text = f"{text} of stage {self.hops[hop].name!r}"
-        return text
-
     def name_output(
         self, unit: int, options: RunOptions, total: int | None = None
     ) -> tuple[str, int]:
@@ -238,13 +218,7 @@ def plan_chain(
         ValueError: a device that cannot be; ``devices`` given (other than ``"auto"``, or
             ``"inline"``) where every pool has its own ``.on(...)``: it would describe none.
     """
-    cache: list[tuple[str, ...]] = []
-
-    def run_devices() -> tuple[str, ...]:
-        if not cache:
-            cache.append(tuple(parse(devices)))
-        return cache[0]
-
+    run_devices = functools.cache(lambda: tuple(parse(devices)))  # (once, where it is needed)
     sink = getattr(pipeline, "sink", None)
     groups = pipeline.pools
     if not groups:
