@@ -381,11 +381,9 @@ class Channel:
         self.pool.forgotten = []
         return buf.getvalue()
 
-    def send(self, payload: Any) -> int:
-        """Encode and send one message; returns its size including shared-memory bytes."""
-        frame = self.encode(payload)
-        self.send_frame(frame)
-        return len(frame) + self.shm_bytes
+    def send(self, payload: Any) -> None:
+        """Encode and send one message."""
+        self.send_frame(self.encode(payload))
 
     def send_frame(self, frame: bytes) -> None:
         fds = self.pool.new_fds
@@ -479,8 +477,6 @@ class Channel:
 
     def poll(self) -> bool:
         """Whether a frame (or the end of the pipe) is waiting to be read."""
-        if self.conn.closed:
-            raise OSError("handle is closed")
         return bool(self._poller.poll(0))
 
     def fileno(self) -> int:

@@ -20,6 +20,7 @@ import stat
 import warnings
 from typing import Any
 
+from easycore._exec.process.startup import descriptors
 from easycore._reaping import become_subreaper, children
 
 __all__ = ["end_what_it_adopts", "remove_listener_at_exit"]
@@ -28,24 +29,15 @@ __all__ = ["end_what_it_adopts", "remove_listener_at_exit"]
 def _listeners() -> list[str]:
     """The paths of this process's Unix sockets that live in a multiprocessing temp dir."""
     paths = []
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:  # pragma: no cover - not Linux
-        return []
-    for fd in fds:
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:
+    for fd, (_, _, mode) in descriptors().items():
+        if not stat.S_ISSOCK(mode):
             continue
-        with sock:
-            try:
-                addr = sock.getsockname() if sock.family == socket.AF_UNIX else None
-            except OSError:
-                continue
-        if isinstance(addr, str) and os.path.basename(os.path.dirname(addr)).startswith("pymp-"):
-            paths.append(addr)
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+            addr = sock.getsockname() if sock.family == socket.AF_UNIX else None
+            if isinstance(addr, str) and os.path.basename(os.path.dirname(addr)).startswith(
+                "pymp-"
+            ):
+                paths.append(addr)
     return paths
 
 

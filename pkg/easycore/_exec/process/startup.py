@@ -85,10 +85,7 @@ def check_capacity(n_workers: int) -> None:
     """
     files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if files != resource.RLIM_INFINITY:
-        try:
-            in_use = len(os.listdir("/proc/self/fd"))
-        except OSError:  # pragma: no cover - not Linux
-            in_use = 0
+        in_use = len(descriptors()) + 3  # (and the standard streams)
         room = max(0, files - in_use) // FDS_PER_WORKER
         if n_workers > room:
             msg = (
@@ -200,8 +197,6 @@ def light_wanted(method: str, devices: Sequence[str]) -> bool:
 
 def light_forkserver_pid() -> int | None:
     """The light forkserver's pid while it runs (a long-lived helper, not a worker)."""
-    if _LIGHT_SERVER is None:
-        return None
     pid = getattr(_LIGHT_SERVER, "_forkserver_pid", None)
     return int(pid) if pid else None
 
