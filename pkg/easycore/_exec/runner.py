@@ -19,7 +19,7 @@ import attrs
 
 from easycore._devices import INLINE
 from easycore._errors import EasycoreError, surfaced
-from easycore._exec.core.books import PRIMED, RAISE, SKIP
+from easycore._exec.core.books import PRIMED, RAISE, SKIP, ErrorPolicy
 from easycore._exec.core.engine import Engine
 from easycore._exec.core.fold import collect, fold
 from easycore._exec.core.plan import (
@@ -45,10 +45,8 @@ from easycore._options import (
     RunKwargs,
     RunOptions,
     check_concurrency,
-    check_count,
     run_options,
 )
-from easycore._seeding import check_epoch
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -107,8 +105,7 @@ class Runner:
         _wait: bool = True,
         _tasks: bool = False,
     ) -> None:
-        check_count("prefetch", prefetch)
-        check_epoch(epoch)
+        RunOptions(prefetch=prefetch, epoch=epoch)  # checked as a run's options are
         check_concurrency(concurrency)
         self.epoch = epoch  # the epoch of runs that do not name one
         if engine not in ENGINES:
@@ -209,9 +206,6 @@ class Runner:
         self._seat.stop_feeder(abort=True, timeout=ABORT_GRACE + 3.0)
         self._active = False
         self._engine.stop(grace=ABORT_GRACE, report=False)
-
-    def _is_current(self, generation: int) -> bool:
-        return self._active and self._generation == generation
 
     # -- running -----------------------------------------------------------------------------
     @surfaced
@@ -374,14 +368,7 @@ class Runner:
                 ledger = RunLedger(options.resume, options, self._chain.align, identity)
                 source = ledger.source(source)
             bars = _progress_bars(self._chain, data, size) if options.progress else None
-            generation = self._generation
-            stream = self._engine.stream(
-                source,
-                options,
-                bars=bars,
-                policy=SKIP if options.skip else RAISE,
-                is_current=lambda: self._is_current(generation),
-            )
+            stream = self._stream(source, options, SKIP if options.skip else RAISE, bars)
             if options.passed:
                 stream = drop_passed(stream, align)
             if ledger is not None:
@@ -476,16 +463,24 @@ class Runner:
 
     def _feed(self, source: LiveSource) -> Segments:
         """The submit feeder's run (in its thread): under the skip policy, unordered, fed live."""
-        generation = self._generation
-        stream = self._engine.stream(
-            source,
-            RunOptions(ordered=False, prefetch=self.prefetch),
-            policy=SKIP,
-            is_current=lambda: self._is_current(generation),
-        )
+        stream = self._stream(source, RunOptions(ordered=False, prefetch=self.prefetch), SKIP)
         supervised = _supervised(stream, self._abort)
         next(supervised)  # PRIMED
         return supervised
+
+    def _stream(
+        self, source: Iterable[Any], options: RunOptions, policy: ErrorPolicy, bars: Any = None
+    ) -> Segments:
+        """The engine's run of ``source``; it stops once this activation has ended (a run of
+        an earlier one must not go on after ``close`` or a new ``activate``)."""
+        generation = self._generation
+        return self._engine.stream(
+            source,
+            options,
+            bars=bars,
+            policy=policy,
+            is_current=lambda: self._active and self._generation == generation,
+        )
 
 
 @attrs.define(eq=False)
