@@ -198,7 +198,7 @@ def _resumable_tail(data: Any, start: int) -> Iterable[Any]:
     if type(data) is range:
         return data[start:]
     if callable(getattr(data, "iter_from", None)):
-        return _Tail(data, start)
+        return Indexed(data, start, tail=True)
     if _iterates_by_index(data):
         return Indexed(data, start)
     msg = (
@@ -222,20 +222,6 @@ def _iterates_by_index(data: Any) -> bool:
         return True
     module = type(data).__module__.split(".")[0]
     return module in ("numpy", "torch", "datasets") and hasattr(data, "shape")
-
-
-class _Tail:
-    """``data`` from item ``start`` on (``iter_from(start)``), sized when ``data`` is."""
-
-    def __init__(self, data: Any, start: int) -> None:
-        self.data = data
-        self.start = start
-
-    def __len__(self) -> int:
-        return max(len(self.data) - self.start, 0)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.data.iter_from(self.start))
 
 
 def mark_passed(

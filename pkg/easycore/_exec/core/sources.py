@@ -40,37 +40,34 @@ def items_of(data: Any) -> Any:
     kind = type(data)
     if not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
         return data
-    if hasattr(kind, "__iter__") and not _torch_map_style(data):
-        return data
-    return Indexed(data)
-
-
-def _torch_map_style(data: Any) -> bool:
-    """Whether ``data`` is a torch ``Dataset`` that DataLoader indexes (not an
-    ``IterableDataset``), ``__iter__`` of its own or not. (torch is not imported here.)"""
-    torch_data = getattr(sys.modules.get("torch.utils.data"), "Dataset", None)
-    if torch_data is None or not isinstance(data, torch_data):
-        return False
-    return not isinstance(data, sys.modules["torch.utils.data"].IterableDataset)
+    torch_data = sys.modules.get("torch.utils.data")  # (torch is not imported here)
+    if torch_data is not None and isinstance(data, torch_data.Dataset):  # as DataLoader does
+        return data if isinstance(data, torch_data.IterableDataset) else Indexed(data)
+    return data if hasattr(kind, "__iter__") else Indexed(data)
 
 
 class Indexed:
-    """``data[i]`` for ``i`` in ``range(start, len(data))``, sized; ``iter_from`` resumes it."""
+    """``data`` from item ``start`` on, sized: ``data[i]`` for ``i`` in ``range(start,
+    len(data))``, or (``tail``) what ``data.iter_from(start)`` yields; ``iter_from`` resumes
+    it."""
 
-    def __init__(self, data: Any, start: int = 0) -> None:
+    def __init__(self, data: Any, start: int = 0, tail: bool = False) -> None:
         self.data = data
         self.start = start
+        self.tail = tail
 
     def __len__(self) -> int:
         return max(len(self.data) - self.start, 0)
 
     def __iter__(self) -> Iterator[Any]:
         data = self.data
+        if self.tail:
+            return iter(data.iter_from(self.start))
         return (data[i] for i in range(self.start, len(data)))
 
     def iter_from(self, index: int) -> Iterator[Any]:
         """The items from item ``index`` of this view on."""
-        return iter(Indexed(self.data, self.start + index))
+        return iter(Indexed(self.data, self.start + index, self.tail))
 
 
 def batched(data: Iterable[Any], size: int) -> Iterator[list[Any]]:
