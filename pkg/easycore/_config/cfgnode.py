@@ -135,11 +135,14 @@ def _merge(node: CfgNode, other: Mapping[str, Any]) -> None:
             _set(node, [(key, value)], True, node._frozen)
 
 
-def _merged(cls: type[_N], base: Mapping[str, Any], top: Mapping[str, Any], frozen: bool) -> _N:
-    """A new tree: a deep copy of ``base`` merged with ``top``, frozen as asked."""
-    result: _N = _convert(cls, dict(base), True, False, {})
+def _merged(node: _N, base: Any, top: Any) -> _N:
+    """A new tree of ``node``'s class and frozen state: a deep copy of ``base`` merged with
+    ``top`` (NotImplemented when either is not a mapping)."""
+    if not isinstance(base, Mapping) or not isinstance(top, Mapping):
+        return NotImplemented
+    result: _N = _convert(type(node), dict(base), True, False, {})
     _merge(result, top)
-    _set_frozen(result, frozen)
+    _set_frozen(result, node._frozen)
     return result
 
 
@@ -428,14 +431,10 @@ class CfgNode(dict[str, Any], YamlIO):
         _merge(self, other)
 
     def __or__(self: _N, other: Any) -> _N:  # type: ignore[override]
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return _merged(type(self), self, other, self._frozen)
+        return _merged(self, self, other)
 
     def __ror__(self: _N, other: Any) -> _N:  # type: ignore[override]
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return _merged(type(self), other, self, self._frozen)
+        return _merged(self, other, self)
 
     def merge_from_list(self, overrides: Sequence[Any]) -> None:
         """Apply ``["KEY.PATH", "value", ...]`` overrides, as given on a command line.

@@ -151,16 +151,15 @@ class Finished(RuntimeError):
 
 
 class _Prepared:
-    __slots__ = ("end", "end_names", "fn", "is_async", "kwargs", "name", "state")
+    __slots__ = ("fn", "is_async", "kwargs", "name", "stage", "state")
 
     def __init__(self, stage: StageDef, state: Any, context: dict[str, Any]) -> None:
+        self.stage = stage
         self.fn = stage.fn
         self.is_async = is_async_fn(stage.fn)
         self.name = stage.name
         self.state = state
         self.kwargs = injected(stage.fn_names, {**context, "state": state})
-        self.end = stage.end
-        self.end_names = stage.end_names
 
 
 class PreparedStages:
@@ -288,12 +287,11 @@ class PreparedStages:
                     self._loop = None  # (still running there: not ours to close)
             first: StageFailure | None = None
             for st in self.prepared:
-                if st.end is None:
+                end, names = st.stage.end, st.stage.end_names
+                if end is None:
                     continue
                 try:
-                    self.wait_for(
-                        call_with(st.end, st.end_names, {**self.context, "state": st.state})
-                    )
+                    self.wait_for(call_with(end, names, {**self.context, "state": st.state}))
                 except self.catch as exc:
                     if first is None:
                         first = StageFailure(f"{st.name} (end)", exc)
