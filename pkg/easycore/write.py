@@ -37,14 +37,12 @@ from easycore._options import check_count
 
 __all__ = ["Sink", "Written", "jsonl", "parquet", "webdataset"]
 
-_DEFAULT_BYTES = "256MiB"
-
 
 def parquet(
     path: str,
     *,
     rows_per_file: int | None = None,
-    bytes_per_file: int | str = _DEFAULT_BYTES,
+    bytes_per_file: int | str = "256MiB",
     compression: str | None = "zstd",
     schema: Any = None,
     key_column: str | None = None,
@@ -91,7 +89,7 @@ def jsonl(
     path: str,
     *,
     rows_per_file: int | None = None,
-    bytes_per_file: int | str = _DEFAULT_BYTES,
+    bytes_per_file: int | str = "256MiB",
     compression: str | None = None,
     key_column: str | None = None,
 ) -> Sink:
@@ -123,7 +121,7 @@ def webdataset(
     path: str,
     *,
     samples_per_file: int | None = None,
-    bytes_per_file: int | str = _DEFAULT_BYTES,
+    bytes_per_file: int | str = "256MiB",
 ) -> Sink:
     """A sink that writes WebDataset tar shards (``part-*.tar``) into ``path``.
 

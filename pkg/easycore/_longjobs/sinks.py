@@ -26,9 +26,11 @@ import gc
 import itertools
 import json
 import os
+import pathlib
 import posixpath
 import re
 import sys
+import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -39,7 +41,6 @@ from easycore._exec.core.protocol import Broken, is_cached
 from easycore._options import check_count, parse_bytes
 
 __all__ = [
-    "TEMP_PREFIX",
     "RunSchema",
     "Shard",
     "ShardWriter",
@@ -54,7 +55,7 @@ __all__ = [
     "sweep",
 ]
 
-TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
+_TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
 # the temporary files easycore writes (sweep removes these only: not a user's own ".part-x")
 _TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|jsonl\.gz|tar)\Z")
 # what webdataset adds to each sample it reads (a member so named makes a shard unreadable)
@@ -169,28 +170,19 @@ class Sink:
 
 
 # -- the caller's side: commit, recover, sweep ---------------------------------------------
-class _Local:
-    """The calls a sink makes of an fsspec filesystem, on a local directory (without
-    fsspec: it is optional)."""
-
-    open = open
-    exists = staticmethod(os.path.exists)
-    isdir = staticmethod(os.path.isdir)
-    mv = staticmethod(os.replace)
-    rm = staticmethod(os.unlink)
-    makedirs = staticmethod(os.makedirs)
-
-    @staticmethod
-    def ls(path: str, detail: bool = False) -> list[str]:
-        return [os.path.join(path, name) for name in os.listdir(path)]
-
-    @staticmethod
-    def cat_file(path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
-
-    def invalidate_cache(self, path: str) -> None:
-        """Nothing to do: a local directory's listings are not cached."""
+# the calls a sink makes of an fsspec filesystem, on a local directory (without fsspec: it is
+# optional; a local directory's listings are not cached)
+_LOCAL = types.SimpleNamespace(
+    open=open,
+    exists=os.path.exists,
+    isdir=os.path.isdir,
+    mv=os.replace,
+    rm=os.unlink,
+    makedirs=os.makedirs,
+    ls=lambda path, detail=False: os.listdir(path),
+    cat_file=lambda path: pathlib.Path(path).read_bytes(),
+    invalidate_cache=lambda path: None,
+)
 
 
 class SinkFiles:
@@ -199,7 +191,7 @@ class SinkFiles:
 
     def __init__(self, sink: Sink) -> None:
         self.local = "://" not in sink.path
-        self.fs: Any = _Local()
+        self.fs: Any = _LOCAL
         self.root = os.path.abspath(sink.path)
         if not self.local:
             try:
@@ -359,15 +351,14 @@ class RunSchema:
                 "them with write.jsonl"
             )
             raise ValueError(msg)
-        if self.schema is None and bare:
-            self.schema = _schema_of(next(iter(self.kinds)))
-        if self.schema is None:
+        if self.schema is None and not bare:
             return 0
-        stale = {b for b in self.kinds if not _schema_of(b).equals(self.schema)} | {b""}
+        run = self.schema if self.schema is not None else _schema_of(next(iter(self.kinds)))
+        stale = {b for b in self.kinds if not _schema_of(b).equals(run)} | {b""}
         return sum(
-            _rewrite(files, self.sink, name, self.schema)
-            for name, schema in self.files.items()
-            if schema in stale
+            _rewrite(files, self.sink, name, run)
+            for name, kind in self.files.items()
+            if kind in stale
         )
 
 
@@ -579,17 +570,13 @@ def _together(units: list[_Unit]) -> Any:
 
     names = list(units[0].cols)
     merged: dict[str, Any] = {}
-    same = all(list(u.cols) == names for u in units)
-    for name in names if same else ():
+    for name in names if all(list(u.cols) == names for u in units) else ():
         pieces = [u.cols[name] for u in units]
         if all(type(p) is list for p in pieces):
             merged[name] = [v for p in pieces for v in p]
         elif all(_is_array(p) for p in pieces) and len({p.shape[1:] for p in pieces}) == 1:
             merged[name] = np.concatenate(pieces)
-        else:
-            merged = {}
-            break
-    if merged and len(merged) == len(names):
+    if len(merged) == len(names):
         return _table(merged, sum(u.n for u in units))
     return _concat([_table(u.cols, u.n) for u in units])
 
@@ -667,10 +654,14 @@ class ShardWriter:
         self, base: int, values: list[Any], keys: Sequence[Any] | None, batched: bool
     ) -> tuple[list[_Unit], Errors]:
         """The rows of each unit to write (their key column added), or its error."""
+        from easycore._exec.core.outcomes import Failed  # (here: _exec imports this module)
+
         units: list[_Unit] = []
         errors: Errors = []
         for k, value in enumerate(values):
-            if _passes(value):
+            # not written: the run ledger holds it (CACHED), or it failed (a worker's None
+            # with an error, a Ray actor's Broken, an inline Failed)
+            if is_cached(value) or isinstance(value, Broken | Failed):
                 continue
             try:
                 cols, n = rows_of(value, batched)
@@ -754,7 +745,7 @@ class ShardWriter:
     def _names(self, key: int, offset: int) -> tuple[str, str]:
         stem, ext = f"{key:012d}-{offset:06d}", self.sink.ext
         tag = os.urandom(6).hex()  # (not uuid: importing it costs every worker ~5 ms)
-        return f"{TEMP_PREFIX}{stem}-{tag}{ext}", f"part-{stem}{ext}"
+        return f"{_TEMP_PREFIX}{stem}-{tag}{ext}", f"part-{stem}{ext}"
 
     # -- formats ---------------------------------------------------------------------------
     def _parquet(self, units: list[_Unit]) -> tuple[list[Shard], Errors]:
@@ -916,7 +907,10 @@ def _sample(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
         if "/" in field:
             msg = f"a field name may not hold '/' (webdataset drops it): {field!r}"
             raise RowError(msg)
-        data = _entry_bytes(value)
+        if isinstance(value, bytes | bytearray | memoryview):
+            data = bytes(value)
+        else:  # (text as it is, anything else as JSON)
+            data = (value if isinstance(value, str) else _json(value)).encode()
         info = tarfile.TarInfo(f"{key}.{field}")
         info.size, info.mode = len(data), 0o644
         pad = b"\0" * (-len(data) % tarfile.BLOCKSIZE)
@@ -1029,7 +1023,7 @@ def _rewrite(files: SinkFiles, sink: Sink, name: str, schema: Any) -> int:
         if not table.num_columns:  # (rows of no columns: read back as none)
             table = _table({}, int((file.schema_arrow.metadata or {}).get(_ROWS.encode(), 0)))
         table = _conform(table, schema)
-    temp = TEMP_PREFIX + name
+    temp = _TEMP_PREFIX + name
     with files.open(temp) as f:
         _write_parquet(table, f, sink.compression)
         new = f.tell()
@@ -1073,14 +1067,6 @@ def _write_parquet(table: Any, f: Any, compression: str | None) -> None:
     )
 
 
-def _entry_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode()
-    return _json(value).encode()
-
-
 def _json(value: Any) -> str:
     """``value`` as strict JSON: NaN and infinities as null (``json.dumps`` writes them as
     ``NaN`` and ``Infinity``, which JSON readers refuse)."""
@@ -1089,11 +1075,3 @@ def _json(value: Any) -> str:
     except ValueError:  # (read back, each NaN or infinity is None)
         text = json.loads(json.dumps(value), parse_constant=lambda _: None)
         return json.dumps(text, ensure_ascii=False, allow_nan=False)
-
-
-def _passes(value: Any) -> bool:
-    """A unit the sink does not write: the run ledger holds it (CACHED), or it failed
-    (a worker's None with an error, a Ray actor's Broken, an inline Failed)."""
-    from easycore._exec.core.outcomes import Failed  # (here: easycore._exec imports this module)
-
-    return is_cached(value) or isinstance(value, Broken | Failed)
