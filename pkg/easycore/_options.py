@@ -140,12 +140,6 @@ def _check_state(_: Any, __: Any, value: Any) -> None:
         raise ValueError(msg)
 
 
-def _check_errors(_: Any, __: Any, value: Any) -> None:
-    if value not in ("raise", "skip"):
-        msg = f"errors must be 'raise' or 'skip', got {value!r}"
-        raise ValueError(msg)
-
-
 _callable = attrs.validators.optional(attrs.validators.is_callable())  # a TypeError
 
 
@@ -189,7 +183,7 @@ class RunOptions:
     prefetch: int | None = attrs.field(default=None, validator=_count())
     numbering: Numbering | None = None  # None: the stream is the input (see Numbering)
     # long jobs (contract section 8)
-    errors: str = attrs.field(default="raise", validator=_check_errors)
+    errors: str = attrs.field(default="raise", validator=attrs.validators.in_(("raise", "skip")))
     on_error: Callable[[Any], Any] | None = attrs.field(
         default=None, validator=[_callable, _check_on_error]
     )

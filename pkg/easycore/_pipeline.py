@@ -580,13 +580,8 @@ class Pipeline(_Runs):
         Each ``.on`` is one pool; consecutive producers without ``.on`` fuse into one pool
         that runs on the run's ``devices``.
         """
-        out: list[tuple[tuple[Stage, ...], Binding | None]] = []
-        for stage, binding in zip(self.producers, self.placement, strict=True):
-            if out and out[-1][1] == binding:
-                out[-1] = (out[-1][0] + (stage,), binding)
-            else:
-                out.append(((stage,), binding))
-        return tuple(out)
+        runs = itertools.groupby(zip(self.producers, self.placement, strict=True), lambda p: p[1])
+        return tuple((tuple(stage for stage, _ in run), binding) for binding, run in runs)
 
     def __repr__(self) -> str:
         parts = []
