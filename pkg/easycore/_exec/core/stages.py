@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import linecache
 import threading
 import time
@@ -629,7 +630,7 @@ class ChunkRun:
         self.future: concurrent.futures.Future[list[Any]] | None = None
         self.spans: list[float] = []  # the seconds each unit started held its slot
 
-    def run(self, cur: Any, at: int, stop: Any = None, since: float | None = None) -> Ran:
+    def run(self, cur: Any, at: int, stop: Any = _NEVER, since: float | None = None) -> Ran:
         """Run the units one at a time, here. The index of the unit in hand, and with a
         timeout its start time, go into the slot ``cur[at:]`` (a worker's shared one);
         ``since`` (when the chunk's unpickling began) is the first unit's start time.
@@ -663,7 +664,6 @@ class ChunkRun:
                     append(stages.broken(base + len(values), StageFailure(only.name, exc)))
                     marked = True
         else:
-            stop = _NEVER if stop is None else stop
             done = [
                 self._tries(item, index, cur, at, stop, since if k == 0 else None)
                 for k, (index, item) in enumerate(self._jobs())
@@ -673,7 +673,7 @@ class ChunkRun:
             cur[at + AT_STARTED] = RUNNING  # writing is no unit's time: `timeout` does not apply
         return self._ran(values, marked)
 
-    def start(self, stop: Any = None, since: float | None = None) -> ChunkRun:
+    def start(self, stop: Any = _NEVER, since: float | None = None) -> ChunkRun:
         """Start the units on the place's ``concurrency`` slots, behind those of chunks
         started earlier, so a slot that one chunk frees takes the next chunk's unit at once
         (:meth:`PreparedStages.start_units`): an async unit is cancelled past the run's
@@ -683,7 +683,6 @@ class ChunkRun:
         stages, task = self.stages, self.task
         grace = cancel_grace(task.timeout) if stages.is_async and task.timeout else 0.0
         stages.flight.timing = (task.timed, grace)
-        stop = _NEVER if stop is None else stop
 
         def unit(k: int, index: int, item: Any) -> Any:  # (a coroutine: the unit's tries)
             attempt = functools.partial(self._flown, item, index)
@@ -875,7 +874,7 @@ class Flight:
         self.slot: tuple[Any, int] | None = None  # (cur, at): the slot told (see to_slot)
         self.items: dict[int, tuple[int, float]] = {}
         self.lock = threading.Lock()
-        self.n = 0
+        self.keys = itertools.count()
         self.held = False
         self.by_step = by_step
         self.stepping: tuple[int, float] | None = None  # (index, own start) holding the loop
@@ -903,7 +902,7 @@ class Flight:
                 empty()
 
     def _tell(self, oldest: bool) -> None:
-        if self.slot is None:
+        if self.slot is None or self.held:
             return
         cur, at = self.slot
         cur[at + AT_FLIGHT] = float(len(self.items))
@@ -927,8 +926,7 @@ class Flight:
         counted from ``start``; None: it gave the loop back."""
         with self.lock:
             self.stepping = None if key is None else (self.items[key][0], start)
-            if not self.held:
-                self._tell(True)
+            self._tell(True)
 
     def begin(self, index: int, since: float | None = None) -> tuple[int, float]:
         """Unit ``index`` starts now (or at ``since``, when this place was idle since then:
@@ -937,11 +935,9 @@ class Flight:
         with self.lock:
             idle = since is not None and not self.items and self.last_end <= since
             start = since if idle else time.monotonic()
-            key = self.n
-            self.n += 1
+            key = next(self.keys)
             self.items[key] = (index, start)
-            if not self.held:
-                self._tell(len(self.items) == 1)
+            self._tell(len(self.items) == 1)
         return key, start
 
     def end(self, key: int) -> float:
@@ -950,8 +946,7 @@ class Flight:
             first = next(iter(self.items), None)
             _, start = self.items.pop(key)
             self.last_end = now = time.monotonic()
-            if not self.held:
-                self._tell(first == key)
+            self._tell(first == key)
         return now - start
 
 
