@@ -70,25 +70,24 @@ def injected_names(
         if leading < positional and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             leading += 1
             continue
-        if p.kind is p.POSITIONAL_ONLY and p.default is not p.empty:
-            continue  # e.g. ``list(iterable=(), /)``: cannot be named, keeps its default
-        if p.name in allowed:
-            if p.kind is p.POSITIONAL_ONLY:
-                msg = (
-                    f"{role} {name!r}: parameter {p.name!r} is positional-only; "
-                    "injected names are passed by keyword"
-                )
-                raise TypeError(msg)
-            names.append(p.name)
-        elif p.default is not p.empty:
-            continue  # an option of the function's own (``sorted(key=None)``): its default
-        else:
+        # Left to its default: an option of the function's own (``sorted(key=None)``), or a
+        # positional-only parameter, which cannot be named (``list(iterable=(), /)``).
+        if p.default is not p.empty and (p.kind is p.POSITIONAL_ONLY or p.name not in allowed):
+            continue
+        if p.name not in allowed:
             can = ", ".join(sorted(allowed)) or "nothing"
             msg = (
                 f"{role} {name!r} has parameter {p.name!r}, which easycore cannot fill in: "
                 f"the injectable names here are {can}"
             )
             raise TypeError(msg)
+        if p.kind is p.POSITIONAL_ONLY:
+            msg = (
+                f"{role} {name!r}: parameter {p.name!r} is positional-only; "
+                "injected names are passed by keyword"
+            )
+            raise TypeError(msg)
+        names.append(p.name)
     if leading < positional:
         what = {1: "the item", 2: "the accumulator and the item"}.get(positional, "")
         msg = f"{role} {name!r} must take {what} as its first positional parameter(s)"

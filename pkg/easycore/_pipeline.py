@@ -9,9 +9,10 @@ over to it with the options checked (``RunOptions``).
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import inspect
 import itertools
+import pkgutil
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
@@ -32,10 +33,6 @@ __all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]
 _binding_tokens = itertools.count(1)
 
 
-def _devices_converter(devices: Any) -> Any:
-    return tuple(devices) if isinstance(devices, list) else devices
-
-
 @attrs.frozen
 class Binding:
     """Where a run of producers executes: its own pool, made by ``.on(devices, batch_size)``.
@@ -44,7 +41,7 @@ class Binding:
     calls apart even with equal arguments: each is its own pool.
     """
 
-    devices: Any = attrs.field(converter=_devices_converter)
+    devices: Any = attrs.field(converter=lambda d: tuple(d) if isinstance(d, list) else d)
     batch_size: int | None = None
     concurrency: int = 1
     token: int = attrs.field(factory=_binding_tokens.__next__)
@@ -55,9 +52,7 @@ def _fn_name(fn: Any) -> str:
 
 
 def _import_stage(module: str, qualname: str) -> Stage:
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
+    obj = pkgutil.resolve_name(f"{module}:{qualname}")
     if not isinstance(obj, Stage):  # pragma: no cover - the module changed under us
         msg = f"{module}.{qualname} is no longer an easycore stage"
         raise TypeError(msg)
@@ -354,12 +349,9 @@ class Stage(_Runs):
         module = getattr(self.fn, "__module__", None)
         qualname = getattr(self.fn, "__qualname__", "")
         if module and module != "__main__" and "<locals>" not in qualname:
-            try:
-                found = _import_stage(module, qualname) if module in sys.modules else None
-            except Exception:
-                found = None
-            if found is self:
-                return (_import_stage, (module, qualname))
+            with contextlib.suppress(Exception):
+                if module in sys.modules and _import_stage(module, qualname) is self:
+                    return (_import_stage, (module, qualname))
         return (Stage, tuple(getattr(self, a.name) for a in attrs.fields(Stage)))
 
     def on(self, devices: Any, batch_size: int | None = None, *, concurrency: int = 1) -> Pipeline:
