@@ -186,19 +186,18 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     ):
         return None
     nbytes = obj.numel() * obj.element_size()
+    dtype = str(obj.dtype).removeprefix("torch.")
     seg_id = chan.pool.alloc(nbytes) if nbytes >= SHM_THRESHOLD else None
     if seg_id is None:
         # Small (or no room left): raw bytes in the pickle. torch's own tensor pickling goes
         # through a storage serializer, ~20x slower for a small tensor.
         raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        dtype = str(obj.dtype).removeprefix("torch.")
         return (_rebuild_small_tensor, (raw, dtype, tuple(obj.shape)))
     buf = chan.pool.segments[seg_id].buf
     dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(obj.dtype)
     dst.view(obj.shape).copy_(obj)
     del dst
     chan.shm_bytes += nbytes
-    dtype = str(obj.dtype).removeprefix("torch.")
     return (_rebuild_tensor, (seg_id, nbytes, dtype, tuple(obj.shape)))
 
 
@@ -470,10 +469,6 @@ class Channel:
         for seg_id in forgotten:
             self.peer.pop(seg_id, None)  # unmapped now, or when the last array lent from it dies
         return payload
-
-    def recv(self) -> Any:
-        """Receive and decode one message."""
-        return self.decode(*self.recv_frame())
 
     def poll(self) -> bool:
         """Whether a frame (or the end of the pipe) is waiting to be read."""

@@ -199,10 +199,8 @@ class Run:
         chunk = self.sched.live.get(done.chunk_id)
         if chunk is None:
             return  # (a stale id: dropped, as _on_finished drops it)
-        error = SerializationError(
-            f"its result cannot be unpickled in the calling process: {msg.error}"
-        )
-        report = ErrorReport.of("<result unpickling>", error)
+        text = f"its result cannot be unpickled in the calling process: {msg.error}"
+        report = ErrorReport.of("<result unpickling>", SerializationError(text))
         values = list(done.values)
         bad = [k for k, v in enumerate(values) if contains_undecoded(v)]
         for k in bad or range(len(values)):

@@ -190,9 +190,8 @@ def light_wanted(method: str, devices: Sequence[str]) -> bool:
     """
     if method != "forkserver" or _TORCH_SEEN or "torch" in sys.modules:
         return False
-    if any(d.startswith("cuda") for d in devices):
-        return False
-    return hasattr(multiprocessing.forkserver, "connect_to_new_process")
+    cuda = any(d.startswith("cuda") for d in devices)
+    return not cuda and hasattr(multiprocessing.forkserver, "connect_to_new_process")
 
 
 def light_forkserver_pid() -> int | None:

@@ -492,18 +492,15 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
         k = 0
         while k < len(pending):  # answer what is done
             run, t0 = pending[k]
-            if isinstance(run, ChunkRun):
-                if not run.future.done():
-                    k += 1
-                    continue
+            if isinstance(run, ChunkRun) and run.future.done():
                 del pending[k]
                 ran, busy = run.result()
                 if stop.is_set():
                     return
                 outlet.deliver(run.task, run.units, ran, clock() - t0, busy)
                 del run, ran
-            elif k == 0:  # (answered for the oldest chunk not answered: in its turn)
-                pending.popleft()
+            elif k == 0 and not isinstance(run, ChunkRun):  # (answered for the oldest chunk
+                pending.popleft()  # not answered: in its turn)
                 _send(outlet.caller, run)
             else:
                 k += 1
@@ -533,14 +530,10 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
         finally:
             # no unit in flight: the chunk's own time goes on (its unpickling), as in _serve
             started = t0 if task is not None and task.timed else RUNNING
-            stages.flight.release(functools.partial(_set, cur, at + AT_STARTED, started))
+            stages.flight.release(functools.partial(cur.__setitem__, at + AT_STARTED, started))
 
 
 _TICK = object()  # (in the task queue) a chunk of a hop that waits is done
-
-
-def _set(cur: Any, at: int, value: float) -> None:
-    cur[at] = value
 
 
 def _next_entry(tasks: queue.SimpleQueue[Any], upstream: set[Channel]) -> Any:

@@ -8,6 +8,7 @@ whoever runs, and it starts, replaces and stops processes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import select
@@ -164,7 +165,7 @@ class WorkerSet:
         self.workers: list[Worker] = []
         self.slots: Slots | None = None
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
-        self._pair_keys = 0
+        self._pair_keys = itertools.count()
         self._waiter = _Waiter()
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self.descriptors: dict[int, tuple[int, int, int]] = {}  # opened to start its workers
@@ -286,8 +287,7 @@ class WorkerSet:
     def in_flight(self) -> list[int]:
         """Per hop, the units its live workers are running now (read from the slots)."""
         slots = self.slots
-        if slots is None:
-            return [0] * len(self.chain.hops)
+        assert slots is not None  # (a run's: the workers have started)
         return [
             sum(slots.in_flight(w.slot) for w in self.of_hop(hop) if not w.gone)
             for hop in self.chain.hops
@@ -305,8 +305,7 @@ class WorkerSet:
         key = self._pairs.get((src.slot, dst.slot))
         if key is not None:
             return key, None
-        key = self._pair_keys
-        self._pair_keys += 1
+        key = next(self._pair_keys)
         a, b = socket.socketpair()
         try:
             dst.chan.send_control(AddPeer(key), b.fileno())
@@ -514,7 +513,7 @@ def _read_goodbye(chain: Chain, w: Worker) -> tuple[bool, BaseException | None]:
     """Read what a stopping worker sends; (finished?, error from its `end`)."""
     try:
         while w.chan.poll():
-            msg = w.chan.recv()
+            msg = w.chan.decode(*w.chan.recv_frame())
             if isinstance(msg, Ready):
                 w.ready = True
                 note_torch(msg.torch_loaded)
@@ -527,18 +526,17 @@ def _read_goodbye(chain: Chain, w: Worker) -> tuple[bool, BaseException | None]:
             # replies of chunks that no longer matter are dropped
     except (EOFError, OSError):
         pass
-    if not w.proc.is_alive():
-        w.proc.join(0.1)
-        if w.proc.exitcode not in (0, None):
-            return True, _died(chain, w, "ending" if w.ready else "starting (during init)")
+    if w.proc.is_alive():
+        return False, None
+    w.proc.join(0.1)
+    if w.proc.exitcode in (0, None):
         return True, None
-    return False, None
+    return True, _died(chain, w, "ending" if w.ready else "starting (during init)")
 
 
 def _failed(w: Worker, msg: InitFailed | EndFailed, what: str) -> WorkerError:
     """The error an ``init`` or ``end`` of ``w`` raised (``what``: when)."""
-    error: WorkerError = msg.error.to_error(what=what, device=w.device, worker=w.index, index=None)
-    return error
+    return msg.error.to_error(what=what, device=w.device, worker=w.index, index=None)
 
 
 def _died(chain: Chain, w: Worker, when: str) -> WorkerDied:
