@@ -248,7 +248,14 @@ class RunIdentity:
                 where = f"stage {b['name']!r}" + (
                     f" (#{i + 1})" if names.count(b["name"]) > 1 else ""
                 )
-                code += _code_changes(where, a, b)
+                ra, rb = a["reads"], b["reads"]
+                parts = zip(("function", "init"), a["code"], b["code"], strict=True)
+                code += [f"{where}: its {what} changed" for what, x, y in parts if x != y]
+                code += [  # (constants by name, with both values)
+                    f"{where}: the global {name} it reads changed ({ra[name][1]} -> {rb[name][1]})"
+                    for name in sorted(ra.keys() & rb.keys())
+                    if ra[name][0] != rb[name][0]
+                ]
                 if a["batch_size"] != b["batch_size"]:
                     out.append(f"{where}: batch_size {a['batch_size']} -> {b['batch_size']}")
         cfg_a, cfg_b = stored["cfg"], new["cfg"]
@@ -293,19 +300,6 @@ class RunIdentity:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__qualname__
-
-
-def _code_changes(where: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """How the code of stage ``a`` (as a ledger stored it) and ``b`` differ, in words: its
-    function or ``init``, and the module constants they read by name with both values."""
-    old, new = a["reads"], b["reads"]
-    parts = zip(("function", "init"), a["code"], b["code"], strict=True)
-    out = [f"{where}: its {what} changed" for what, x, y in parts if x != y]
-    return out + [
-        f"{where}: the global {name} it reads changed ({old[name][1]} -> {new[name][1]})"
-        for name in sorted(old.keys() & new.keys())
-        if old[name][0] != new[name][0]
-    ]
 
 
 def _sink_text(sink: Any) -> str:

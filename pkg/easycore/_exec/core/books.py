@@ -324,11 +324,11 @@ class RunBooks:
             # A known length: chunks shrink as the input runs out ("guided" scheduling), so
             # the workers finish together instead of one waiting on the other's last chunk.
             share = -(-(total - (self.pulled - self.first)) // (2 * len(self.hops[0].devices)))
-            room = min(room, max(share, self.floor()))
+            floor = min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
+            room = min(room, max(share, floor, self.least))
         if room <= 0 or self.source.exhausted:
             return None
-        if self.align > 1:
-            room = max(self.align, room - room % self.align)
+        room = max(self.align, room - room % self.align)  # (whole output units)
         items = self.pull(room)
         if not items:
             return None
@@ -370,10 +370,6 @@ class RunBooks:
     def again(self, works: Sequence[Work]) -> None:
         """Run ``works`` again, in this order, before anything else."""
         self.redo.extendleft(reversed(works))
-
-    def floor(self) -> int:
-        least = min((s.floor() for s in self.sizers if s.per_item is not None), default=1)
-        return max(least, self.least)
 
     def resize(self) -> None:
         if any(s.per_item is None for s in self.sizers):
@@ -509,7 +505,8 @@ class RunBooks:
                     msg = "the runner was closed while this run had items pending"
                     raise RuntimeError(msg)
                 transport.dispatch()
-                settled = not (transport.busy() or self.unsettled())
+                # (nothing in flight, nor waiting to be re-run or yielded)
+                settled = not (transport.busy() or self.redo or self.segments or self.ready)
                 if self.source.should_end(settled) or (settled and self.source.exhausted):
                     return
                 transport.wait()
@@ -520,24 +517,16 @@ class RunBooks:
             raise
         finally:
             self.finished = self.finished or time.monotonic()
-            self.clear()  # (this run's books: a transport may serve a newer run by then)
+            # the run is over: its input and results dropped (the counters stay, for stats;
+            # a transport may serve a newer run by then)
+            self.source = source_of(())
+            for held in (self.redo, self.segments, self.ready, self.raises):
+                held.clear()
             transport.close()
 
     def stalled(self) -> EasycoreError:
         """Work remains, yet nothing is in flight or can go out (a bug in easycore)."""
         return EasycoreError(f"easycore internal error: stalled with {self.taken} item(s) pending")
-
-    def unsettled(self) -> bool:
-        """Something waits to be re-run or yielded."""
-        return bool(self.redo or self.segments or self.ready)
-
-    def clear(self) -> None:
-        """The run is over: drop its input and results (the counters stay, for stats)."""
-        self.source = source_of(())
-        self.redo.clear()
-        self.segments.clear()
-        self.ready.clear()
-        self.raises.clear()
 
 
 def stage_stats(
