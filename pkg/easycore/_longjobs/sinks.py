@@ -61,7 +61,6 @@ _TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|
 # what webdataset adds to each sample it reads (a member so named makes a shard unreadable)
 _READ_FIELDS = ("__url__", "__local_path__")
 _ROWS = "easycore.rows"  # a Parquet file of rows with no columns: their count
-_EXT = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}
 Errors = list[tuple[int, BaseException]]  # units that could not be written: (position, why)
 
 
@@ -142,7 +141,8 @@ class Sink:
     @property
     def ext(self) -> str:
         gzip = self.kind == "jsonl" and self.compression == "gzip"
-        return _EXT[self.kind] + (".gz" if gzip else "")
+        ext = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}[self.kind]
+        return ext + (".gz" if gzip else "")
 
     is_sink = True  # (what the stages of a pool tell apart from producers by)
 
@@ -795,10 +795,8 @@ class ShardWriter:
         far, widened to hold these (a column of nulls so far takes a type, arrays of another
         length make a variable-length list column, a new column is added; the caller writes
         the files written before again, see :class:`RunSchema`)."""
-        if self.schema is None:
+        if self.schema is None or table.schema.equals(self.schema):
             self.schema = table.schema
-            return table
-        if table.schema.equals(self.schema):
             return table
         given = self.sink.schema is not None
         schema = self.schema if given else _unify([self.schema, table.schema])
@@ -853,24 +851,20 @@ class ShardWriter:
         shards = []
         for key, offset, rows in files:
             temp, name = self._names(key, offset)
-            data = self._finish(b"".join(rows))
+            data = b"".join(rows)
+            if self.sink.kind == "webdataset":  # the end-of-archive blocks, the record's padding
+                import tarfile
+
+                data += b"\0" * (2 * tarfile.BLOCKSIZE)
+                data += b"\0" * (-len(data) % tarfile.RECORDSIZE)
+            elif self.sink.compression == "gzip":
+                import gzip
+
+                data = gzip.compress(data, mtime=0)
             with self.files.open(temp) as f:
                 f.write(data)
             shards.append(Shard(temp, name, len(rows), len(data)))
         return shards, bad + repeated
-
-    def _finish(self, data: bytes) -> bytes:
-        """A file's rows joined, as the file holds them."""
-        if self.sink.kind == "webdataset":  # the end-of-archive blocks, the record's padding
-            import tarfile
-
-            data += b"\0" * (2 * tarfile.BLOCKSIZE)
-            return data + b"\0" * (-len(data) % tarfile.RECORDSIZE)
-        if self.sink.compression == "gzip":
-            import gzip
-
-            return gzip.compress(data, mtime=0)
-        return data
 
 
 def _line(_: _Unit, __: int, row: dict[str, Any]) -> tuple[None, bytes]:
@@ -991,13 +985,11 @@ def _conform(table: Any, schema: Any, given: bool = False) -> Any:
         raise RowError(msg)
     cols = []
     for field in schema:
-        if field.name not in table.schema.names:
-            if not field.nullable:
-                msg = f"column {field.name!r} is missing, and the schema says it is not nullable"
-                raise RowError(msg)
-            cols.append(pa.nulls(table.num_rows, field.type))
-            continue
-        col = table.column(field.name)
+        have = field.name in table.schema.names
+        if not have and not field.nullable:
+            msg = f"column {field.name!r} is missing, and the schema says it is not nullable"
+            raise RowError(msg)
+        col = table.column(field.name) if have else pa.nulls(table.num_rows)
         try:
             cols.append(col.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
