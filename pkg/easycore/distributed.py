@@ -106,13 +106,6 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return default
 
 
-def _first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: ``"node[01-02],gpu7"`` -> ``"node01"``."""
-    first = re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", nodelist)[0]  # to a comma outside []
-    # each bracket group ("[01-04,07]") stands for its first member ("01"), zero-padding kept
-    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first.strip())
-
-
 def _tasks_on_node(tasks_per_node: str, node: int) -> int | None:
     """Read Slurm's ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``) for node number ``node``."""
     counts: list[int] = []
@@ -159,7 +152,11 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> LaunchInfo:
             env.get("SLURM_TASKS_PER_NODE", ""), _int(env, "SLURM_NODEID", 0)
         )
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-        host = env.get("MASTER_ADDR") or _first_host(nodelist)
+        # the first host of the list ("node[01-02],gpu7" -> "node01"): to a comma outside [],
+        # each bracket group ("[01-04,07]") its first member ("01"), zero-padding kept
+        first = re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", nodelist)[0].strip()
+        first = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first)
+        host = env.get("MASTER_ADDR") or first
         job = _int(env, "SLURM_JOB_ID", -1)
         port = DEFAULT_PORT + job % 10000 if job >= 0 else DEFAULT_PORT
     else:

@@ -236,13 +236,6 @@ class PreparedStages:
                 asyncio.set_event_loop(loop)
         return self._loop
 
-    def _serve_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        import asyncio
-
-        asyncio.set_event_loop(loop)
-        bind_thread(self.context["device"])
-        loop.run_forever()
-
     def wait_for(self, value: Any) -> Any:
         """``value``, or what it gives once awaited on the loop when it is awaitable (an
         async ``init``/``end``: the loop's own thread is not running then)."""
@@ -463,9 +456,10 @@ class PreparedStages:
                 threads = self._threads
                 return _gather([threads.submit(_now, unit, k, *job) for k, job in enumerate(jobs)])
             loop = self.loop()  # (on a thread of its own from now until finish)
-            if self._loop_thread is None:
+            if self._loop_thread is None:  # (its items see it as their running loop)
+                loop.call_soon(bind_thread, self.context["device"])  # (the thread's first job)
                 self._loop_thread = threading.Thread(
-                    target=self._serve_loop, args=(loop,), name="easycore-loop", daemon=True
+                    target=loop.run_forever, name="easycore-loop", daemon=True
                 )
                 self._loop_thread.start()
             gate = self._gate
@@ -540,18 +534,14 @@ def _run_until(loop: asyncio.AbstractEventLoop, aw: Any) -> Any:
     except RuntimeError:  # (none runs here: the usual case)
         return loop.run_until_complete(aw)
     run = functools.partial(contextvars.copy_context().run, loop.run_until_complete, aw)
-    helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="easycore-loop")
-    try:
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="easycore-loop") as helper:
         future = helper.submit(run)
         try:
             return future.result()
-        except BaseException:
+        except BaseException:  # (the helper's shutdown then waits for the loop to stop)
             if not future.done():
                 loop.call_soon_threadsafe(_cancel_all, loop)
-                concurrent.futures.wait([future])
             raise
-    finally:
-        helper.shutdown(wait=False)
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
