@@ -272,22 +272,16 @@ class Undecoded:
     def __repr__(self) -> str:
         return f"<not unpickled: {self.error!r}>"
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Undecoded:
+        """(a class that cannot be imported here unpickles as one: building one is it)"""
+        return self
+
 
 class Damaged(NamedTuple):
     """A message that unpickled only with :class:`Undecoded` in places of its contents."""
 
     message: Any
     error: BaseException
-
-
-class _Missing:
-    """What a class that cannot be imported here unpickles as: building one is Undecoded."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Undecoded:
-        return Undecoded(self.error)
 
 
 def _tolerant(opcode: bytes, popped: int) -> Any:
@@ -317,7 +311,7 @@ class _LenientUnpickler(pickle._Unpickler):
         try:
             return super().find_class(module, name)
         except Exception as exc:
-            return _Missing(exc)
+            return Undecoded(exc)
 
 
 def contains_undecoded(value: Any, depth: int = 0) -> bool:

@@ -184,8 +184,7 @@ class Run:
             return
         self.sched.finish(chunk)
         if msg.marked:
-            path = chunk.path
-            books.outputs(chunk, msg.values, lambda h: (path[h].device, path[h].index))
+            books.outputs(chunk, msg.values, lambda h: (chunk.path[h].device, chunk.path[h].index))
         else:
             books.store(chunk.start, msg.values, len(chunk.items))
 

@@ -344,7 +344,6 @@ class WorkerSet:
         which it does once it has written all it wrote) or its pipe broke."""
         # Read everything the worker sent before looking at whether it is alive: a result that
         # reached the pipe before the death must count, and must not be re-run.
-        broken = False
         try:
             while w.chan.poll():
                 frame, fds = w.chan.recv_frame()
@@ -367,8 +366,8 @@ class WorkerSet:
                     w.chan.shm_in = 0
                     handler(w, msg)
         except (EOFError, OSError):
-            broken = True
-        if broken or ended:
+            ended = True  # (its pipe broke)
+        if ended:
             self._bury(w)
             if w.stopping and w.proc.exitcode == 0:  # it ended before we read its goodbye
                 self.respawn(w.slot)
