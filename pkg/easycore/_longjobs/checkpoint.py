@@ -92,7 +92,16 @@ def save_checkpoint(
                 os.unlink(entry.path)
     path = os.path.join(directory, f"checkpoint-{step}")
     others = [found for found in _checkpoints(directory) if found[2] != path]
-    _warn_lower_step(directory, step, others)
+    higher = max((found[1] for found in others), default=-1)
+    if higher > step and os.path.realpath(directory) not in _WARNED:  # (once per directory)
+        _WARNED.add(os.path.realpath(directory))
+        msg = (
+            f"saving checkpoint-{step} in {directory}, which holds checkpoint-{higher} (of an "
+            "earlier run?): the newest checkpoint is the one saved last, and keep= deletes "
+            "the ones saved first, whatever their steps; give each run its own directory to "
+            "keep them apart"
+        )
+        warn(msg)
     states = {
         k: v.state_dict() for k, v in objects.items() if callable(getattr(v, "state_dict", None))
     }
@@ -103,8 +112,14 @@ def save_checkpoint(
             _save(torch, payload, f)
             f.flush()
             os.fsync(f.fileno())
-        if others:
-            _come_last(temp, others[-1][0])  # before it takes its name: no torn order either
+        # before it takes its name, a modification time after the newest other's: two saves
+        # within the clock's resolution (or a clock set back) would tie or reverse
+        latest = others[-1][0] if others else -1
+        for later in (latest + 1, latest + 2 * 10**9):  # ns; seconds where the fs rounds
+            stat = os.stat(temp)
+            if stat.st_mtime_ns > latest:
+                break
+            os.utime(temp, ns=(stat.st_atime_ns, later))
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -229,28 +244,3 @@ def _checkpoints(directory: str) -> list[tuple[int, int, str]]:
             if m is not None and entry.is_file():
                 found.append((entry.stat().st_mtime_ns, int(m.group(1)), entry.path))
     return sorted(found)
-
-
-def _come_last(path: str, latest: int) -> None:
-    """Give the file just saved a modification time after ``latest`` (the newest other's):
-    two saves within the clock's resolution (or a clock set back) would tie or reverse."""
-    for later in (latest + 1, latest + 2 * 10**9):  # ns; seconds where the file system rounds
-        stat = os.stat(path)
-        if stat.st_mtime_ns > latest:
-            return
-        os.utime(path, ns=(stat.st_atime_ns, later))
-
-
-def _warn_lower_step(directory: str, step: int, others: list[tuple[int, int, str]]) -> None:
-    """Warn, once per directory, of a save whose step is below one the directory holds."""
-    higher = max((found[1] for found in others), default=-1)
-    where = os.path.realpath(directory)
-    if higher > step and where not in _WARNED:
-        _WARNED.add(where)
-        msg = (
-            f"saving checkpoint-{step} in {directory}, which holds checkpoint-{higher} (of an "
-            "earlier run?): the newest checkpoint is the one saved last, and keep= deletes "
-            "the ones saved first, whatever their steps; give each run its own directory to "
-            "keep them apart"
-        )
-        warn(msg)

@@ -22,7 +22,6 @@ __all__ = [
     "Indexed",
     "IterSource",
     "LiveSource",
-    "RangeSource",
     "Source",
     "batched",
     "items_of",
@@ -100,38 +99,27 @@ class Source:
 
 
 class IterSource(Source):
+    """An iterable's items; a ``range`` is cut into sub-ranges: three ints on the wire per
+    chunk, not every item."""
+
     def __init__(self, data: Iterable[Any]) -> None:
         with contextlib.suppress(TypeError):
             self.total = len(data)  # type: ignore[arg-type]
+        self.rest = data if type(data) is range else None
         self.it: Iterator[Any] = iter(data)
 
     def take(self, n: int) -> Sequence[Any]:
-        items = list(itertools.islice(self.it, n))
-        if len(items) < n:
-            self.exhausted = True
-        return items
-
-
-class RangeSource(Source):
-    """A ``range`` is cut into sub-ranges: three ints on the wire per chunk, not every item."""
-
-    def __init__(self, data: range) -> None:
-        self.data = data
-        self.total = len(data)
-        self.at = 0
-
-    def take(self, n: int) -> Sequence[Any]:
-        items = self.data[self.at : self.at + n]
-        self.at += len(items)
+        if self.rest is None:
+            items: Sequence[Any] = list(itertools.islice(self.it, n))
+        else:
+            items, self.rest = self.rest[:n], self.rest[n:]
         if len(items) < n:
             self.exhausted = True
         return items
 
 
 def source_of(data: Iterable[Any] | Source) -> Source:
-    if isinstance(data, Source):
-        return data
-    return RangeSource(data) if type(data) is range else IterSource(data)
+    return data if isinstance(data, Source) else IterSource(data)
 
 
 class LiveSource(Source):
