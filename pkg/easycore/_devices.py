@@ -87,10 +87,10 @@ def bind_gpus(device: str) -> str:
     it is."""
     if "," not in device:
         return device
-    numbers = [int(n) for n in device[5:].split(",")]
+    ids = device[5:].split(",")  # (as parse_devices wrote them: "cuda:0,1")
     inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = [v.strip() for v in inherited.split(",")] if inherited else None
-    ids = [visible[n] if visible is not None else str(n) for n in numbers]
+    if inherited:  # (mapped through the GPUs it sees)
+        ids = [inherited.split(",")[int(n)].strip() for n in ids]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
     return "cuda:0"
 

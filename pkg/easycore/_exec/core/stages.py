@@ -686,8 +686,7 @@ class ChunkRun:
         """What ran (as :meth:`run` returns it), and the slot-seconds, once ``future`` is
         done; a sink has written the values."""
         assert self.future is not None
-        done = self.future.result()
-        return self._ran(*self._placed(done)), sum(self.spans)
+        return self._ran(*self._placed(self.future.result())), sum(self.spans)
 
     def unpicklable(self, values: Any, exc: BaseException, cur: Any = None, at: int = 0) -> Any:
         """``values`` (of the units) did not pickle on their way on (``exc``): each that
