@@ -31,27 +31,15 @@ _ATOMIC = frozenset({str, int, float, bool, type(None), bytes, complex})
 _MISSING: Any = object()
 
 
-class _BriefRepr(reprlib.Repr):
-    """``repr`` for messages: a few items of a few levels.
-
-    Bounded in time as well as in length, unlike cutting a full ``repr``: a tree built from
-    YAML aliases can be far too big to print.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel = 3
-        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 4
-        self.maxstring = self.maxother = self.maxlong = 60
-
-    def repr1(self, x: Any, level: int) -> str:
-        if isinstance(x, dict):  # CfgNode and other dict subclasses too
-            return self.repr_dict(x, level)
-        return super().repr1(x, level)
-
-
+# ``repr`` for messages: a few items of a few levels. Bounded in time as well as in length,
+# unlike cutting a full ``repr``: a tree built from YAML aliases can be far too big to print.
+_brief = reprlib.Repr()
+_brief.maxlevel = 3
+_brief.maxdict = _brief.maxlist = _brief.maxtuple = _brief.maxset = _brief.maxfrozenset = 4
+_brief.maxstring = _brief.maxother = _brief.maxlong = 60
+_brief.repr_CfgNode = _brief.repr_dict  # type: ignore[attr-defined]  # (by the class's name)
 # A short repr of a value for an error message, at most 80 characters.
-_show = functools.partial(short_repr, as_text=_BriefRepr().repr)
+_show = functools.partial(short_repr, as_text=_brief.repr)
 
 
 def _restore(cls: type[_N], items: dict[str, Any], frozen: bool) -> _N:
@@ -139,7 +127,7 @@ def _merged(node: _N, base: Any, top: Any) -> _N:
     """A new tree of ``node``'s class and frozen state: a deep copy of ``base`` merged with
     ``top`` (NotImplemented when either is not a mapping)."""
     if not isinstance(base, Mapping) or not isinstance(top, Mapping):
-        return NotImplemented
+        return NotImplemented  # type: ignore[no-any-return]  # (for | and its reflection)
     result: _N = _convert(type(node), dict(base), True, False, {})
     _merge(result, top)
     _set_frozen(result, node._frozen)
