@@ -244,7 +244,6 @@ class Runner:
             prefetch=options.prefetch or self.prefetch,
         )
 
-    @surfaced
     def run_map(self, data: Iterable[Any], options: RunOptions) -> Any:
         """:meth:`map` with its options as one value (for easycore's own callers).
 
@@ -320,7 +319,6 @@ class Runner:
             raise TypeError(msg)
         return self.run_imap(data, run_options("imap", positional, options, self.epoch))
 
-    @surfaced
     def run_imap(self, data: Iterable[Any], options: RunOptions, owned: bool = False) -> _Results:
         """:meth:`imap` with its options as one value (for easycore's own callers).
 

@@ -89,14 +89,6 @@ def _raise_failure(
     raise WorkerError(msg, *args) from cause
 
 
-def _interleave(shares: list[list[Any]]) -> list[Any]:
-    """Undo the round robin: unit ``i`` is element ``i // world`` of share ``i % world``."""
-    out: list[Any] = [None] * sum(map(len, shares))
-    for rank, share in enumerate(shares):
-        out[rank :: len(shares)] = share
-    return out
-
-
 def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
     try:
         return collective(*args)
@@ -179,7 +171,10 @@ def sharded_map(
             verdict = cloudpickle.dumps(("error", failures))
         else:
             try:
-                result = _interleave([v for _, v in unpacked])
+                # undo the round robin: unit i is element i // world of rank i % world's share
+                result: Any = [None] * sum(len(share) for _, share in unpacked)
+                for rank, (_, share) in enumerate(unpacked):
+                    result[rank::world] = share
                 if pipeline.consumer is not None:
                     fold_only = attrs.evolve(pipeline, producers=(), placement=())
                     with Runner(fold_only, "inline", cfg=where["cfg"]) as run:

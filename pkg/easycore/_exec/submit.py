@@ -11,6 +11,7 @@ is queued or running; the next ``submit`` starts a new one.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,12 +34,11 @@ class SubmitFeeder:
     def __init__(self, seat: Seat, stream: StreamFn, item: Any, future: Any) -> None:
         # Made under the seat's lock, with the runner free: it takes the runner.
         self.seat = seat
-        self.lock = seat.lock
         self.source = LiveSource(seat.lock)
         self.source.on_idle = self._ended
-        self.futures: dict[int, concurrent.futures.Future[Any]] = {0: future}
-        self.count = 1
-        self.source.put(item)  # before the thread starts: it ends when nothing is queued
+        self.futures: dict[int, concurrent.futures.Future[Any]] = {}
+        self.numbers = itertools.count()  # the unit number of each item put
+        self.put(item, future)  # before the thread starts: it ends when nothing is queued
         self.finished = threading.Event()  # set as the thread's very last step
         self._stream = stream
         self.thread = threading.Thread(target=self._serve, name="easycore-submit", daemon=True)
@@ -51,8 +51,7 @@ class SubmitFeeder:
         """Queue an item (under the seat's lock); False when this run has ended."""
         if not self.source.put(item):
             return False
-        self.futures[self.count] = future
-        self.count += 1
+        self.futures[next(self.numbers)] = future
         self.source.wake()
         return True
 
@@ -69,7 +68,7 @@ class SubmitFeeder:
         try:
             for start, values in self._stream(self.source):
                 for k, value in enumerate(values):
-                    with self.lock:
+                    with self.seat.lock:
                         future = self.futures.pop(start + k, None)
                     if future is None or future.done():
                         continue
@@ -80,11 +79,10 @@ class SubmitFeeder:
         except BaseException as exc:
             error = exc
         finally:
-            with self.lock:
+            with self.seat.lock:
                 self._ended()
-                pending = list(self.futures.values())
-                self.futures.clear()
-            for future in pending:  # their callbacks may submit again: the runner is free
+                pending, self.futures = self.futures, {}  # (a closed source takes no more)
+            for future in pending.values():  # their callbacks may submit again: the runner is free
                 if not future.done():
                     future.set_exception(error)
             self.source.close()
@@ -92,7 +90,7 @@ class SubmitFeeder:
 
     def stop(self, abort: bool, timeout: float | None = None) -> None:
         """Take no more items; finish the queued ones (or drop them, ``abort``); wait."""
-        with self.lock:
+        with self.seat.lock:
             self.source.closed = True
             self.source.aborted = self.source.aborted or abort
         self.source.wake()
