@@ -381,11 +381,10 @@ class RunLedger:
             if stored is None:  # (WAL once the file is a ledger: others' files stay as they are)
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(_SEEN)
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             self.close()
-            raise _refuse(self.path, str(exc)) from exc
-        except BaseException:
-            self.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _refuse(self.path, str(exc)) from exc
             raise
 
     def close(self) -> None:

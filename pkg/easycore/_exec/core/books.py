@@ -83,9 +83,9 @@ class ErrorPolicy:
         """Whether output unit ``value`` ends the run when delivery reaches it: every
         failure under ``raise``; under ``skip``, one whose error is the run's, whatever the
         item (a sink's ``SinkError``: its directory or key column), never set aside."""
-        if type(value) is not Failed:
-            return False
-        return not self.isolates or isinstance(value.exc.__cause__ or value.exc, SinkError)
+        return type(value) is Failed and (
+            not self.isolates or isinstance(value.exc.__cause__ or value.exc, SinkError)
+        )
 
     def unplaced(self, error: BaseException) -> None:
         """A failure that stands for no unit (a death while holding none): raised under
@@ -543,19 +543,17 @@ def stage_stats(
     False where units run one at a time whatever ``concurrency`` says (inline).
     """
     wall = max((books.finished or time.monotonic()) - books.started, 1e-9)
-    out = []
-    for h, hop in enumerate(books.hops):
-        k = hop.concurrency if concurrent else 1
-        out.append(
-            StageStats(
-                hop.name,
-                hop.devices,
-                done=books.done[h],
-                busy=min(1.0, books.busy[h] / (wall * len(hop.devices) * k)),
-                queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
-                waiting=waiting[h],
-                in_flight=in_flight[h],
-                concurrency=k,
-            )
+    return [
+        StageStats(
+            hop.name,
+            hop.devices,
+            done=books.done[h],
+            busy=min(1.0, books.busy[h] / (wall * len(hop.devices) * k)),
+            queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
+            waiting=waiting[h],
+            in_flight=in_flight[h],
+            concurrency=k,
         )
-    return out
+        for h, hop in enumerate(books.hops)
+        for k in [hop.concurrency if concurrent else 1]
+    ]

@@ -166,10 +166,7 @@ class Chain:
         return len(self.hops) > 1
 
     def hop_of(self, slot: int) -> Hop:
-        for hop in reversed(self.hops):
-            if slot >= hop.first_slot:
-                return hop
-        raise AssertionError(slot)  # pragma: no cover
+        return next(hop for hop in reversed(self.hops) if slot >= hop.first_slot)
 
     def name_output(
         self, unit: int, options: RunOptions, total: int | None = None

@@ -180,7 +180,6 @@ class LiveSource(Source):
 
     def close(self) -> None:
         """Close the wake-up socket pair (the feeder does, when its run is over)."""
-        with contextlib.suppress(OSError):
-            self.rx.close()
-        with contextlib.suppress(OSError):
-            self.tx.close()
+        for end in (self.rx, self.tx):
+            with contextlib.suppress(OSError):
+                end.close()
