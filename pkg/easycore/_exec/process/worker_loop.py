@@ -249,11 +249,8 @@ class _Reader:
             op = Channel.read_control(frame)
             peer = Channel(mpc.Connection(fds[0])) if fds else None
             if peer is not None:  # AddPeer: an upstream worker; Forward: the first chunk to it
-                self.pipes[peer.fileno()] = (
-                    "up" if isinstance(op, AddPeer) else "down",
-                    op.key,
-                    peer,
-                )
+                role = "up" if isinstance(op, AddPeer) else "down"
+                self.pipes[peer.fileno()] = (role, op.key, peer)
                 self.poll.register(peer.fileno(), select.POLLIN)
             if isinstance(op, Forward):
                 self.inbox.put(("fwd", op.chunk_id, op.key, peer))
@@ -280,22 +277,27 @@ class _ToCaller:
         # never has, so only its end (None) comes here, and nobody reads it
         self.inbox = inbox
 
-    def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
+    def chunk(self, task: Task, units: Any = None) -> ChunkRun:
+        """``task``'s run here, over ``units`` (by default the task's, grouped into batches
+        when this hop takes them)."""
+        if units is None:
+            units = task.units if self.spec.group is None else batches(task.units, self.spec.group)
+        return ChunkRun(self.stages, units, task.start // self.spec.unit, task)
+
+    def deliver(self, run: ChunkRun, ran: Ran, elapsed: float, busy: float) -> None:
         values, n, marked = ran
+        task = run.task
         self.cur[self.at + AT_SENDING] = float(task.chunk_id)  # if pickling kills us: this chunk
         try:
             frame = self.caller.encode(Done(task.chunk_id, values, n, marked, elapsed, busy))
         except Exception as exc:  # (what does not pickle runs again while its retries allow)
-            values = self._run(task, units).unpicklable(values, exc, self.cur, self.at)
+            values = run.unpicklable(values, exc, self.cur, self.at)
             frame = self.caller.encode(Done(task.chunk_id, values, n, True, elapsed, busy))
         try:
             self.caller.send_frame(frame)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             _leave(0, group=True)
         self.cur[self.at + AT_SENDING] = NOT_SENDING
-
-    def _run(self, task: Task, units: Any) -> ChunkRun:
-        return ChunkRun(self.stages, units, task.start // self.spec.unit, task)
 
 
 class _ToNextHop(_ToCaller):
@@ -308,8 +310,9 @@ class _ToNextHop(_ToCaller):
     """
 
     # main thread
-    def deliver(self, task: Task, units: Any, ran: Ran, elapsed: float, busy: float) -> None:
+    def deliver(self, run: ChunkRun, ran: Ran, elapsed: float, busy: float) -> None:
         values, n, marked = ran
+        task = run.task
         self.inbox.put(
             ("held", task.chunk_id, task._replace(units=values, marked=task.marked or marked))
         )
@@ -346,7 +349,7 @@ class _ToNextHop(_ToCaller):
             try:
                 frame = ch.encode(task)
             except Exception as exc:  # (the units ran: no retry here)
-                values = self._run(task, task.units).unpicklable(task.units, exc)
+                values = self.chunk(task, task.units).unpicklable(task.units, exc)
                 frame = ch.encode(task._replace(units=values, marked=True))
             nbytes = len(frame) + ch.shm_bytes
             try:
@@ -444,7 +447,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
 def _serve(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet: _ToCaller) -> None:
     """Run tasks until STOP: decode, run the stages, hand the results to the outlet."""
     clock = time.monotonic
-    cur, at, stages, unit = outlet.cur, outlet.at, outlet.stages, outlet.spec.unit
+    cur, at = outlet.cur, outlet.at
     upstream: set[Channel] = set()
     while True:
         entry = _next_entry(tasks, upstream)
@@ -455,18 +458,18 @@ def _serve(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet: _ToCall
         if task is None:
             cur[at + AT_STARTED] = IDLE
             continue
-        units = _units_of(task, outlet.spec)
+        run = outlet.chunk(task)
         if not task.timed:
             cur[at + AT_STARTED] = RUNNING
         cur[at + AT_FLIGHT] = 1.0
-        ran = ChunkRun(stages, units, task.start // unit, task).run(cur, at, stop, since=t0)
+        ran = run.run(cur, at, stop, since=t0)
         cur[at + AT_STARTED] = IDLE
         cur[at + AT_FLIGHT] = 0.0
         if stop.is_set():
             return
         elapsed = clock() - t0
-        outlet.deliver(task, units, ran, elapsed, elapsed)
-        del units, ran, task
+        outlet.deliver(run, ran, elapsed, elapsed)
+        del run, ran, task
         if upstream:
             _flush_releases(upstream)
 
@@ -480,14 +483,14 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
     unit in flight (what a watchdog times and a death blames; async stages: the unit holding
     the event loop, the only one timed: the loop cancels the others, ``Flight.by_step``)."""
     clock = time.monotonic
-    cur, at, stages, unit = outlet.cur, outlet.at, outlet.stages, outlet.spec.unit
+    cur, at, flight = outlet.cur, outlet.at, outlet.stages.flight
     upstream: set[Channel] = set()
     pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
 
     def tick(_: Any) -> None:
         tasks.put(_TICK)
 
-    stages.flight.to_slot(cur, at)
+    flight.to_slot(cur, at)
     while True:
         k = 0
         while k < len(pending):  # answer what is done
@@ -497,7 +500,7 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
                 ran, busy = run.result()
                 if stop.is_set():
                     return
-                outlet.deliver(run.task, run.units, ran, clock() - t0, busy)
+                outlet.deliver(run, ran, clock() - t0, busy)
                 del run, ran
             elif k == 0 and not isinstance(run, ChunkRun):  # (answered for the oldest chunk
                 pending.popleft()  # not answered: in its turn)
@@ -517,20 +520,19 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
         if entry is _TICK:
             continue
         t0 = clock()
-        stages.flight.hold()  # (the slot says UNPICKLING, and which chunk: AT_AHEAD)
+        flight.hold()  # (the slot says UNPICKLING, and which chunk: AT_AHEAD)
         cur[at + AT_AHEAD] = float(len(pending))
         task = None
         try:
             task = _take(entry, outlet, upstream, t0, pending)
             if task is not None:
-                units = _units_of(task, outlet.spec)
-                run = ChunkRun(stages, units, task.start // unit, task).start(stop, t0)
+                run = outlet.chunk(task).start(stop, t0)
                 run.future.add_done_callback(tick)
                 pending.append((run, t0))
         finally:
             # no unit in flight: the chunk's own time goes on (its unpickling), as in _serve
             started = t0 if task is not None and task.timed else RUNNING
-            stages.flight.release(functools.partial(cur.__setitem__, at + AT_STARTED, started))
+            flight.release(functools.partial(cur.__setitem__, at + AT_STARTED, started))
 
 
 _TICK = object()  # (in the task queue) a chunk of a hop that waits is done
@@ -579,8 +581,3 @@ def _take(
     if task is not None and src is not outlet.caller:
         upstream.add(src)
     return task  # type: ignore[no-any-return]
-
-
-def _units_of(task: Task, spec: WorkerSpec) -> Any:
-    """A task's units for this hop: grouped into batches when it takes them."""
-    return task.units if spec.group is None else batches(task.units, spec.group)
