@@ -164,9 +164,8 @@ class Sink:
 
     def location(self, name: str) -> str:
         """The path or URL of file ``name`` as :class:`Written` names it."""
-        if "://" in self.path:
-            return self.path.rstrip("/") + "/" + name
-        return os.path.join(os.path.abspath(self.path), name)
+        url = "://" in self.path
+        return posixpath.join(self.path if url else os.path.abspath(self.path), name)
 
 
 # -- the caller's side: commit, recover, sweep ---------------------------------------------
@@ -202,7 +201,7 @@ class SinkFiles:
             self.fs, self.root = fsspec.core.url_to_fs(sink.path)
 
     def join(self, name: str) -> str:
-        return (os.path if self.local else posixpath).join(self.root, name)
+        return posixpath.join(self.root, name)
 
     def makedirs(self) -> None:
         self.fs.makedirs(self.root, exist_ok=True)
@@ -565,17 +564,14 @@ def _table(cols: Mapping[str, Any], n: int) -> Any:
 
 def _together(units: list[_Unit]) -> Any:
     """The units' rows as one table: columns joined first when every unit has the same
-    names and column kinds (one conversion for the chunk), else a table per unit."""
-    import numpy as np
-
+    names and every column a list of values (one conversion for the chunk), else a table per
+    unit (a batch's arrays: no copy)."""
     names = list(units[0].cols)
     merged: dict[str, Any] = {}
     for name in names if all(list(u.cols) == names for u in units) else ():
         pieces = [u.cols[name] for u in units]
         if all(type(p) is list for p in pieces):
             merged[name] = [v for p in pieces for v in p]
-        elif all(_is_array(p) for p in pieces) and len({p.shape[1:] for p in pieces}) == 1:
-            merged[name] = np.concatenate(pieces)
     if len(merged) == len(names):
         return _table(merged, sum(u.n for u in units))
     return _concat([_table(u.cols, u.n) for u in units])
@@ -706,8 +702,7 @@ class ShardWriter:
         value (``keys``: the chunk's, from its first unit)."""
         if keys is None:
             return firsts
-        origin = base * self.sink.align
-        return [keys[f - origin] for f in firsts]
+        return [keys[f - base * self.sink.align] for f in firsts]
 
     def _add_keys(self, cols: dict[str, Any], keys: list[Any]) -> None:
         """``keys`` (each row's item key) as the column ``key_column`` of ``cols``, when the
@@ -885,10 +880,8 @@ def _sample(u: _Unit, j: int, row: dict[str, Any]) -> tuple[str, bytes]:
             "none is not there when read back): give it a field besides __key__"
         )
         raise RowError(msg)
-    if key is None:
-        key = u.keys[j]
-        if u.n > 1 and len(set(u.keys)) == 1:
-            key = f"{key}_{j}"
+    if key is None:  # (a unit's rows of one item: <key>_<row>)
+        key = f"{u.keys[j]}_{j}" if u.n > 1 and len(set(u.keys)) == 1 else u.keys[j]
     key = str(key)
     if not key or "." in key or "/" in key:
         msg = (
