@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,10 +21,7 @@ Segments = Iterator[tuple[int, list[Any]]]
 
 def collect(stream: Segments) -> list[Any]:
     """Without a consumer: every result, in the stream's order, in one list."""
-    out: list[Any] = []
-    for _, values in stream:
-        out.extend(values)
-    return out
+    return list(itertools.chain.from_iterable(values for _, values in stream))
 
 
 def fold(

@@ -446,14 +446,12 @@ class PreparedStages:
             if not self.open:  # (a chunk that reached an actor after its finish: never run)
                 raise Finished(f"the stages of hop {self.hop} have finished (or not started)")
             if not self.is_async:
-                if self._threads is None:
-                    self._threads = concurrent.futures.ThreadPoolExecutor(
-                        self.concurrency,
-                        thread_name_prefix="easycore-item",
-                        initializer=bind_thread,
-                        initargs=(self.context["device"],),
-                    )
-                threads = self._threads
+                threads = self._threads = self._threads or concurrent.futures.ThreadPoolExecutor(
+                    self.concurrency,
+                    thread_name_prefix="easycore-item",
+                    initializer=bind_thread,
+                    initargs=(self.context["device"],),
+                )
                 return _gather([threads.submit(_now, unit, k, *job) for k, job in enumerate(jobs)])
             loop = self.loop()  # (on a thread of its own from now until finish)
             if self._loop_thread is None:  # (its items see it as their running loop)
