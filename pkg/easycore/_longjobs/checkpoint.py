@@ -109,7 +109,20 @@ def save_checkpoint(
     temp = os.path.join(directory, f".checkpoint-{step}.{os.getpid()}.tmp")
     try:
         with open(temp, "wb") as f:
-            _save(torch, payload, f)
+            try:
+                torch.save(payload, f)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                for name, obj in payload.items():  # (the object pickle refuses, named)
+                    try:
+                        torch.save(obj, io.BytesIO())
+                    except (pickle.PicklingError, TypeError, AttributeError):
+                        msg = (
+                            f"save_checkpoint: the object {name!r} (a {type(obj).__name__}) "
+                            f"cannot be saved ({exc}); save what it holds instead: tensors, "
+                            "state dicts, numbers, strings, and lists, tuples and dicts of them"
+                        )
+                        raise TypeError(msg) from exc
+                raise
             f.flush()
             os.fsync(f.fileno())
         # before it takes its name, a modification time after the newest other's: two saves
@@ -136,24 +149,6 @@ def save_checkpoint(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old)
     return path
-
-
-def _save(torch: Any, payload: dict[str, Any], f: Any) -> None:
-    """``torch.save(payload, f)``; an object pickle refuses is a ``TypeError`` naming it."""
-    try:
-        torch.save(payload, f)
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        for name, obj in payload.items():
-            try:
-                torch.save(obj, io.BytesIO())
-            except (pickle.PicklingError, TypeError, AttributeError):
-                msg = (
-                    f"save_checkpoint: the object {name!r} (a {type(obj).__name__}) cannot be "
-                    f"saved ({exc}); save what it holds instead: tensors, state dicts, "
-                    "numbers, strings, and lists, tuples and dicts of them"
-                )
-                raise TypeError(msg) from exc
-        raise
 
 
 def load_checkpoint(

@@ -113,7 +113,7 @@ class DirLock:
 
         Raises:
             ValueError: the path is a file, the directory cannot be made or written, or a
-                live run holds it (:meth:`refuse`).
+                live run holds it (naming it), or the lock cannot be read.
         """
         sink, root, fs = self.sink, self.files.root, self.files.fs
         try:
@@ -128,9 +128,29 @@ class DirLock:
             msg = f"{sink!r}: the directory {root} cannot be written"
             raise ValueError(msg)
         other = self.read()
-        if other is not None:
-            self.refuse(other)  # (returns when its process is dead)
-        return other
+        if other is None:
+            return None
+        try:
+            run = json.loads(other)
+            pid, host, started = int(run["pid"]), str(run["host"]), run["started"]
+        except (ValueError, KeyError, TypeError):
+            msg = (
+                f"{self.sink.path!r} holds a lock file that cannot be read ({self.path}: "
+                f"{'empty' if not other.strip() else 'not a lock easycore wrote'}), so "
+                "whether a run is writing the directory is unknown: if no run is writing it, "
+                "remove that file"
+            )
+            raise ValueError(msg) from None
+        if host == socket.gethostname() and not alive(pid, run.get("since")):
+            return other  # (a dead run's: taken over)
+        who = "this process" if pid == os.getpid() and host == socket.gethostname() else "it"
+        msg = (
+            f"{self.sink.path!r} is being written by another run (pid {pid} on {host}, "
+            f"started {started}; {who} holds {self.path}): one run at a time writes a "
+            "directory. Wait for that run to end, or write into another directory; if that "
+            "run is over and left its lock behind, remove the lock file"
+        )
+        raise ValueError(msg)
 
     def end(self) -> None:
         """The run is over: remove its temporary files, then let go of the directory
@@ -154,30 +174,6 @@ class DirLock:
         except IsADirectoryError:
             return "(a directory)"  # (refused as a lock easycore did not write)
         return data.decode(errors="replace")
-
-    def refuse(self, other: str) -> None:
-        """Raises ValueError unless the run that wrote lock text ``other`` is dead."""
-        try:
-            run = json.loads(other)
-            pid, host, started = int(run["pid"]), str(run["host"]), run["started"]
-        except (ValueError, KeyError, TypeError):
-            msg = (
-                f"{self.sink.path!r} holds a lock file that cannot be read ({self.path}: "
-                f"{'empty' if not other.strip() else 'not a lock easycore wrote'}), so "
-                "whether a run is writing the directory is unknown: if no run is writing it, "
-                "remove that file"
-            )
-            raise ValueError(msg) from None
-        if host == socket.gethostname() and not alive(pid, run.get("since")):
-            return
-        who = "this process" if pid == os.getpid() and host == socket.gethostname() else "it"
-        msg = (
-            f"{self.sink.path!r} is being written by another run (pid {pid} on {host}, "
-            f"started {started}; {who} holds {self.path}): one run at a time writes a "
-            "directory. Wait for that run to end, or write into another directory; if that "
-            "run is over and left its lock behind, remove the lock file"
-        )
-        raise ValueError(msg)
 
     def _create(self) -> bool:
         data, fs = self.text.encode(), self.files.fs

@@ -199,7 +199,13 @@ def _resumable_tail(data: Any, start: int) -> Iterable[Any]:
         return data[start:]
     if callable(getattr(data, "iter_from", None)):
         return Indexed(data, start, tail=True)
-    if _iterates_by_index(data):
+    # item i of iterating a Sequence (not a str or bytes), an array, tensor or Hugging Face
+    # dataset (along its first axis, or row by row) is data[i]; a class with an __iter__ of
+    # its own may iterate something else (a DataFrame's columns, a DatasetDict's splits): it
+    # says how to resume with iter_from
+    module = type(data).__module__.split(".")[0]
+    by_index = module in ("numpy", "torch", "datasets") and hasattr(data, "shape")
+    if not isinstance(data, str | bytes | Mapping) and (isinstance(data, Sequence) or by_index):
         return Indexed(data, start)
     msg = (
         f"state= resumes an input by index, but {short_repr(data)} (of type "
@@ -208,20 +214,6 @@ def _resumable_tail(data: Any, start: int) -> Iterable[Any]:
         "guide, 'Training that resumes')"
     )
     raise ValueError(msg)
-
-
-def _iterates_by_index(data: Any) -> bool:
-    """Whether item ``i`` of iterating ``data`` is ``data[i]``: a ``Sequence`` (not a str or
-    bytes), or an array, tensor or Hugging Face dataset (iterated along its first axis, or
-    row by row). A class with an ``__iter__`` of its own may iterate something else (a
-    DataFrame's columns, a ``DatasetDict``'s splits): it says how to resume with
-    ``iter_from``."""
-    if isinstance(data, str | bytes | Mapping):  # a DatasetDict too: it iterates its splits
-        return False
-    if isinstance(data, Sequence):
-        return True
-    module = type(data).__module__.split(".")[0]
-    return module in ("numpy", "torch", "datasets") and hasattr(data, "shape")
 
 
 def mark_passed(

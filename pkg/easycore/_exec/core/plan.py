@@ -253,8 +253,7 @@ def plan_chain(
 
 def frozen_cfg(cfg: Mapping[str, Any] | None) -> CfgNode:
     """The run's ``cfg`` as workers see it: a frozen ``CfgNode`` (empty when None)."""
-    if cfg is None:
-        return CfgNode({}, frozen=True)
+    cfg = {} if cfg is None else cfg
     if not isinstance(cfg, Mapping):
         msg = f"cfg must be a mapping or CfgNode, got {type(cfg).__name__}"
         raise TypeError(msg)
