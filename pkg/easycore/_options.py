@@ -326,7 +326,5 @@ def run_options(
         msg = f"{caller}() got multiple values for argument {name!r}"
         raise TypeError(msg)
     if named.get("epoch") is None:
-        options["epoch"] = epoch
-    return RunOptions(
-        **options, **{k: v for k, v in named.items() if k != "epoch" or v is not None}
-    )
+        named = {**named, "epoch": epoch}
+    return RunOptions(**options, **named)

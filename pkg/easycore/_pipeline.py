@@ -680,15 +680,8 @@ def compose(*parts: Any) -> Pipeline:
             )
             raise TypeError(msg)
         if getattr(part, "is_sink", False) is True:  # (easycore._longjobs.sinks.Sink; duck-typed)
-            if last is not None:
-                msg = (
-                    f"the sink {part!r} cannot follow the consumer {last!r}: a pipeline ends "
-                    "in a consumer or in a sink, not both"
-                )
-                raise TypeError(msg)
-            sink = part
-            continue
-        if isinstance(part, Stage):  # as a one-stage pipeline
+            part = Pipeline(sink=part)
+        elif isinstance(part, Stage):  # as a one-stage pipeline
             part = Pipeline((part,)) if part.kind == "producer" else Pipeline(consumer=part)
         if not isinstance(part, Pipeline):
             msg = (
@@ -708,5 +701,11 @@ def compose(*parts: Any) -> Pipeline:
             else:
                 producers.append(stage)
                 placement.append(binding)
+        if part.sink is not None and last is not None:
+            msg = (
+                f"the sink {part.sink!r} cannot follow the consumer {last!r}: a pipeline ends "
+                "in a consumer or in a sink, not both"
+            )
+            raise TypeError(msg)
         sink = part.sink
     return Pipeline(producers, last, sink, placement)

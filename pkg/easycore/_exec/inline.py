@@ -116,10 +116,8 @@ class InlineEngine:
         """Run the next chunk through every hop, once the caller has taken what came before."""
         books = self.books
         assert books is not None
-        if books.taken:
-            return
-        work = books.take(books.chunk_size)
-        if work is None:
+        # (nothing runs until the caller has taken the chunk before)
+        if books.taken or (work := books.take(books.chunk_size)) is None:
             return
         options = books.options
         seed, retries, timeout = options.run_seed, options.retries, options.timeout

@@ -196,10 +196,9 @@ class Runner:
         except BaseException:
             self._abort()
             raise
-        if not self._active:
-            return
-        self._active = False
-        self._engine.stop(grace=None, report=True)
+        if self._active:
+            self._active = False
+            self._engine.stop(grace=None, report=True)
 
     def _abort(self) -> None:
         """Stop everything now after an error or interrupt: ``end`` gets a short grace."""
