@@ -250,8 +250,7 @@ class BaseRunner:
         if self.is_activate:
             return
         self.close()  # (a runner an error closed: its finaliser dropped)
-        runner = Runner(runner_pipeline(type(self)), self.devices, cfg=self.cfg)
-        self._runner = runner
+        self._runner = runner = Runner(runner_pipeline(type(self)), self.devices, cfg=self.cfg)
         # 0.4 closed its runner on garbage collection and at interpreter exit; so do we.
         self._finalizer = weakref.finalize(self, runner.close)
 

@@ -27,9 +27,8 @@ def cpu_count() -> int:
 def gpu_count() -> int:
     """Visible CUDA devices; 0 without loading torch where no NVIDIA driver exists."""
     # Importing torch costs a second or more; skip it where no NVIDIA driver exists at all.
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return 0
-    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
+    if hidden or not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
         return 0
     import torch
 

@@ -287,8 +287,7 @@ class PreparedStages:
                 try:
                     self.wait_for(call_with(end, names, {**self.context, "state": st.state}))
                 except self.catch as exc:
-                    if first is None:
-                        first = StageFailure(f"{st.name} (end)", exc)
+                    first = first or StageFailure(f"{st.name} (end)", exc)  # (a failure is truthy)
             self.prepared = []
             loop, self._loop = self._loop, None
             if loop is not None and not loop.is_closed():
@@ -320,8 +319,7 @@ class PreparedStages:
         seed."""
         if task.seed is None:
             return None
-        first, step = task.numbering
-        value = derive_seed(task.seed, first + index * step, self.hop)
+        value = derive_seed(task.seed, task.numbering[0] + index * task.numbering[1], self.hop)
         seed_loaded(value)
         return ITEM_SEED.set(value), seed_on_import() if self.in_caller else []
 
