@@ -445,12 +445,12 @@ def rows_of(value: Any, batched: bool) -> tuple[dict[str, list[Any]], int]:
             if len(lengths) != 1:
                 msg = f"its columns have different lengths ({sorted(lengths)})"
                 raise RowError(msg)
-            return {k: _to_numpy(v) for k, v in value.items()}, lengths.pop()
-        return {k: [_to_numpy(v)] for k, v in value.items()}, 1
+            return value, lengths.pop()
+        return {k: [v] for k, v in value.items()}, 1
     if isinstance(value, list | tuple) and all(isinstance(r, Mapping) for r in value):
         rows = [_named(row) for row in value]
         names = dict.fromkeys(k for row in rows for k in row)  # (in the order first seen)
-        return {k: [_to_numpy(row.get(k)) for row in rows] for k in names}, len(rows)
+        return {k: [row.get(k) for row in rows] for k in names}, len(rows)
     msg = (
         "a result written by a sink must be a mapping (one row), a list of mappings, a "
         f"mapping of columns or a pyarrow Table; got {short_repr(value)} (of type "
@@ -471,7 +471,8 @@ def _arrow_column(values: Any) -> Any:
         if kinds == {np.ndarray} or all(_is_array(v) for v in values):
             shapes = {v.shape for v in values}
             if len(shapes) == 1:  # (np.array: the same as np.stack here, 2.5x as fast)
-                values = np.array(values) if kinds == {np.ndarray} else np.stack(values)
+                plain = kinds == {np.ndarray}  # (else tensors too: on the CPU, as numpy)
+                values = np.array(values) if plain else np.stack([_to_numpy(v) for v in values])
             elif len({len(s) for s in shapes}) == 1 and len({v.dtype for v in values}) == 1:
                 # arrays of one dtype whose lengths differ: each row as a file of it alone
                 # would hold it, in the type that holds them all (a variable-length list
@@ -479,7 +480,7 @@ def _arrow_column(values: Any) -> Any:
                 rows = [pa.table({"_": _arrow_column(v[None])}) for v in values]
                 return pa.concat_tables(rows, promote_options="permissive")["_"]
     if _is_array(values) and len(values.shape) >= 1:
-        arr = np.ascontiguousarray(values)
+        arr = np.ascontiguousarray(_to_numpy(values))
         out = _flat(arr.reshape(-1))
         for depth in range(arr.ndim - 1, 0, -1):
             if arr.shape[depth]:
@@ -683,9 +684,6 @@ class ShardWriter:
         if any(type(row) is not dict or row.keys() != names for row in rows):
             return False
         cols = _named({name: [row[name] for row in rows] for name in names})
-        for name, col in cols.items():
-            if any(issubclass(t, _types("torch", "Tensor")) for t in {type(v) for v in col}):
-                cols[name] = [_to_numpy(v) for v in col]
         firsts = [(base + k) * self.sink.align for k in at]
         try:
             if self.sink.key_column is not None:  # (no keys looked up for nothing)
