@@ -161,8 +161,7 @@ class CfgNode(dict[str, Any], YamlIO):
     def __init__(
         self, init_dict: Mapping[str, Any] | None = None, copy: bool = True, frozen: bool = True
     ) -> None:
-        super().__init__()
-        object.__setattr__(self, "_frozen", frozen)
+        object.__setattr__(self, "_frozen", frozen)  # (dict's own __init__ adds nothing here)
         if init_dict is None:
             return
         if not isinstance(init_dict, Mapping):
