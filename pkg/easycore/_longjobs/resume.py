@@ -322,21 +322,16 @@ def key_text(value: Any, where: str = "an item") -> str:
         TypeError: ``value`` is not such a key.
     """
 
-    def plain(v: Any, top: bool = True) -> Any:
-        if isinstance(v, str):
-            return str.__str__(v)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return int(v)
-        if isinstance(v, tuple) and v and top:
-            return tuple(plain(x, False) for x in v)
+    parts = value if isinstance(value, tuple) and value else (value,)
+    if not all(isinstance(v, str) or (type(v) is not bool and isinstance(v, int)) for v in parts):
         msg = (
             f"key= must return a str, an int or a non-empty tuple of them; for {where} it "
             f"returned {short_repr(value)} (of type {type(value).__name__}), which cannot name an "
             "item across runs"
         )
         raise TypeError(msg)
-
-    return repr(plain(value))
+    plain = tuple(str.__str__(v) if isinstance(v, str) else int(v) for v in parts)
+    return repr(plain if isinstance(value, tuple) else plain[0])
 
 
 class RunLedger:

@@ -284,10 +284,8 @@ class RunBooks:
     def size(self, hop: int, index: int, within: Any) -> int | None:
         """How many units of its input unit ``index`` of ``hop`` holds, a batch in chunk
         ``within`` (the input's last may hold fewer than ``batch_size``); else None."""
-        if hop == 0:
-            if self.options.batch_size is None:
-                return None
-            batch = within.items[index - within.start]
+        if hop == 0:  # (items: no size; a batch is a list, a CACHED marker is not)
+            batch = self.options.batch_size and within.items[index - within.start]
             return len(batch) if type(batch) is list else None
         unit = self.hops[hop].unit
         first = index * unit

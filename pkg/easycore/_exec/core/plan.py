@@ -220,10 +220,9 @@ def plan_chain(
     groups = pipeline.pools
     if not groups:
         return Chain((Hop(0, () if sink is None else (sink,), run_devices(), None, 1),))
-    inline = isinstance(devices, str) and devices == INLINE
-    if all(binding is not None for _, binding in groups) and not (
-        inline or (isinstance(devices, str) and devices == "auto")
-    ):
+    named = devices if isinstance(devices, str) else None
+    inline = named == INLINE
+    if all(binding is not None for _, binding in groups) and named not in (INLINE, "auto"):
         pools = ", ".join(repr(" >> ".join(s.name for s in stages)) for stages, _ in groups)
         msg = (
             f"devices={devices!r} describes no pool: every pool of this pipeline ({pools}) "

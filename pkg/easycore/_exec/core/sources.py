@@ -150,10 +150,8 @@ class LiveSource(Source):
         return self.rx
 
     def should_end(self, settled: bool) -> bool:
-        if self.aborted:
-            return True
-        if not settled:
-            return False
+        if self.aborted or not settled:  # (aborted: now; else not while work is pending)
+            return self.aborted
         with self.lock:
             if self.items:
                 return False
