@@ -110,10 +110,7 @@ def parse_devices(devices: Any) -> list[str]:
     ['inline']
     """
     gpus = functools.cache(gpu_count)  # counted once, and only when asked for
-    if isinstance(devices, bool):
-        msg = f"devices must be an int, a device list or a keyword, got {devices!r}"
-        raise ValueError(msg)
-    if isinstance(devices, int):
+    if isinstance(devices, int) and not isinstance(devices, bool):  # (a bool: the last error)
         if devices < 1:
             msg = f"devices={devices}: need at least 1 worker (an int means that many CPU workers)"
             raise ValueError(msg)
