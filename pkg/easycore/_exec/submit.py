@@ -162,8 +162,8 @@ class Seat:
         """End the submit run: wait for its items (or drop them, ``abort``).
 
         New submits are refused meanwhile (``refuse=False`` allows them again after). The
-        feeder stays registered until its thread has ended, so an interrupted wait can be
-        followed by an abort that still finds it.
+        feeder stays registered until its thread ends (``SubmitFeeder._ended``), so an
+        interrupted wait can be followed by an abort that still finds it.
         """
         with self.lock:
             self.refusing = True
@@ -173,14 +173,7 @@ class Seat:
                 feeder.stop(abort, timeout)  # waits, unless called from the feeder's thread
         finally:
             with self.lock:
-                if (
-                    feeder is not None
-                    and self.feeder is feeder
-                    and (feeder.is_current() or feeder.finished.is_set())
-                ):
-                    self.feeder = None
-                if not refuse:
-                    self.refusing = False
+                self.refusing = refuse
 
     def stop_leftover(self, wait: float) -> None:
         """Before a restart: stop a feeder of the previous activation and wait for its thread."""
