@@ -29,7 +29,6 @@ import os
 import pathlib
 import posixpath
 import re
-import sys
 import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -140,9 +139,8 @@ class Sink:
 
     @property
     def ext(self) -> str:
-        gzip = self.kind == "jsonl" and self.compression == "gzip"
         ext = {"parquet": ".parquet", "jsonl": ".jsonl", "webdataset": ".tar"}[self.kind]
-        return ext + (".gz" if gzip else "")
+        return ext + ".gz" if self.kind == "jsonl" and self.compression == "gzip" else ext
 
     is_sink = True  # (what the stages of a pool tell apart from producers by)
 
@@ -314,9 +312,8 @@ class RunSchema:
         Raises:
             ValueError: a column's type in ``shard`` conflicts with another file's.
         """
-        if shard.schema is None:
-            return
-        self.files[shard.name] = shard.schema
+        if shard.schema is not None:
+            self.files[shard.name] = shard.schema
         if not shard.schema or shard.schema in self.kinds:  # (b"": rows of no columns)
             return
         self.kinds[shard.schema] = None
@@ -389,18 +386,10 @@ def _named(row: Mapping[Any, Any]) -> dict[str, Any]:
     return named
 
 
-def _types(module: str, *names: str) -> tuple[type, ...]:
-    """Types of a library, for ``isinstance``; none when the process has not imported it (no
-    value of them exists then, and this imports nothing)."""
-    lib = sys.modules.get(module)
-    return () if lib is None else tuple(getattr(lib, name) for name in names)
-
-
 def _to_numpy(value: Any) -> Any:
-    """A tensor as a numpy array (on the CPU); anything else as it is."""
-    if isinstance(value, _types("torch", "Tensor")):
-        return value.detach().cpu().numpy()
-    return value
+    """An array that is a tensor (it has ``detach``) as a numpy array, on the CPU; any other
+    array as it is (duck-typed: torch is not imported for it)."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
 
 
 def _is_array(value: Any) -> bool:
@@ -410,7 +399,7 @@ def _is_array(value: Any) -> bool:
 def _is_column(value: Any) -> bool:
     if _is_array(value):  # (a tensor too)
         return len(value.shape) >= 1
-    return isinstance(value, (list, tuple, *_types("pyarrow", "Array", "ChunkedArray")))
+    return isinstance(value, list | tuple) or hasattr(value, "to_pylist")  # (pyarrow arrays)
 
 
 def _py(value: Any) -> Any:
@@ -678,17 +667,16 @@ class ShardWriter:
         columns, which is most chunks: the columns are taken from the rows at once, with no
         object per row. False (nothing done) when a unit is anything else, or the rows do not
         fit the file's schema: the general path then names the units at fault."""
-        if not values or type(values[0]) is not dict or not values[0]:
+        names = values[0].keys() if values and type(values[0]) is dict else ()
+        if not names or any(type(row) is not dict or row.keys() != names for row in values):
             return False
-        names, rows, at = values[0].keys(), values, range(len(values))
-        if any(type(row) is not dict or row.keys() != names for row in rows):
-            return False
-        cols = _named({name: [row[name] for row in rows] for name in names})
+        at = range(len(values))
+        cols = _named({name: [row[name] for row in values] for name in names})
         firsts = [(base + k) * self.sink.align for k in at]
         try:
             if self.sink.key_column is not None:  # (no keys looked up for nothing)
                 self._add_keys(cols, self._item_keys(base, firsts, keys))
-            table = self._fit(_table(cols, len(rows)))
+            table = self._fit(_table(cols, len(values)))
         except Exception:
             return False
         ones = [1] * len(at)
@@ -999,8 +987,7 @@ def _rewrite(files: SinkFiles, sink: Sink, name: str, schema: Any) -> int:
     import pyarrow.parquet as pq
 
     with files.open(name, "rb") as f:
-        old = f.seek(0, 2)
-        f.seek(0)
+        old = f.seek(0, 2)  # (its size; pyarrow reads at the positions it needs)
         file = pq.ParquetFile(f)
         table = file.read()
         if not table.num_columns:  # (rows of no columns: read back as none)
