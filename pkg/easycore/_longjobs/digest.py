@@ -282,11 +282,8 @@ def _read(
 
 def _names(code: types.CodeType) -> set[str]:
     """The global (and attribute) names a code object and the code nested in it use."""
-    out = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            out |= _names(const)
-    return out
+    nested = (_names(const) for const in code.co_consts if isinstance(const, types.CodeType))
+    return set(code.co_names).union(*nested)
 
 
 def _is_data(value: Any, depth: int = 0) -> bool:

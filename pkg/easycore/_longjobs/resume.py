@@ -49,7 +49,7 @@ from easycore._longjobs.digest import cfg_digests, code_digest, function_digest,
 from easycore._longjobs.sinks import Shard, Wrote
 from easycore._options import RunOptions
 
-__all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_text"]
+__all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_of", "key_text"]
 
 # units: per output unit, its key ('i:<index>' or 'k:<key_text(key(item))>'), the digest of
 # its items (digest.item_digest), and its pickled result, or (set aside by errors="skip") the
@@ -334,6 +334,19 @@ def key_text(value: Any, where: str = "an item") -> str:
     return repr(plain if isinstance(value, tuple) else plain[0])
 
 
+def key_of(options: RunOptions, key: Any, unit: Any, index: int) -> tuple[Any, str]:
+    """``key=``'s value for unit ``index`` of the stream (``unit``: its items), and the text
+    it is kept under (:func:`key_text`).
+
+    Raises:
+        TypeError: ``key`` returned something else than a str, an int or a tuple.
+        WorkerError: ``key`` raised (stage ``"key="``, naming the unit).
+    """
+    label = options.label(index)
+    value = call_key(key, unit, options.global_index(index), label)
+    return value, key_text(value, label)
+
+
 class RunLedger:
     """The finished units of one run (and of the runs before it) in an SQLite file."""
 
@@ -395,9 +408,7 @@ class RunLedger:
     def _key(self, index: int, items: Any) -> str:
         if self.options.key is None:
             return f"i:{self.options.global_index(index)}"
-        label = self.options.label(index)
-        value = call_key(self.options.key, items, self.options.global_index(index), label)
-        return f"k:{key_text(value, label)}"
+        return f"k:{key_of(self.options, self.options.key, items, index)[1]}"
 
     def _once(self, index: int, key: str) -> None:
         """A ``key=`` value is taken once per run (the ledger keeps one result per key, so a

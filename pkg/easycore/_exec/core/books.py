@@ -44,7 +44,7 @@ from easycore._exec.core.sizing import (
     ChunkSizer,
 )
 from easycore._exec.core.sources import Source, source_of
-from easycore._exec.core.stages import StageFailure, call_key
+from easycore._exec.core.stages import StageFailure
 from easycore._longjobs.sinks import SinkError
 from easycore._options import DEFAULT_PREFETCH, RunOptions
 
@@ -254,16 +254,12 @@ class RunBooks:
         """
         if self.key_fn is None:
             return (True, None) if self.batched else None
-        from easycore._longjobs.resume import key_text
+        from easycore._longjobs.resume import key_of
 
-        keys: list[Any] = []
-        for k, u in enumerate(units, start):
-            if is_cached(u):
-                keys.append(None)
-                continue
-            label = self.options.label(k)
-            keys.append(call_key(self.key_fn, u, self.options.global_index(k), label))
-            key_text(keys[-1], label)
+        keys = [
+            None if is_cached(u) else key_of(self.options, self.key_fn, u, k)[0]
+            for k, u in enumerate(units, start)
+        ]
         return self.batched, keys
 
     # -- names and numbers -------------------------------------------------------------------
@@ -393,10 +389,8 @@ class RunBooks:
         self.busy[hop] += busy
         if self.bars is not None:
             self.bars[hop].update(n)
-        ran = self.runs(items)
-        if ran:
-            self.sizers[hop].update(ran, elapsed, nbytes)
-            self.resize()
+        self.sizers[hop].update(self.runs(items), elapsed, nbytes)  # (nothing ran: as it was)
+        self.resize()
 
     # -- what comes back ---------------------------------------------------------------------
     def store(self, start: int, values: list[Any], n: int, failed: bool = False) -> None:

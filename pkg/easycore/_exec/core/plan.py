@@ -233,10 +233,8 @@ def plan_chain(
     hops: list[Hop] = []
     slot, unit = 0, 1
     for i, (stages, binding) in enumerate(groups):
-        if inline:
-            devs: tuple[str, ...] = (INLINE,)
-        elif binding is None:
-            devs = run_devices()
+        if inline or binding is None:  # (inline: an .on pool's devices are not parsed)
+            devs = (INLINE,) if inline else run_devices()
         else:
             devs = tuple(parse(binding.devices))
         batch = binding.batch_size if binding is not None and i > 0 else None
