@@ -453,8 +453,7 @@ class Channel:
                 # Something in it cannot be rebuilt in this process (a class it lacks, a
                 # __setstate__ that raises): read it again leaving those parts Undecoded,
                 # so that the receiver can tell which results are hit.
-                unpickler = _LenientUnpickler(io.BytesIO(memoryview(frame)[1:]))
-                released, forgotten, payload = unpickler.load()
+                released, forgotten, payload = _LenientUnpickler(io.BytesIO(frame[1:])).load()
                 payload = Damaged(payload, exc)
         finally:
             _local.channel = None

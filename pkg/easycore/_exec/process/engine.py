@@ -74,9 +74,7 @@ class ProcessEngine:
         yield from run.books.stream(run, is_current)
 
     def stats(self) -> list[StageStats]:
-        if self.last_run is None:
-            return idle_stats(self.chain)
-        return self.last_run.stats()
+        return idle_stats(self.chain) if self.last_run is None else self.last_run.stats()
 
     def stop(self, grace: float | None, report: bool) -> None:
         """Run ``end`` in every worker (``grace`` seconds at most; None: for as long as it

@@ -13,6 +13,7 @@ blames (``blame.assign_blame``, from the worker's shared slot).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 from collections.abc import Iterator
@@ -73,12 +74,11 @@ class Run:
         hops = self.hops  # (not self: a cycle would keep the worker set alive past its run)
         self.sched = Scheduler(self.books, lambda h: workers.of_hop(hops[h]), ids)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
-        self.idle_deaths: dict[int, int] = {}
+        self.idle_deaths: collections.Counter[int] = collections.Counter()
 
     # -- insight -----------------------------------------------------------------------------
     def stats(self) -> list[StageStats]:
-        queued, waiting = self.sched.units()
-        return stage_stats(self.books, queued, waiting, self.workers.in_flight())
+        return stage_stats(self.books, *self.sched.units(), self.workers.in_flight())
 
     # -- the transport's part of the loop (books.RunBooks.stream) -------------------------
     def busy(self) -> bool:
@@ -232,19 +232,16 @@ class Run:
     def on_death(self, w: Worker) -> None:
         """A worker is gone: blame what it held, charge retries, re-queue, respawn it."""
         running, lost = self.sched.died(w)
-        assert self.workers.slots is not None
         blame = assign_blame(self.books, w, self.workers.slots, running, lost)
         if not blame.charged:
-            self.idle_deaths[w.slot] = self.idle_deaths.get(w.slot, 0) + 1
+            self.idle_deaths[w.slot] += 1
         code = w.proc.exitcode
         who = self.chain.who(w.hop, w.index)
         dead = Dead(
             w.hop, w.index, w.device, who, describe_exitcode(code), code, w.timed_out is not None
         )
         # Re-run what it had ahead of new input.
-        self.books.again(
-            settle_death(self.books, dead, blame, lost, self.idle_deaths.get(w.slot, 0))
-        )
+        self.books.again(settle_death(self.books, dead, blame, lost, self.idle_deaths[w.slot]))
         self.workers.respawn(w.slot)
 
     # -- an early stop -----------------------------------------------------------------------

@@ -170,10 +170,7 @@ def _let_go(fds: tuple[int, ...]) -> None:
 def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
     """Send to the caller; if the caller is gone there is nobody to report to: exit."""
     try:
-        if bare:
-            chan.send_bare(obj)
-        else:
-            chan.send(obj)
+        (chan.send_bare if bare else chan.send)(obj)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         _leave(0, group=True)
 
@@ -487,9 +484,6 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
     upstream: set[Channel] = set()
     pending: collections.deque[tuple[ChunkRun | Unreadable, float]] = collections.deque()
 
-    def tick(_: Any) -> None:
-        tasks.put(_TICK)
-
     flight.to_slot(cur, at)
     while True:
         k = 0
@@ -527,7 +521,7 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
             task = _take(entry, outlet, upstream, t0, pending)
             if task is not None:
                 run = outlet.chunk(task).start(stop, t0)
-                run.future.add_done_callback(tick)
+                run.future.add_done_callback(lambda _: tasks.put(_TICK))
                 pending.append((run, t0))
         finally:
             # no unit in flight: the chunk's own time goes on (its unpickling), as in _serve

@@ -158,12 +158,13 @@ Handler = Callable[[Worker, Any], None]
 class WorkerSet:
     """Every worker process of a runner, over all hops, by global slot."""
 
+    slots: Slots  # the workers' shared slots (from start on)
+
     def __init__(self, chain: Chain, cfg: CfgNode, start_method: str | None) -> None:
         self.chain = chain
         self.cfg = cfg
         self.start_method = start_method
         self.workers: list[Worker] = []
-        self.slots: Slots | None = None
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = itertools.count()
         self._waiter = _Waiter()
@@ -212,7 +213,6 @@ class WorkerSet:
         index = slot - hop.first_slot
         env_set = any(k in os.environ for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
         threads = None if env_set else max(1, cpu_count() // len(self.chain.devices))
-        assert self.slots is not None
         # asked again at each start: a respawn forks only if the caller still may. GPU
         # workers never fork: a caller that only asked torch.cuda.is_available() has
         # started the CUDA driver, which a forked child cannot start again
@@ -261,10 +261,10 @@ class WorkerSet:
             unit=hop.unit,
         )
         if method == "fork":  # (a forkserver's connection is not a fork's to hold)
-            now = descriptors()  # (those of buried workers, closed since, are dropped)
+            # (those of buried workers, closed since, are dropped)
             self.descriptors = {
                 fd: ident
-                for fd, ident in now.items()
+                for fd, ident in descriptors().items()
                 if before.get(fd) != ident or self.descriptors.get(fd) == ident
             }
         return worker
@@ -287,7 +287,6 @@ class WorkerSet:
     def in_flight(self) -> list[int]:
         """Per hop, the units its live workers are running now (read from the slots)."""
         slots = self.slots
-        assert slots is not None  # (a run's: the workers have started)
         return [
             sum(slots.in_flight(w.slot) for w in self.of_hop(hop) if not w.gone)
             for hop in self.chain.hops
@@ -416,7 +415,6 @@ class WorkerSet:
         if timeout is None:
             return None
         slots = self.slots
-        assert slots is not None
         now = time.monotonic()
         nearest = timeout
         for w in self.workers:
@@ -458,14 +456,13 @@ class WorkerSet:
                     failure = failure or err
                     if done:
                         del waiting[w.slot]
-                until = None
+                wait = None
                 if grace is not None:
-                    until = _wait_until(self.slots, waiting.values(), deadline, unit_deadline)
-                if not waiting or until == 0.0:
+                    wait = _patience(self.slots, waiting.values(), deadline, unit_deadline)
+                if not waiting or wait == 0.0:
                     break
-                remaining = None if until is None else max(0.0, until - time.monotonic())
                 fds = [fd for w in waiting.values() for fd in (w.chan.fileno(), w.proc.sentinel)]
-                self._waiter.wait(fds, remaining)
+                self._waiter.wait(fds, wait)
         except BaseException:
             kill_all([w.proc for w in workers])
             raise
@@ -484,10 +481,10 @@ class WorkerSet:
         return failure
 
 
-def _wait_until(
-    slots: Slots | None, waiting: Iterable[Worker], deadline: float, unit_deadline: float
+def _patience(
+    slots: Slots, waiting: Iterable[Worker], deadline: float, unit_deadline: float
 ) -> float:
-    """Until when to wait for the goodbyes of ``waiting`` (0.0: not at all).
+    """How long to wait for the goodbyes of ``waiting`` (0.0: not at all).
 
     A worker still in ``init`` cannot run ``end`` before it is done; one in a unit only
     once the unit is: it is waited for until ``unit_deadline`` (then, between units, it
@@ -496,16 +493,14 @@ def _wait_until(
     now = time.monotonic()
     if now >= deadline:
         return 0.0
-    assert slots is not None
-    until = 0.0
+    until = now
     for w in waiting:
         if not w.ready:
             continue  # still in init: not worth waiting for
         if slots.started(w.slot) == IDLE:
-            return deadline  # running `end` (or about to): it has the grace
-        if now < unit_deadline:
-            until = unit_deadline  # in a unit: it may be about to finish it
-    return until
+            return deadline - now  # running `end` (or about to): it has the grace
+        until = max(until, unit_deadline)  # in a unit: it may be about to finish it
+    return until - now
 
 
 def _read_goodbye(chain: Chain, w: Worker) -> tuple[bool, BaseException | None]:
