@@ -121,14 +121,13 @@ class InlineEngine:
             return
         options = books.options
         seed, retries, timeout = options.run_seed, options.retries, options.timeout
-        numbering = books.numbering
         keys = books.keys_of(work.items, work.start) if self.sink is not None else None
         units: list[Any] = list(work.items)
         for hop, stages in zip(self.chain.hops, self.prepared, strict=False):
             if hop.batch:
                 units = batches(units, hop.batch)
             # (units may be markers; the timeout fails an async unit past it)
-            task = Task(0, seed, 0, units, False, retries, {}, numbering, True, timeout, keys)
+            task = Task(0, seed, 0, units, False, retries, {}, books.numbering, True, timeout, keys)
             t0 = time.perf_counter()
             self.flying[hop.index] = 1
             try:

@@ -50,6 +50,9 @@ class _Sized:
         return self._n
 
 
+_WHERE = ("stage", "device", "worker", "index")  # where a failure was, as WorkerError takes it
+
+
 def _describe(exc: BaseException, me: int) -> dict[str, Any]:
     """A picklable account of a rank's failure, enough to raise it again on another rank."""
     cause = exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ else exc
@@ -61,12 +64,9 @@ def _describe(exc: BaseException, me: int) -> dict[str, Any]:
     return {
         "rank": me,
         "message": text,
-        "stage": getattr(exc, "stage", None),
-        "device": getattr(exc, "device", None),
-        "worker": getattr(exc, "worker", None),
-        "index": getattr(exc, "index", None),
         "traceback": tb,
         "cause": pack_exception(cause),
+        **{name: getattr(exc, name, None) for name in _WHERE},
     }
 
 
@@ -85,8 +85,7 @@ def _raise_failure(
     else:
         blob, tname, text = info["cause"]
         cause = unpack_exception(blob, tname, text, info["traceback"])
-    args = (info["stage"], info["device"], info["worker"], info["index"], info["traceback"])
-    raise WorkerError(msg, *args) from cause
+    raise WorkerError(msg, *(info[name] for name in _WHERE), info["traceback"]) from cause
 
 
 def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
