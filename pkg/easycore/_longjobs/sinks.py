@@ -98,12 +98,9 @@ class Written:
 
 
 def _check_key_column(_: Any, __: Any, name: Any) -> None:
-    if name is not None and not isinstance(name, str):
-        msg = f"key_column must be a column name (a str) or None, got {name!r}"
-        raise TypeError(msg)
-    if name == "":
-        msg = "key_column must name a column, got '' (None: no key column)"
-        raise ValueError(msg)
+    if name is not None and (not isinstance(name, str) or not name):
+        msg = f"key_column must be a column name (a non-empty str) or None, got {name!r}"
+        raise (ValueError if name == "" else TypeError)(msg)
 
 
 def _as_path(value: Any) -> str:
@@ -162,8 +159,7 @@ class Sink:
 
     def location(self, name: str) -> str:
         """The path or URL of file ``name`` as :class:`Written` names it."""
-        url = "://" in self.path
-        return posixpath.join(self.path if url else os.path.abspath(self.path), name)
+        return posixpath.join(self.path if "://" in self.path else os.path.abspath(self.path), name)
 
 
 # -- the caller's side: commit, recover, sweep ---------------------------------------------
@@ -268,9 +264,8 @@ def recover(sink: Sink, committed: Iterable[Shard]) -> list[str]:
 def check_fresh(sink: Sink, known: Iterable[Shard] = ()) -> None:
     """Raises ValueError when the sink's directory holds committed files that are not this
     run's (``known``: those its ledger recorded): a run would replace them by name."""
-    files = SinkFiles(sink)
     ours = {shard.name for shard in known}
-    foreign = sorted(n for n in files.names() if n.startswith("part-") and n not in ours)
+    foreign = sorted({n for n in SinkFiles(sink).names() if n.startswith("part-")} - ours)
     if foreign:
         msg = (
             f"{sink.path!r} already holds files of another run ({some(foreign, 3)}): a "
@@ -590,8 +585,7 @@ class ShardWriter:
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.files = SinkFiles(sink)
-        self.files.makedirs()
+        self.files = SinkFiles(sink)  # (the caller made the directory: commit.DirLock)
         self.schema = sink.schema  # fixed by the first rows written when not given
         if sink.kind == "parquet":
             # loaded here, as the worker starts, not in its first chunk: that chunk's time
@@ -988,10 +982,9 @@ def _rewrite(files: SinkFiles, sink: Sink, name: str, schema: Any) -> int:
 
     with files.open(name, "rb") as f:
         old = f.seek(0, 2)  # (its size; pyarrow reads at the positions it needs)
-        file = pq.ParquetFile(f)
-        table = file.read()
+        table = pq.read_table(f)
         if not table.num_columns:  # (rows of no columns: read back as none)
-            table = _table({}, int((file.schema_arrow.metadata or {}).get(_ROWS.encode(), 0)))
+            table = _table({}, int((table.schema.metadata or {}).get(_ROWS.encode(), 0)))
         table = _conform(table, schema)
     temp = _TEMP_PREFIX + name
     with files.open(temp) as f:
