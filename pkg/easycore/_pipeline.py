@@ -33,6 +33,10 @@ __all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]
 _binding_tokens = itertools.count(1)
 
 
+def _devices_converter(devices: Any) -> Any:
+    return tuple(devices) if isinstance(devices, list) else devices
+
+
 @attrs.frozen
 class Binding:
     """Where a run of producers executes: its own pool, made by ``.on(devices, batch_size)``.
@@ -41,7 +45,7 @@ class Binding:
     calls apart even with equal arguments: each is its own pool.
     """
 
-    devices: Any = attrs.field(converter=lambda d: tuple(d) if isinstance(d, list) else d)
+    devices: Any = attrs.field(converter=_devices_converter)
     batch_size: int | None = None
     concurrency: int = 1
     token: int = attrs.field(factory=_binding_tokens.__next__)

@@ -466,7 +466,7 @@ class Runner:
         return supervised
 
     def _stream(
-        self, source: Iterable[Any], options: RunOptions, policy: ErrorPolicy, bars: Any = None
+        self, source: Any, options: RunOptions, policy: ErrorPolicy, bars: Any = None
     ) -> Segments:
         """The engine's run of ``source``; it stops once this activation has ended (a run of
         an earlier one must not go on after ``close`` or a new ``activate``)."""

@@ -85,7 +85,7 @@ def _raise_failure(
     else:
         blob, tname, text = info["cause"]
         cause = unpack_exception(blob, tname, text, info["traceback"])
-    raise WorkerError(msg, *(info[name] for name in _WHERE), info["traceback"]) from cause
+    raise WorkerError(msg, *[info[name] for name in (*_WHERE, "traceback")]) from cause
 
 
 def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
