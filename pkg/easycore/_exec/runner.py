@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from easycore._devices import INLINE
-from easycore._errors import EasycoreError, surfaced
+from easycore._errors import surfaced
 from easycore._exec.core.books import PRIMED, RAISE, SKIP, ErrorPolicy
 from easycore._exec.core.engine import Engine
 from easycore._exec.core.fold import collect, fold
@@ -444,18 +444,7 @@ class Runner:
             raise TypeError(msg)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
-        if not self._engine.in_caller:
-            self._seat.submit(item, future, self._active, self._feed)
-            return future
-        token = self._seat.claim(lambda: self._active)  # in this process: the item runs now
-        try:
-            segments = self._engine.stream([item], RunOptions())
-            next(segments)  # PRIMED
-            future.set_result(next(segments)[1][0])
-        except EasycoreError as exc:  # its error fails only its own future; the runner stays up
-            future.set_exception(exc)
-        finally:
-            self._seat.release(token)
+        self._seat.submit(item, future, self._active, self._feed)
         return future
 
     def _feed(self, source: LiveSource) -> Segments:
