@@ -8,7 +8,7 @@ started Ray and how many runners use it, is in ``ray.engine``):
 * ``_START_LOCK``: guards the two module attributes of multiprocessing we swap while a
   process starts (see :func:`_hidden_main`);
 * ``_OWN``: this process's live workers started by ``spawn`` or ``fork`` (its children: it
-  is the subreaper of what they start while it has any; see :func:`_adopt_for`).
+  is the subreaper of what they start while it has any; see :func:`start_worker`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import stat
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from easycore._reaping import (
@@ -242,9 +242,9 @@ def context(
 
 
 @contextlib.contextmanager
-def _hidden_main(light: bool = False) -> Iterator[None]:
-    """Start processes without the caller's ``__main__`` (and, ``light``, from the light
-    forkserver).
+def _hidden_main(method: str, devices: Sequence[str]) -> Iterator[None]:
+    """Start processes without the caller's ``__main__`` (and from the light forkserver
+    where :func:`light_wanted`).
 
     multiprocessing re-imports the caller's ``__main__`` in spawned/forkserver children, which
     re-runs an unguarded script's top level (and fails in notebooks). Everything a worker
@@ -253,6 +253,10 @@ def _hidden_main(light: bool = False) -> Iterator[None]:
     replacements, and "restoring" them would leave those in place for good.
     """
     global _LIGHT_SERVER
+    if method == "fork":  # (a fork prepares nothing: the caller's state is there)
+        yield
+        return
+    light = light_wanted(method, devices)
     forkserver: Any = multiprocessing.forkserver  # its module-level connect is swapped
     with _START_LOCK:
         original = multiprocessing.spawn.get_preparation_data
@@ -276,32 +280,6 @@ def _hidden_main(light: bool = False) -> Iterator[None]:
             multiprocessing.spawn.get_preparation_data = original
             if light:
                 forkserver.connect_to_new_process = connect
-
-
-@contextlib.contextmanager
-def _adopt_for(method: str) -> Iterator[Callable[[int], None]]:
-    """Around the start of a worker by ``method``: one started by ``spawn`` or ``fork`` is a
-    child of this process, which is then made the subreaper of what the worker starts (a
-    forkserver is its workers'). A worker that dies leaves it here: processes that left the
-    worker's group (``setsid``, a daemon) included, found and ended by :func:`kill_all`.
-    Yields a function to call with the new worker's pid."""
-    if method == "forkserver":
-        yield lambda pid: None
-        return
-    with _OWN_LOCK:
-        adopting = become_subreaper()  # before the start: the worker may die at once
-        before = frozenset(children(os.getpid()))  # (the clock's ticks are coarse)
-
-        def started(pid: int) -> None:
-            since = start_time(pid)
-            if adopting and since is not None:
-                _OWN[pid] = (since, before)
-
-        try:
-            yield started
-        finally:
-            if not _OWN:
-                become_subreaper(on=False)
 
 
 def kill_workers(procs: Sequence[Any]) -> None:
@@ -330,7 +308,7 @@ def kill_workers(procs: Sequence[Any]) -> None:
 def kill_all(procs: Sequence[Any]) -> None:
     """Kill and reap processes and what they started (:func:`kill_workers`), then their
     process groups (a worker leads one), and remove the temporary directory each one's
-    multiprocessing used (a killed worker cannot). A worker of :func:`_adopt_for` that did
+    multiprocessing used (a killed worker cannot). A worker of :func:`start_worker` that did
     not end well left what it started here, those that left its group too: they are ended
     (and reaped)."""
     kill_workers(procs)
@@ -356,21 +334,28 @@ def kill_all(procs: Sequence[Any]) -> None:
 
 def start_worker(proc: Any, method: str, devices: Sequence[str]) -> None:
     """Start a worker process by ``method`` (from the light forkserver where
-    :func:`light_wanted`)."""
-    # (a fork prepares nothing: the caller's state is there, nothing to hide or swap)
-    hide = (
-        contextlib.nullcontext()
-        if method == "fork"
-        else _hidden_main(light_wanted(method, devices))
-    )
+    :func:`light_wanted`).
+
+    A worker started by ``spawn`` or ``fork`` is a child of this process, which is then made
+    the subreaper of what the worker starts (a forkserver is its workers'). A worker that dies
+    leaves it here: processes that left the worker's group (``setsid``, a daemon) included,
+    found and ended by :func:`kill_all`.
+    """
     # Ctrl-C between a fork and the worker's ignoring it would print the worker's own
     # KeyboardInterrupt: a forked worker starts with SIGINT blocked (the caller's stays
     # pending until the start is done)
     block = {signal.SIGINT} if method == "fork" else set()
-    with hide, _adopt_for(method) as started:
+    with _hidden_main(method, devices), _OWN_LOCK:
+        # (subreaper before the start: the worker may die at once)
+        adopting = method != "forkserver" and become_subreaper()
+        before = frozenset(children(os.getpid())) if adopting else frozenset()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
         try:
             proc.start()
+            since = start_time(proc.pid)  # (the clock's ticks are coarse: and `before`)
+            if adopting and since is not None:
+                _OWN[proc.pid] = (since, before)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        started(proc.pid)
+            if adopting and not _OWN:
+                become_subreaper(on=False)
