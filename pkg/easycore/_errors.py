@@ -137,8 +137,7 @@ class WorkerError(EasycoreError):
             stage: the pool the unit failed in, kept only where no stage is named yet.
             item: the unit's item (a batch: the list of its items).
         """
-        if self.stage is None:
-            self.stage = stage
+        self.stage = stage if self.stage is None else self.stage
         self.item = item
 
     def __reduce__(self) -> Any:

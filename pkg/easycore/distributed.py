@@ -184,9 +184,7 @@ _STATE = _State()
 def _dist() -> Any:
     """``torch.distributed`` when a process group is up, else ``None`` (never imports torch)."""
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist
-    return None
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
 
 def _destroy() -> None:

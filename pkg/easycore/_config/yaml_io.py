@@ -144,13 +144,10 @@ def _block_around_tuples(represent: Any) -> Any:
     return represent_collection
 
 
-# YAML 1.1 line breaks besides "\n": PyYAML writes them raw (allow_unicode) in plain or
-# single-quoted text, where reading folds them into spaces; double quotes escape them.
-_ODD_BREAKS = re.compile("[\x85\u2028\u2029]")
-
-
 def _represent_str(dumper: Any, data: str) -> Any:
-    if _ODD_BREAKS.search(data):
+    # YAML 1.1 line breaks besides "\n": PyYAML writes them raw (allow_unicode) in plain or
+    # single-quoted text, where reading folds them into spaces; double quotes escape them.
+    if re.search("[\x85\u2028\u2029]", data):
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     return dumper.represent_str(data)
 

@@ -558,8 +558,8 @@ class _Spent:
 
     def __init__(self, held: list[float], start: float) -> None:
         self.held, self.start, self.base = held, start, held[0]
-        self.own = 0.0  # seconds its own steps held the loop
-        self.total = 0.0  # its own time when it finished
+        # the seconds its own steps held the loop; its own time when it finished
+        self.own = self.total = 0.0
 
     def __call__(self) -> float:
         return time.monotonic() - self.start - (self.held[0] - self.base - self.own)
