@@ -91,9 +91,7 @@ def check_concurrency(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         msg = f"concurrency must be a positive int, got {short_repr(value)}"
         raise TypeError(msg)
-    if value < 1:
-        msg = f"concurrency must be a positive int (1 or more), got {value!r}"
-        raise ValueError(msg)
+    check_count("concurrency", value, optional=False)
 
 
 # "kb", "mb"...: powers of 1000; "kib", "mib"...: powers of 1024

@@ -21,11 +21,7 @@ __all__ = ["Runner", "StageStats", "run_imap", "run_map"]
 
 
 def run_map(
-    pipeline: PipelineDef,
-    data: Iterable[Any],
-    options: RunOptions,
-    distributed: bool = False,
-    **where: Any,
+    pipeline: PipelineDef, data: Iterable[Any], options: RunOptions, distributed: bool, **where: Any
 ) -> Any:
     """``Pipeline.map``: fresh workers for one run, closed after it (``where``: the keyword
     arguments of :class:`Runner` that say where: ``devices``, ``cfg``, ``start_method``,

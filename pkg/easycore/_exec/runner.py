@@ -139,11 +139,10 @@ class Runner:
         return 1 if INLINE in self.devices else len(self.devices)
 
     def __repr__(self) -> str:
-        state = "active" if self._active else "closed"
         where = str(list(self.devices))
         if self._chain.named:
             where = "{" + ", ".join(f"{h.name}: {list(h.devices)}" for h in self._chain.hops) + "}"
-        return f"<Runner {self.pipeline!r} on {where} ({state})>"
+        return f"<Runner {self.pipeline!r} on {where} ({'active' if self._active else 'closed'})>"
 
     def stats(self) -> list[StageStats]:
         """Per pool, for the run under way or the last one: what is done, busy and queued.

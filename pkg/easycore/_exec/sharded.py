@@ -56,8 +56,7 @@ _WHERE = ("stage", "device", "worker", "index")  # where a failure was, as Worke
 def _describe(exc: BaseException, me: int) -> dict[str, Any]:
     """A picklable account of a rank's failure, enough to raise it again on another rank."""
     cause = exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ else exc
-    ours = isinstance(exc, WorkerError | WorkerDied)
-    text = str(exc) if ours else f"{type(exc).__name__}: {exc}"
+    text = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}"
     tb = getattr(exc, "remote_traceback", None) or "".join(
         traceback.format_exception(type(cause), cause, cause.__traceback__)
     )
@@ -119,13 +118,7 @@ def _check_supported(pipeline: PipelineDef, options: RunOptions, engine: str) ->
 
 
 def sharded_map(
-    pipeline: Any,
-    data: Iterable[Any],
-    options: RunOptions,
-    *,
-    devices: Any,
-    engine: str,
-    **where: Any,
+    pipeline: Any, data: Iterable[Any], options: RunOptions, devices: Any, engine: str, **where: Any
 ) -> Any:
     """Share the units of ``pipeline`` (an ``easycore.Pipeline``) out between ranks, run
     each share, merge in order, fold once (``where``: the rest of :class:`Runner`'s keyword
