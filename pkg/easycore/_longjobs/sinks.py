@@ -476,7 +476,7 @@ def _arrow_column(values: Any) -> Any:
     if (plain := _plain_column(values)) is not None:
         return plain
     try:
-        return pa.array(values)
+        return pa.array([_to_numpy(v) for v in values])  # (tensors as numpy, as above)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
         return pa.array([_py(v) for v in values])
 
