@@ -10,6 +10,7 @@ decoration refuses.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -101,12 +102,9 @@ def is_async_fn(fn: Any, kind: Callable[[Any], bool] = inspect.iscoroutinefuncti
     is one."""
     if kind(fn):
         return True
-    try:
-        inner = inspect.unwrap(fn)
-    except ValueError:  # pragma: no cover - a wrapper cycle
-        inner = fn
-    if kind(inner):
-        return True
+    with contextlib.suppress(ValueError):  # (a wrapper cycle)
+        if kind(inspect.unwrap(fn)):
+            return True
     if inspect.isfunction(fn) or inspect.ismethod(fn):
         return False
     return kind(inspect.getattr_static(type(fn), "__call__", None))

@@ -27,7 +27,6 @@ import cloudpickle
 
 from easycore import distributed
 from easycore._errors import WorkerDied, WorkerError
-from easycore._exec.core.plan import PipelineDef
 from easycore._exec.core.protocol import pack_exception, unpack_exception
 from easycore._exec.core.sources import batched, items_of
 from easycore._exec.runner import Runner, count_units
@@ -57,9 +56,7 @@ def _describe(exc: BaseException, me: int) -> dict[str, Any]:
     """A picklable account of a rank's failure, enough to raise it again on another rank."""
     cause = exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ else exc
     text = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}"
-    tb = getattr(exc, "remote_traceback", None) or "".join(
-        traceback.format_exception(type(cause), cause, cause.__traceback__)
-    )
+    tb = getattr(exc, "remote_traceback", None) or "".join(traceback.format_exception(cause))
     return {
         "rank": me,
         "message": text,
@@ -73,13 +70,12 @@ def _raise_failure(
     failures: list[dict[str, Any]], me: int, world: int, own: BaseException | None
 ) -> None:
     """Raise the same ``WorkerError`` on every rank; a failing rank reports its own error."""
-    mine = next((f for f in failures if f["rank"] == me), None)
-    info = mine if mine is not None else failures[0]
+    info = next((f for f in failures if f["rank"] == me), failures[0])  # ours, if we failed
     msg = f"rank {info['rank']} of {world} failed: {info['message']}"
     others = [str(f["rank"]) for f in failures if f is not info]
     if others:
         msg += f"\n(rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too)"
-    if mine is not None and own is not None:
+    if info["rank"] == me and own is not None:
         cause = own.__cause__ if isinstance(own, WorkerError) and own.__cause__ else own
     else:
         blob, tname, text = info["cause"]
@@ -98,8 +94,13 @@ def _exchange(collective: Any, what: str, me: int, *args: Any) -> Any:
         raise WorkerDied(msg) from exc
 
 
-def _check_supported(pipeline: PipelineDef, options: RunOptions, engine: str) -> None:
-    """Refuse, before anything starts, what a distributed map does not do (yet)."""
+def sharded_map(
+    pipeline: Any, data: Iterable[Any], options: RunOptions, devices: Any, engine: str, **where: Any
+) -> Any:
+    """Share the units of ``pipeline`` (an ``easycore.Pipeline``) out between ranks, run
+    each share, merge in order, fold once (``where``: the rest of :class:`Runner`'s keyword
+    arguments, ``cfg`` among them)."""
+    # Refused before anything starts: what a distributed map does not do (yet).
     if engine != "local":
         msg = f"distributed=True runs under torchrun on the local engine, not engine={engine!r}"
         raise ValueError(msg)
@@ -115,15 +116,6 @@ def _check_supported(pipeline: PipelineDef, options: RunOptions, engine: str) ->
             ".on pools is not supported there yet (drop .on, or run it per rank)"
         )
         raise ValueError(msg)
-
-
-def sharded_map(
-    pipeline: Any, data: Iterable[Any], options: RunOptions, devices: Any, engine: str, **where: Any
-) -> Any:
-    """Share the units of ``pipeline`` (an ``easycore.Pipeline``) out between ranks, run
-    each share, merge in order, fold once (``where``: the rest of :class:`Runner`'s keyword
-    arguments, ``cfg`` among them)."""
-    _check_supported(pipeline, options, engine)
     distributed.init()
     me, world = distributed.rank(), distributed.world_size()
     size = options.batch_size
