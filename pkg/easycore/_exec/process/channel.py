@@ -25,8 +25,8 @@ Frame layout on the socket: ``send_bytes(flag + pickle)``; flag ``0`` plain, ``1
 file descriptors follow in ``SCM_RIGHTS`` messages of ``_FD_MARKER`` bytes (at most
 ``_MAX_FDS`` each; the first marker holds the total), ``2`` a
 *control* frame: a plain pickle outside the envelope (no segments, no releases), read and
-acted on by a worker's reader thread, possibly followed by one socket descriptor (a pipe to
-a peer worker of a multi-pool pipeline).
+acted on by a worker's reader thread; ``3`` the same, followed by one socket descriptor (a
+pipe to a peer worker of a multi-pool pipeline).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ _MAX_FDS = 64
 PLAIN = b"\x00"
 WITH_FDS = b"\x01"
 CONTROL = b"\x02"
+CONTROL_FD = b"\x03"
 
 _local = threading.local()  # the channel decoding on this thread (for the rebuild functions)
 
@@ -196,7 +197,6 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
     buf = chan.pool.segments[seg_id].buf
     dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(obj.dtype)
     dst.view(obj.shape).copy_(obj)
-    del dst
     chan.shm_bytes += nbytes
     return (_rebuild_tensor, (seg_id, nbytes, dtype, tuple(obj.shape)))
 
@@ -210,21 +210,23 @@ def _numpy_reduce(chan: Channel, obj: Any, np: Any) -> Any:
     buf = chan.pool.segments[seg_id].buf
     dst = np.frombuffer(buf, dtype=obj.dtype, count=obj.size).reshape(obj.shape)
     np.copyto(dst, obj, casting="no")
-    del dst
     chan.shm_bytes += obj.nbytes
     return (_rebuild_array, (seg_id, obj.dtype.str, tuple(obj.shape)))
 
 
-def _lend(chan: Channel, seg_id: int, count: int, dtype: Any) -> Any:
-    """A numpy array over the peer's segment; the segment goes back when the array dies.
+def _lend(seg_id: int, count: int, dtype: Any) -> Any:
+    """A numpy array over the peer's segment (of the channel decoding on this thread); the
+    segment goes back when the array dies.
 
     The array is the one owner of the memory: torch tensors made from it, and every view of
     either, keep it alive, so the segment cannot be reused while any of them exists.
     """
     import numpy as np
 
+    chan: Channel = _local.channel
     mapping = chan.peer[seg_id]
     base = np.frombuffer(mapping.buf, dtype=dtype, count=count)
+    chan.shm_in += base.nbytes
     weakref.finalize(base, _returned, chan.released, seg_id, mapping)
     return base
 
@@ -237,10 +239,7 @@ def _returned(released: deque[int], seg_id: int, mapping: _Mapping) -> None:
 def _rebuild_tensor(seg_id: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> Any:
     import torch
 
-    chan: Channel = _local.channel
-    chan.shm_in += nbytes
-    base = _lend(chan, seg_id, nbytes, "u1")
-    return torch.from_numpy(base).view(getattr(torch, dtype)).view(shape)
+    return torch.from_numpy(_lend(seg_id, nbytes, "u1")).view(getattr(torch, dtype)).view(shape)
 
 
 def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -254,10 +253,7 @@ def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any
 
 
 def _rebuild_array(seg_id: int, dtype: str, shape: tuple[int, ...]) -> Any:
-    chan: Channel = _local.channel
-    base = _lend(chan, seg_id, math.prod(shape), dtype)
-    chan.shm_in += base.nbytes
-    return base.reshape(shape)
+    return _lend(seg_id, math.prod(shape), dtype).reshape(shape)
 
 
 class Undecoded:
@@ -403,7 +399,8 @@ class Channel:
 
     def send_control(self, payload: Any, fd: int | None = None) -> None:
         """Send a control frame (plain pickle), with one descriptor after it when given."""
-        frame = CONTROL + pickle.dumps((payload, fd is not None), pickle.HIGHEST_PROTOCOL)
+        flag = CONTROL if fd is None else CONTROL_FD
+        frame = flag + pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
         with self.send_lock:
             self.conn.send_bytes(frame)
             if fd is not None:
@@ -424,24 +421,16 @@ class Channel:
                 expected = int.from_bytes(marker, "little")
                 fds.extend(more)
             return frame, fds
-        if flag == CONTROL:
-            _, has_fd = pickle.loads(memoryview(frame)[1:])
-            if has_fd:  # one descriptor follows
-                _, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, 1)
-                return frame, fds
+        if flag == CONTROL_FD:  # one descriptor follows
+            _, fds, _, _ = socket.recv_fds(self.sock, _FD_MARKER, 1)
+            return frame, fds
         return frame, []
-
-    @staticmethod
-    def read_control(frame: bytes) -> Any:
-        """The payload of a control frame."""
-        return pickle.loads(memoryview(frame)[1:])[0]
 
     def decode(self, frame: bytes, fds: list[int]) -> Any:
         """Unpickle a frame: map new peer segments, copy arrays out, apply releases."""
         for fd in fds:
             try:
-                size = os.fstat(fd).st_size
-                self.peer[self.next_peer_id] = _Mapping(fd, size)
+                self.peer[self.next_peer_id] = _Mapping(fd, os.fstat(fd).st_size)
             finally:
                 os.close(fd)
             self.next_peer_id += 1

@@ -225,14 +225,12 @@ def context(
     if method not in methods:
         msg = f"start_method {method!r} is not available here; choose from {methods}"
         raise ValueError(msg)
-    if method == "fork":
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
-            msg = (
-                "start_method='fork' after CUDA was initialised in this process is unsafe; "
-                "use 'forkserver' or 'spawn'"
-            )
-            raise ValueError(msg)
+    if method == "fork" and "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        msg = (
+            "start_method='fork' after CUDA was initialised in this process is unsafe; "
+            "use 'forkserver' or 'spawn'"
+        )
+        raise ValueError(msg)
     ctx = mp.get_context(method)
     if method == "forkserver":
         # The forkserver imports torch once, before it has any thread or CUDA context; every

@@ -79,7 +79,7 @@ from easycore._exec.core.protocol import (
     worker_view,
 )
 from easycore._exec.core.stages import ChunkRun, PreparedStages, Ran
-from easycore._exec.process.channel import CONTROL, Channel, Damaged
+from easycore._exec.process.channel import CONTROL, CONTROL_FD, Channel, Damaged
 from easycore._reaping import (
     become_subreaper,
     end_children,
@@ -138,7 +138,7 @@ def _end(chan: Channel, goodbye: Any) -> NoReturn:
     joined: ``_leave`` ends them. Nothing else is left to do: interpreter teardown is
     skipped (the caller joins us right now).
     """
-    _send(chan, goodbye)
+    _send(chan.send, goodbye)
     with contextlib.suppress(Exception):  # (what multiprocessing's _exit_function runs)
         multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
     sys.stdout.flush()
@@ -167,10 +167,11 @@ def _let_go(fds: tuple[int, ...]) -> None:
     os.close(null)
 
 
-def _send(chan: Channel, obj: Any, bare: bool = False) -> None:
-    """Send to the caller; if the caller is gone there is nobody to report to: exit."""
+def _send(send: Callable[[Any], None], obj: Any) -> None:
+    """``send(obj)`` to the caller (a message, bare, or a frame); if the caller is gone there
+    is nobody to report to: exit."""
     try:
-        (chan.send_bare if bare else chan.send)(obj)
+        send(obj)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         _leave(0, group=True)
 
@@ -240,10 +241,10 @@ class _Reader:
             self.tasks.put(None)
             self.inbox.put(None)
             return True
-        elif frame[:1] != CONTROL:
+        elif frame[:1] not in (CONTROL, CONTROL_FD):
             self.tasks.put((ch, frame, fds))
         else:
-            op = Channel.read_control(frame)
+            op = pickle.loads(memoryview(frame)[1:])
             peer = Channel(mpc.Connection(fds[0])) if fds else None
             if peer is not None:  # AddPeer: an upstream worker; Forward: the first chunk to it
                 role = "up" if isinstance(op, AddPeer) else "down"
@@ -290,10 +291,7 @@ class _ToCaller:
         except Exception as exc:  # (what does not pickle runs again while its retries allow)
             values = run.unpicklable(values, exc, self.cur, self.at)
             frame = self.caller.encode(Done(task.chunk_id, values, n, True, elapsed, busy))
-        try:
-            self.caller.send_frame(frame)
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            _leave(0, group=True)
+        _send(self.caller.send_frame, frame)
         self.cur[self.at + AT_SENDING] = NOT_SENDING
 
 
@@ -313,7 +311,7 @@ class _ToNextHop(_ToCaller):
         self.inbox.put(
             ("held", task.chunk_id, task._replace(units=values, marked=task.marked or marked))
         )
-        _send(self.caller, Held(task.chunk_id, n, elapsed, busy))
+        _send(self.caller.send, Held(task.chunk_id, n, elapsed, busy))
 
     # sender thread
     def _send_loop(self) -> None:
@@ -355,7 +353,7 @@ class _ToNextHop(_ToCaller):
                 return  # the peer died; its reader-side EOF cleans up
         finally:
             self.cur[self.at + AT_SENDING] = NOT_SENDING
-        _send(self.caller, Sent(task.chunk_id, nbytes), bare=True)
+        _send(self.caller.send_bare, Sent(task.chunk_id, nbytes))
 
 
 def _flush_releases(upstream: set[Channel]) -> None:
@@ -433,7 +431,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     failed = stages.start()
     if failed is not None:
         _end(chan, InitFailed(failed.report()))  # (and what the init started ends)
-    _send(chan, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
+    _send(chan.send, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
 
     (_serve_waiting if stages.waits else _serve)(tasks, stop, outlet)
 
@@ -498,7 +496,7 @@ def _serve_waiting(tasks: queue.SimpleQueue[Any], stop: threading.Event, outlet:
                 del run, ran
             elif k == 0 and not isinstance(run, ChunkRun):  # (answered for the oldest chunk
                 pending.popleft()  # not answered: in its turn)
-                _send(outlet.caller, run)
+                _send(outlet.caller.send, run)
             else:
                 k += 1
         if not pending:
@@ -568,7 +566,7 @@ def _take(
         # waits, which answers chunks as they end, says so once those before are answered).
         unreadable = Unreadable(ErrorReport.of(UNREADABLE, exc))
         if pending is None:
-            _send(outlet.caller, unreadable)
+            _send(outlet.caller.send, unreadable)
         else:
             pending.append((unreadable, t0))
         return None
