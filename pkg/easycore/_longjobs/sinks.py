@@ -512,7 +512,7 @@ def _plain_column(values: Any) -> Any:
     kinds.discard(type(None))
     if not kinds:
         return pa.nulls(len(values))
-    kind = float if kinds == {int, float} else kinds.pop() if len(kinds) == 1 else None
+    kind: Any = float if kinds == {int, float} else kinds.pop() if len(kinds) == 1 else None
     if kind not in (str, bytes, bool, int, float):
         return None
     full = [kind() if v is None else v for v in values] if missing else values  # ("", 0...)
