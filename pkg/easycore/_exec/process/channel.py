@@ -177,14 +177,8 @@ def _torch_reduce(chan: Channel, obj: Any, torch: Any) -> Any:
         from torch.multiprocessing.reductions import reduce_tensor
 
         return reduce_tensor(obj)  # type: ignore[no-untyped-call]
-    if (
-        obj.device.type != "cpu"
-        or obj.requires_grad
-        or obj.layout != torch.strided
-        or obj.is_quantized
-        or obj.is_conj()
-        or obj.is_neg()
-    ):
+    odd = obj.requires_grad or obj.layout != torch.strided or obj.is_quantized
+    if obj.device.type != "cpu" or odd or obj.is_conj() or obj.is_neg():
         return None
     nbytes = obj.numel() * obj.element_size()
     dtype = str(obj.dtype).removeprefix("torch.")

@@ -51,11 +51,8 @@ class ProcessEngine:
             WorkerError, WorkerDied: an ``init`` raised, a worker died while starting (no
                 worker is left running).
         """
-        self.workers.start_payloads()
         try:
-            self.workers.start()
-            if self.wait:
-                self.workers.wait_ready()
+            self.workers.start(self.wait)
         except BaseException:
             self.stop(grace=0.0, report=False)
             raise

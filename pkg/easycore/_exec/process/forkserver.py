@@ -34,9 +34,8 @@ def _listeners() -> list[str]:
             continue
         with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
             addr = sock.getsockname() if sock.family == socket.AF_UNIX else None
-            if isinstance(addr, str) and os.path.basename(os.path.dirname(addr)).startswith(
-                "pymp-"
-            ):
+            folder = os.path.dirname(addr) if isinstance(addr, str) else ""
+            if os.path.basename(folder).startswith("pymp-"):
                 paths.append(addr)
     return paths
 

@@ -15,9 +15,8 @@ with contextlib.suppress(ImportError):
     import numpy  # noqa: F401
 
 # What unpickling a worker's Process object needs (its slots are a RawArray on an mp heap
-# arena, whose descriptor travels as a popen_forkserver._DupFd): imported once here rather
-# than in every worker.
-import multiprocessing.heap
+# arena, which sharedctypes imports, whose descriptor travels as a popen_forkserver._DupFd):
+# imported once here rather than in every worker.
 import multiprocessing.popen_forkserver
 import multiprocessing.sharedctypes  # noqa: F401
 

@@ -68,10 +68,10 @@ class Run:
     ) -> None:
         self.workers = workers
         self.chain: Chain = workers.chain
-        self.hops = self.chain.hops
+        # (hops, not self, in the lambda: a cycle would keep the worker set alive past its run)
+        self.hops = hops = self.chain.hops
         self.books = RunBooks(self.chain, source, options, policy, bars)
         self.options = options
-        hops = self.hops  # (not self: a cycle would keep the worker set alive past its run)
         self.sched = Scheduler(self.books, lambda h: workers.of_hop(hops[h]), ids)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: collections.Counter[int] = collections.Counter()
@@ -94,9 +94,7 @@ class Run:
         if idle and all(w.ready and not w.retiring for w in self.workers.workers):
             raise self.books.stalled()
         self.workers.wait_and_handle(
-            self.workers.kill_overdue(self.options.timeout),
-            self.on_message,
-            () if wake is None else (wake,),
+            self.options.timeout, self.on_message, () if wake is None else (wake,)
         )
         if wake is not None:
             source.drain_wakeups()
@@ -108,14 +106,13 @@ class Run:
         to the first pool (at most ``most_chunks``)."""
         sched, books, options = self.sched, self.books, self.options
         for fwd in sched.forwards():
-            chunk, src, dst = fwd
             try:
-                key, fd = self.workers.pair(src, dst)
+                key, fd = self.workers.pair(fwd.src, fwd.dst)
             except OSError:
                 sched.unforward(fwd)  # dst is dying: its sentinel will tell us
                 break
             try:
-                src.chan.send_control(Forward(chunk.id, key), fd)
+                fwd.src.chan.send_control(Forward(fwd.chunk.id, key), fd)
             except OSError:
                 break  # the holder is dying: its death re-runs the chunk
             finally:
@@ -253,9 +250,7 @@ class Run:
             with contextlib.suppress(OSError):
                 chunk.place.chan.send_control(Drop(chunk.id))
         while self.sched:
-            self.workers.wait_and_handle(
-                self.workers.kill_overdue(self.options.timeout), self._discard
-            )
+            self.workers.wait_and_handle(self.options.timeout, self._discard)
 
     def _discard(self, w: Worker, msg: Any) -> None:
         if isinstance(msg, Damaged):

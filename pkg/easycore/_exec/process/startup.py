@@ -196,8 +196,7 @@ def light_wanted(method: str, devices: Sequence[str]) -> bool:
 
 def light_forkserver_pid() -> int | None:
     """The light forkserver's pid while it runs (a long-lived helper, not a worker)."""
-    pid = getattr(_LIGHT_SERVER, "_forkserver_pid", None)
-    return int(pid) if pid else None
+    return getattr(_LIGHT_SERVER, "_forkserver_pid", None) or None
 
 
 def note_torch(loaded: bool) -> None:

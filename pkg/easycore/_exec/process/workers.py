@@ -138,16 +138,13 @@ def _caller_ends() -> list[int]:
 
 
 def _culprit_of(stages: Sequence[Any], cfg: CfgNode) -> str:
-    for stage in stages:
-        for role, obj in (("work function", stage.fn), ("init", stage.init), ("end", stage.end)):
-            try:
-                cloudpickle.dumps(obj)
-            except Exception as exc:
-                return f"the {role} of stage {stage.name!r} cannot be pickled: {exc}"
-    try:
-        cloudpickle.dumps(cfg)
-    except Exception as exc:
-        return f"cfg cannot be pickled: {exc}"
+    roles = (("work function", "fn"), ("init", "init"), ("end", "end"))
+    parts = [(f"the {r} of stage {s.name!r}", getattr(s, a)) for s in stages for r, a in roles]
+    for name, obj in [*parts, ("cfg", cfg)]:
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:
+            return f"{name} cannot be pickled: {exc}"
     return "the pipeline cannot be pickled"
 
 
@@ -168,16 +165,19 @@ class WorkerSet:
         self._pairs: dict[tuple[int, int], int] = {}  # (from slot, to slot) -> pipe key
         self._pair_keys = itertools.count()
         self._waiter = _Waiter()
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._finalizer = weakref.finalize(self, kill_all, [])  # (see _watch)
         self.descriptors: dict[int, tuple[int, int, int]] = {}  # opened to start its workers
         _LIVE.add(self)
 
     # -- start -----------------------------------------------------------------------------
-    def start_payloads(self) -> None:
-        """Pickle each hop's stages and ``cfg`` once, for every worker of the hop.
+    def start(self, wait: bool) -> None:
+        """Pickle each hop's stages and ``cfg`` once, for every worker of the hop, and start
+        one process per device; with ``wait``, wait until every worker has run its ``init``.
 
         Raises:
             SerializationError: a stage function or ``cfg`` cannot be pickled.
+            WorkerError: an ``init`` raised (``wait``).
+            WorkerDied: a worker died while starting (``wait``).
         """
         for hop in self.chain.hops:
             try:
@@ -186,25 +186,13 @@ class WorkerSet:
                 culprit = _culprit_of(hop.stages, self.cfg)
                 msg = f"{culprit}; workers receive their functions pickled"
                 raise SerializationError(msg) from exc
-
-    def start(self) -> None:
-        """Start one process per device (not waiting for them to be ready)."""
-        n = len(self.chain.devices)
-        self.slots = Slots(RawArray("d", SLOT_WIDTH * n))
+        self.slots = Slots(RawArray("d", SLOT_WIDTH * len(self.chain.devices)))
         self.workers = []
         self._pairs.clear()
-        for slot in range(n):
+        for slot in range(len(self.chain.devices)):
             self.workers.append(self._spawn(slot))
         self._watch()
-
-    def wait_ready(self) -> None:
-        """Wait until every worker has run its ``init``.
-
-        Raises:
-            WorkerError: an ``init`` raised.
-            WorkerDied: a worker died while starting.
-        """
-        while not all(w.ready for w in self.workers):
+        while wait and not all(w.ready for w in self.workers):
             self.wait_and_handle(None, None)
 
     def _spawn(self, slot: int) -> Worker:
@@ -277,8 +265,7 @@ class WorkerSet:
 
     def _watch(self) -> None:
         # If the runner is dropped without close(), its processes are killed, not orphaned.
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        self._finalizer.detach()
         self._finalizer = weakref.finalize(self, kill_all, [w.proc for w in self.workers])
 
     def of_hop(self, hop: Hop) -> list[Worker]:
@@ -286,9 +273,8 @@ class WorkerSet:
 
     def in_flight(self) -> list[int]:
         """Per hop, the units its live workers are running now (read from the slots)."""
-        slots = self.slots
         return [
-            sum(slots.in_flight(w.slot) for w in self.of_hop(hop) if not w.gone)
+            sum(self.slots.in_flight(w.slot) for w in self.of_hop(hop) if not w.gone)
             for hop in self.chain.hops
         ]
 
@@ -306,21 +292,21 @@ class WorkerSet:
             return key, None
         key = next(self._pair_keys)
         a, b = socket.socketpair()
-        try:
-            dst.chan.send_control(AddPeer(key), b.fileno())
-        except BaseException:
-            a.close()
-            raise
-        finally:
-            b.close()
+        with b:
+            try:
+                dst.chan.send_control(AddPeer(key), b.fileno())
+            except BaseException:
+                a.close()
+                raise
         self._pairs[(src.slot, dst.slot)] = key
         return key, a.detach()
 
     # -- waiting -----------------------------------------------------------------------------
     def wait_and_handle(
-        self, timeout: float | None, handler: Handler | None, extra: Sequence[Any] = ()
+        self, unit_timeout: float | None, handler: Handler | None, extra: Sequence[Any] = ()
     ) -> None:
-        """Wait for any pipe, process sentinel or ``extra`` socket, then read what came.
+        """Wait for any pipe, process sentinel or ``extra`` socket, then read what came;
+        workers past ``unit_timeout`` in a unit are killed first (:meth:`kill_overdue`).
 
         Start-up messages are handled here; every other message, and a death (``None``),
         goes to ``handler``. Without a handler (start-up), a death raises.
@@ -332,7 +318,7 @@ class WorkerSet:
         live = [w for w in self.workers if not w.gone]
         fds = [w.chan.fileno() for w in live] + [w.proc.sentinel for w in live]
         fds += [x if isinstance(x, int) else x.fileno() for x in extra]
-        ready = self._waiter.wait(fds, timeout)
+        ready = self._waiter.wait(fds, self.kill_overdue(unit_timeout))
         n = len(live)
         for k, w in enumerate(live):
             if fds[k] in ready or fds[n + k] in ready:
@@ -448,17 +434,14 @@ class WorkerSet:
             for w in waiting.values():
                 with contextlib.suppress(OSError, ValueError):
                     w.chan.conn.send_bytes(STOP)
-            now = time.monotonic()
-            deadline, unit_deadline = now + (grace or 0.0), now + min(grace or 0.0, UNIT_GRACE)
+            since = time.monotonic()
             while waiting:
                 for w in list(waiting.values()):
                     done, err = _read_goodbye(self.chain, w)
                     failure = failure or err
                     if done:
                         del waiting[w.slot]
-                wait = None
-                if grace is not None:
-                    wait = _patience(self.slots, waiting.values(), deadline, unit_deadline)
+                wait = _patience(self.slots, waiting.values(), grace, since)
                 if not waiting or wait == 0.0:
                     break
                 fds = [fd for w in waiting.values() for fd in (w.chan.fileno(), w.proc.sentinel)]
@@ -475,32 +458,29 @@ class WorkerSet:
                 with contextlib.suppress(Exception):
                     w.chan.close()
                 w.gone = True
-            if self._finalizer is not None:
-                self._finalizer.detach()
-                self._finalizer = None
+            self._finalizer.detach()
         return failure
 
 
 def _patience(
-    slots: Slots, waiting: Iterable[Worker], deadline: float, unit_deadline: float
-) -> float:
-    """How long to wait for the goodbyes of ``waiting`` (0.0: not at all).
+    slots: Slots, waiting: Iterable[Worker], grace: float | None, since: float
+) -> float | None:
+    """How long to wait for the goodbyes of ``waiting``, told to stop at ``since`` with
+    ``grace`` s (None: for good; 0.0: not at all).
 
     A worker still in ``init`` cannot run ``end`` before it is done; one in a unit only
-    once the unit is: it is waited for until ``unit_deadline`` (then, between units, it
-    is running ``end``, and has until ``deadline``).
+    once the unit is: it is waited for ``UNIT_GRACE`` s at most (then, between units, it
+    is running ``end``, and has the grace).
     """
+    if grace is None:
+        return None
     now = time.monotonic()
-    if now >= deadline:
+    ready = [w for w in waiting if w.ready]  # one still in init: not worth waiting for
+    if now >= since + grace or not ready:
         return 0.0
-    until = now
-    for w in waiting:
-        if not w.ready:
-            continue  # still in init: not worth waiting for
-        if slots.started(w.slot) == IDLE:
-            return deadline - now  # running `end` (or about to): it has the grace
-        until = max(until, unit_deadline)  # in a unit: it may be about to finish it
-    return until - now
+    if any(slots.started(w.slot) == IDLE for w in ready):
+        return since + grace - now  # running `end` (or about to): it has the grace
+    return max(0.0, since + min(grace, UNIT_GRACE) - now)  # in a unit: it may end it soon
 
 
 def _read_goodbye(chain: Chain, w: Worker) -> tuple[bool, BaseException | None]:
