@@ -259,9 +259,6 @@ class Drop(NamedTuple):
 # worker -> caller
 # ---------------------------------------------------------------------------------------------
 class Ready(NamedTuple):
-    pid: int
-    entered: float
-    ready_at: float
     torch_loaded: bool
 
 

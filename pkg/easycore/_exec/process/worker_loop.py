@@ -371,7 +371,6 @@ def _flush_releases(upstream: set[Channel]) -> None:
 # ---------------------------------------------------------------------------------------------
 def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     """Entry point of a worker process (the ``target`` given to ``Process``)."""
-    entered = time.monotonic()
     # What a forked worker inherited is never collected here (a collection would touch, and
     # so copy, every page of it); a forkserver froze its own before it forked this one.
     gc.freeze()
@@ -431,7 +430,7 @@ def worker_main(conn: Any, slots: Any, spec: WorkerSpec) -> None:
     failed = stages.start()
     if failed is not None:
         _end(chan, InitFailed(failed.report()))  # (and what the init started ends)
-    _send(chan.send, Ready(os.getpid(), entered, time.monotonic(), "torch" in sys.modules))
+    _send(chan.send, Ready("torch" in sys.modules))
 
     (_serve_waiting if stages.waits else _serve)(tasks, stop, outlet)
 
