@@ -363,7 +363,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         load = loader.exec_module
 
         def exec_module(module: Any) -> None:
-            del loader.exec_module  # (the loader's own again: it may load other modules)
+            # (the loader's own again: it may load other modules; a second hook for the
+            # same module wrapped this one, and took it off already)
+            vars(loader).pop("exec_module", None)
             load(module)
             drop_hooks([self])
             self.then(module)
