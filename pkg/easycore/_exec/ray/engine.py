@@ -211,9 +211,10 @@ def check_fits(chain: Chain, resources: dict[str, float]) -> None:
         have = int(resources.get(unit, 0))
         if need > have:
             each = ", ".join(f"{h.name}: {_needs(h.devices)[unit]}" for h in chain.hops)
+            per = "one CPU each" if unit == "CPU" else "one GPU each, a group's GPUs counted"
             msg = (
-                f"the pools together ask for {need} {unit}(s) ({each}; one CPU per CPU actor), "
-                f"and the Ray cluster has {have} {unit}(s): ask for fewer, or add nodes "
+                f"the pools together ask for {need} {unit} actor(s) ({each}; {per}), and the "
+                f"Ray cluster has {have} {unit}(s): ask for fewer, or add nodes "
                 "(ray start --address=...)"
             )
             raise ValueError(msg)
