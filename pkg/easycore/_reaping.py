@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import os
 import shutil
 import signal
@@ -85,16 +86,12 @@ def start_time(pid: int) -> int | None:
 
 def _table() -> dict[int, tuple[int, int, int]]:
     """Every process's :func:`_stat` (parent, group, start time), read from /proc."""
-    out: dict[int, tuple[int, int, int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:  # pragma: no cover - no /proc
-        return out
-    for name in names:
-        stat = _stat(name) if name.isdigit() else None
-        if stat is not None:  # (else gone meanwhile)
-            out[int(name)] = stat
-    return out
+        return {}
+    # (a process gone meanwhile has no stat)
+    return {int(n): stat for n in names if n.isdigit() and (stat := _stat(n)) is not None}
 
 
 def children(pid: int) -> list[int]:
@@ -231,9 +228,5 @@ def remove_own_mp_tempdir() -> None:
 def remove_mp_tempdir(pid: int) -> None:
     """Remove the directory multiprocessing made in process ``pid``, now gone
     (:func:`name_mp_tempdir`)."""
-    prefix = _mp_tempdir_prefix(pid)
-    base = os.path.dirname(prefix)
-    with contextlib.suppress(OSError):
-        for name in os.listdir(base):
-            if name.startswith(os.path.basename(prefix)):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    for path in glob.glob(glob.escape(_mp_tempdir_prefix(pid)) + "*"):
+        shutil.rmtree(path, ignore_errors=True)
