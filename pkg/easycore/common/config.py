@@ -103,13 +103,11 @@ class HierarchicalCfgNode:
         while cls.__BASE__ in chain[-1]:
             base = str(chain[-1][cls.__BASE__])
             beside = os.path.join(os.path.dirname(path), base)
-            if os.path.exists(beside):
-                path = os.path.abspath(beside)
-            elif os.path.exists(base):
-                path = os.path.abspath(base)
-            else:
+            found = next((p for p in (beside, base) if os.path.exists(p)), None)
+            if found is None:
                 msg = f"{cls.__BASE__}: {base} in {path}: no such file"
                 raise FileNotFoundError(msg)
+            path = os.path.abspath(found)
             if path in seen:
                 msg = f"{path} is its own base (through {' -> '.join(seen)})"
                 raise FileExistsError(msg)
@@ -147,13 +145,11 @@ class HierarchicalCfgNode:
         """
         out = CfgNode(cfg)
         if base_cfg_path is not None:
-            base_path = os.fspath(base_cfg_path)
-            out = _without(out, cls.open(base_path, encoding))  # (FileNotFoundError if none)
+            out = _without(out, cls.open(base_cfg_path, encoding))  # (FileNotFoundError if none)
+            base_path = os.path.abspath(base_cfg_path)
             if base_path_relative:
-                where = os.path.dirname(os.path.abspath(os.fspath(save_path)))
-                base_path = os.path.relpath(os.path.abspath(base_path), start=where)
-            else:
-                base_path = os.path.abspath(base_path)
+                where = os.path.dirname(os.path.abspath(save_path))
+                base_path = os.path.relpath(base_path, start=where)
             out[cls.__BASE__] = base_path
         out.save(save_path, encoding=encoding)
 
