@@ -127,13 +127,9 @@ def assign_blame(
         # split or charged whole as above. (Busy with something we no longer track, a chunk
         # re-run elsewhere after its sender died, nothing of ours is to blame.)
         chunks = [running[0]]
-    charged = {culprit} if culprit is not None else set()
-    split: list[Chunk] = []
-    for chunk in chunks:
-        if culprit is None and _splits(books, chunk):
-            split.append(chunk)
-        else:
-            charged |= _units(chunk, unit)
+    split = [c for c in chunks if culprit is None and _splits(books, c)]
+    charged = set() if culprit is None else {culprit}
+    charged = charged.union(*(_units(c, unit) for c in chunks if c not in split))
     doing = "running" if unpickling is None else "unpickling"
     return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, tuple(split))
 
@@ -200,7 +196,22 @@ def settle_death(
             books.fail(out, error, books.unit_items(chunk.items, chunk.start, out), hop.name)
         if not spared:  # nothing of ours to blame: raise, or go on
             books.policy.unplaced(error)
-    return _requeue(books, blame, lost, spared, hop.unit)
+    # What runs again, in input order: every lost chunk, the culprit's output unit alone (so
+    # it is pinned down), without the output units ``spared``; a chunk of ``blame.split``
+    # (or, once something is spared, every chunk) one output unit per chunk.
+    align = books.align
+    again: list[Work] = []
+    for chunk in sorted(lost, key=lambda c: c.start):
+        start, items = chunk.start, chunk.items
+        if spared or any(chunk is c for c in blame.split):
+            again.extend(books.rerun(Work(start, items), spared))
+        elif chunk is blame.holder and blame.culprit is not None:
+            a = (blame.culprit * hop.unit) // align * align
+            cuts = itertools.pairwise((start, a, a + align, chunk.end))
+            again += [Work(x, items[x - start : y - start]) for x, y in cuts if y > x]
+        else:
+            again.append(Work(start, items))
+    return again
 
 
 def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied | ItemTimeout:
@@ -250,27 +261,6 @@ def _error(books: RunBooks, dead: Dead, blame: Blame, held: int) -> WorkerDied |
         index = books.index(dead.hop, blame.suspect.start // hop.unit)
         return died(f" while sending {also}", index)
     return died(f" holding {held} item(s)" if held else "", None)
-
-
-def _requeue(
-    books: RunBooks, blame: Blame, lost: Sequence[Work], spared: set[int], unit: int
-) -> list[Work]:
-    """What to run again, in input order: every lost chunk, the culprit's output unit alone
-    (so it is pinned down), without the output units ``spared``; a chunk of ``blame.split``
-    (or, once something is spared, every chunk) one output unit per chunk."""
-    align = books.align
-    out: list[Work] = []
-    for chunk in sorted(lost, key=lambda c: c.start):
-        start, items = chunk.start, chunk.items
-        if spared or any(chunk is c for c in blame.split):
-            out.extend(books.rerun(Work(start, items), spared))
-        elif chunk is blame.holder and blame.culprit is not None:
-            a = (blame.culprit * unit) // align * align
-            cuts = itertools.pairwise((start, a, a + align, chunk.end))
-            out += [Work(x, items[x - start : y - start]) for x, y in cuts if y > x]
-        else:
-            out.append(Work(start, items))
-    return out
 
 
 # -- a chunk that failed as a whole, no unit named ---------------------------------------
