@@ -59,6 +59,43 @@ ENGINES = ("local", "ray")
 Segments = Iterator[tuple[int, list[Any]]]
 
 
+def _make_engine(
+    runner: Runner,
+    devices: Any,
+    start_method: str | None,
+    wait: bool,
+    tasks: bool,
+    concurrency: int,
+) -> Engine:
+    """The engine of ``runner``: Ray, the calling process (``"inline"``, or nothing to run in
+    workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
+
+    ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
+    instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
+    run that keeps no worker state (on Ray, init-less pools run as tasks). ``concurrency``:
+    items each worker of the pool ``devices`` describes holds at once.
+    """
+    if runner.engine == "ray" and runner.pipeline.producers:
+        if isinstance(devices, str) and devices == INLINE:
+            msg = "devices='inline' runs in this process; it does not go with engine='ray'"
+            raise ValueError(msg)
+        from easycore._exec.ray.engine import RayEngine  # imports ray: only here
+
+        # connects: "auto" counts it
+        return RayEngine(runner.pipeline, devices, runner.cfg, concurrency, tasks=tasks)
+    chain = plan_chain(runner.pipeline, devices, concurrency=concurrency)
+    if chain.named and start_method == "fork" and runner.engine == "local":
+        msg = (
+            "a pipeline with several pools (.on) needs start_method 'forkserver' or "
+            "'spawn': with 'fork', workers inherit each other's pipes"
+        )
+        raise ValueError(msg)
+    if INLINE in chain.devices or not runner.pipeline.producers:
+        return InlineEngine(chain, runner.cfg)
+    check_capacity(len(chain.devices))
+    return ProcessEngine(chain, runner.cfg, start_method, wait)
+
+
 class Runner:
     """Workers for one pipeline that stay up across calls; made by ``Pipeline.open``.
 
@@ -116,7 +153,7 @@ class Runner:
         # chunks each worker may hold for a run (queued, running, or done and waiting)
         self.prefetch = prefetch or DEFAULT_PREFETCH
         self.cfg = frozen_cfg(cfg)
-        self._engine = self._make_engine(devices, start_method, _wait, _tasks, concurrency)
+        self._engine = _make_engine(self, devices, start_method, _wait, _tasks, concurrency)
         self._chain = self._engine.chain
         self._sink: Sink | None = sink_of(self._chain.last.stages)  # easycore.write, or None
         if self._sink is not None:  # (before any worker starts)
@@ -381,37 +418,6 @@ class Runner:
         except BaseException:
             self._seat.release(token)
             raise
-
-    def _make_engine(
-        self, devices: Any, start_method: str | None, wait: bool, tasks: bool, concurrency: int
-    ) -> Engine:
-        """The engine of a runner: Ray, the calling process (``"inline"``, or nothing to run in
-        workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
-
-        ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
-        instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
-        run that keeps no worker state (on Ray, init-less pools run as tasks). ``concurrency``:
-        items each worker of the pool ``devices`` describes holds at once.
-        """
-        if self.engine == "ray" and self.pipeline.producers:
-            if isinstance(devices, str) and devices == INLINE:
-                msg = "devices='inline' runs in this process; it does not go with engine='ray'"
-                raise ValueError(msg)
-            from easycore._exec.ray.engine import RayEngine  # imports ray: only here
-
-            # connects: "auto" counts it
-            return RayEngine(self.pipeline, devices, self.cfg, concurrency, tasks=tasks)
-        chain = plan_chain(self.pipeline, devices, concurrency=concurrency)
-        if chain.named and start_method == "fork" and self.engine == "local":
-            msg = (
-                "a pipeline with several pools (.on) needs start_method 'forkserver' or "
-                "'spawn': with 'fork', workers inherit each other's pipes"
-            )
-            raise ValueError(msg)
-        if INLINE in chain.devices or not self.pipeline.producers:
-            return InlineEngine(chain, self.cfg)
-        check_capacity(len(chain.devices))
-        return ProcessEngine(chain, self.cfg, start_method, wait)
 
     # -- submit ------------------------------------------------------------------------------
     def submit(self, item: Any) -> concurrent.futures.Future[Any]:
