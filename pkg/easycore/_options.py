@@ -310,12 +310,10 @@ def run_options(
             f"({', '.join(POSITIONAL)}), got {len(positional)}"
         )
         raise TypeError(msg)
-    known = RunKwargs.__optional_keys__
-    for name in named:
-        if name not in known:
-            hint = close_matches(name, sorted(known), n=1)
-            msg = f"{caller}() got an unexpected keyword argument {name!r}{hint}"
-            raise TypeError(msg)
+    for name in [name for name in named if name not in RunKwargs.__optional_keys__]:
+        hint = close_matches(name, sorted(RunKwargs.__optional_keys__), n=1)
+        msg = f"{caller}() got an unexpected keyword argument {name!r}{hint}"
+        raise TypeError(msg)
     if caller != "imap" and "state" in named:
         msg = f"{caller}() got an unexpected keyword argument 'state' (it continues an imap)"
         raise TypeError(msg)

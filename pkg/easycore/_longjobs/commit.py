@@ -95,8 +95,17 @@ class DirLock:
         """
         for _ in range(5):
             stale = self.check()
-            if stale is not None:
-                self._take_over(stale)
+            if stale is not None and not self.files.local:
+                self.files.remove(LOCK_NAME)
+            elif stale is not None:  # a dead run's lock, unless another run took it over
+                aside = f"{self.path}.{os.urandom(4).hex()}"
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(self.path, aside)
+                    # a live lock, made after the dead one was read: put it back
+                    if pathlib.Path(aside).read_text() != stale:
+                        with contextlib.suppress(FileExistsError):
+                            os.link(aside, self.path)
+                    os.unlink(aside)
             try:
                 if self._create():
                     self.held = True
@@ -198,22 +207,6 @@ class DirLock:
             fs.pipe_file(self.path, data)
         return True
 
-    def _take_over(self, stale: str) -> None:
-        """Remove the lock of a dead run, unless another run took it over meanwhile."""
-        if not self.files.local:
-            self.files.remove(LOCK_NAME)
-            return
-        aside = f"{self.path}.{os.urandom(4).hex()}"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        # a live lock, made after the dead one was read: put it back
-        if pathlib.Path(aside).read_text() != stale:
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, self.path)
-        os.unlink(aside)
-
 
 def alive(pid: int, since: int | None = None) -> bool:
     """Whether process ``pid`` of this host runs (a zombie, killed and not yet reaped,
@@ -275,8 +268,7 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
     try:
         lock.take()
         known = ledger.committed_shards() if ledger is not None else []
-        gone = recover(sink, known)
-        if gone:
+        if gone := recover(sink, known):
             msg = (
                 f"{len(gone)} file(s) that resume={ledger.path!r} records as written are gone "
                 f"from {sink.path!r}: {some(sorted(gone), 3)}. Restore them, or "
@@ -292,8 +284,7 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
                 schema.admit(shard)  # (before the file takes its name: a conflict fails the run)
                 written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
             yield start, written
-        grew = schema.settle()  # (files rewritten in the run's schema: their new sizes)
-        if grew:
+        if grew := schema.settle():  # (files rewritten in the run's schema: their new sizes)
             yield None, [Written((), 0, grew)]
     finally:
         try:
