@@ -161,9 +161,7 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> LaunchInfo:
         port = DEFAULT_PORT + job % 10000 if job >= 0 else DEFAULT_PORT
     else:
         return LaunchInfo(launcher="none")
-    me, world, local = (
-        _int(env, name, default) for name, default in zip(names, (0, 1, 0), strict=True)
-    )
+    me, world, local = (_int(env, n, default) for n, default in zip(names, (0, 1, 0), strict=True))
     port = _int(env, "MASTER_PORT", port)
     return LaunchInfo(launcher, me, world, local, per_node or world, host, port)
 

@@ -124,8 +124,7 @@ def sharded_map(
         data = items_of(data)  # a map-style dataset: by index, as DataLoader reads it
         units: Iterable[Any] = batched(data, size) if size else data
         share: Iterable[Any] = itertools.islice(units, me, None, world)
-        count = count_units(data, size)
-        if count is not None:
+        if (count := count_units(data, size)) is not None:
             share = _Sized(share, len(range(me, count, world)))
         # The caller's options, but for what a rank does differently: units already
         # batched here, kept in order (the shares interleave back), numbered globally.
@@ -136,10 +135,9 @@ def sharded_map(
             progress=options.progress and me == 0,
             numbering=Numbering(me, world, size),
         )
-        producers = attrs.evolve(pipeline, consumer=None)  # (an easycore.Pipeline)
         if isinstance(devices, str) and devices == "local":
             devices = distributed.local_devices()
-        with Runner(producers, devices, **where, _wait=False) as run:
+        with Runner(attrs.evolve(pipeline, consumer=None), devices, **where, _wait=False) as run:
             local = run.run_map(share, mine)
         status = cloudpickle.dumps(("ok", local))
     except Exception as exc:
