@@ -94,9 +94,8 @@ class InlineEngine:
         # one chunk at a time: an output unit, or as many as a sink's file holds
         sink = self.sink = self.prepared[-1].sink if self.prepared else None
         group = min(WRITE_GROUP, sink.rows_per_file or WRITE_GROUP) if sink else 1
-        books = RunBooks(self.chain, source_of(data), options, policy, bars, fixed=group)
-        self.books = books
-        yield from books.stream(self, is_current, ahead=False)  # (nothing runs ahead here)
+        self.books = RunBooks(self.chain, source_of(data), options, policy, bars, fixed=group)
+        yield from self.books.stream(self, is_current, ahead=False)  # (nothing runs ahead here)
 
     # -- the transport's part of the loop (books.RunBooks.stream) ----------------------------
     def busy(self) -> bool:

@@ -150,8 +150,7 @@ class Seat:
             if self.refusing:
                 msg = "this runner is closing, or a map/imap waits for submitted items"
                 raise RuntimeError(msg)
-            feeder = self.feeder
-            if feeder is not None and feeder.put(item, future):
+            if self.feeder is not None and self.feeder.put(item, future):
                 return
             if self.holder is not None:
                 raise RuntimeError(_BUSY)
