@@ -76,10 +76,9 @@ def injected_names(
         if p.default is not p.empty and (p.kind is p.POSITIONAL_ONLY or p.name not in allowed):
             continue
         if p.name not in allowed:
-            can = ", ".join(sorted(allowed)) or "nothing"
             msg = (
                 f"{role} {name!r} has parameter {p.name!r}, which easycore cannot fill in: "
-                f"the injectable names here are {can}"
+                f"the injectable names here are {', '.join(sorted(allowed)) or 'nothing'}"
             )
             raise TypeError(msg)
         if p.kind is p.POSITIONAL_ONLY:

@@ -193,8 +193,7 @@ def load_checkpoint(
         except ValueError as err:
             if not left:
                 raise
-            previous = os.path.basename(found[left - 1][2])
-            warn(f"{err}; loading {previous}, saved before it")
+            warn(f"{err}; loading {os.path.basename(found[left - 1][2])}, saved before it")
     return None  # a directory without a checkpoint yet (or not made yet)
 
 
@@ -234,8 +233,7 @@ def _checkpoints(directory: str) -> list[tuple[int, int, str]]:
     saved last last (equal times, from a coarse clock: by step)."""
     found = []
     for entry in os.scandir(directory):
-        m = _NAME.fullmatch(entry.name)
         with contextlib.suppress(FileNotFoundError):  # deleted meanwhile (keep= elsewhere)
-            if m is not None and entry.is_file():
+            if (m := _NAME.fullmatch(entry.name)) is not None and entry.is_file():
                 found.append((entry.stat().st_mtime_ns, int(m.group(1)), entry.path))
     return sorted(found)

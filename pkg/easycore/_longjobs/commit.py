@@ -40,16 +40,7 @@ from easycore._longjobs.sinks import (
 )
 from easycore._reaping import start_time
 
-__all__ = [
-    "LOCK_NAME",
-    "DirLock",
-    "alive",
-    "check_sink",
-    "commit_written",
-    "committing",
-    "sink_of",
-    "total_written",
-]
+__all__ = ["alive", "check_sink", "commit_written", "committing", "sink_of", "total_written"]
 
 LOCK_NAME = ".easycore-lock"  # a "."-file: the directory still reads back as a dataset
 
@@ -136,8 +127,7 @@ class DirLock:
         if self.files.local and not os.access(root, os.W_OK | os.X_OK):
             msg = f"{sink!r}: the directory {root} cannot be written"
             raise ValueError(msg)
-        other = self.read()
-        if other is None:
+        if (other := self.read()) is None:
             return None
         try:
             run = json.loads(other)
@@ -177,12 +167,11 @@ class DirLock:
         """The text of the lock in the directory, or None when there is none."""
         try:
             self.files.fs.invalidate_cache(self.files.root)
-            data = bytes(self.files.fs.cat_file(self.path))
+            return bytes(self.files.fs.cat_file(self.path)).decode(errors="replace")
         except (FileNotFoundError, NotADirectoryError):
             return None
         except IsADirectoryError:
             return "(a directory)"  # (refused as a lock easycore did not write)
-        return data.decode(errors="replace")
 
     def _create(self) -> bool:
         data, fs = self.text.encode(), self.files.fs
@@ -221,8 +210,7 @@ def alive(pid: int, since: int | None = None) -> bool:
     if since is not None and start_time(pid) not in (None, since):
         return False
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):  # (no /proc: macOS)
         return True
 
