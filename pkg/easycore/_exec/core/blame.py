@@ -158,9 +158,8 @@ def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Work], culprit: int
         culprit = units[0] if len(units) == 1 else None
     if culprit is not None:
         return Blame(culprit, work, None, (culprit,), None, doing)
-    if _splits(books, work):
-        return Blame(None, None, None, (), work, doing, (work,))
-    return Blame(None, None, None, units, work, doing)
+    split = (work,) if _splits(books, work) else ()
+    return Blame(None, None, None, () if split else units, work, doing, split)
 
 
 def _units(chunk: Work, unit: int) -> set[int]:

@@ -92,6 +92,7 @@ def rss_bytes() -> int:
         return 0
 
 
+@attrs.define(eq=False, slots=False)
 class UnitClock:
     """Where the stage actors of an engine say that a unit ran past the run's ``timeout``
     (made a Ray actor of its own, holding no CPU, by the driver).
@@ -102,8 +103,7 @@ class UnitClock:
     thread tells the clock instead; the driver asks the clock, and kills that actor.
     """
 
-    def __init__(self) -> None:
-        self.late: dict[int, tuple[int, float] | None] = {}  # key -> (unit, seconds run)
+    late: dict[int, tuple[int, float] | None] = attrs.Factory(dict)  # key -> (unit, seconds run)
 
     def note(self, key: int, late: tuple[int, float] | None) -> None:
         """Actor ``key``'s unit in hand has run past the timeout: (the unit, seconds run);
@@ -239,15 +239,14 @@ class StageActor:
                 return self._failed(units.unit, base, units.failure, t0)
         if self.batch is not None:
             units = batches(units, self.batch)
-        stages = self.stages
         task = Task(0, seed, 0, units, True, retries, spent, numbering, True, self.timeout, keys)
         try:
-            if not stages.open:
+            if not self.stages.open:
                 raise Finished("this actor has finished: the run it ran for is over")
-            if stages.waits:
-                (out, n, _), busy = ChunkRun(stages, units, base, task).start().result()
+            if self.stages.waits:
+                (out, n, _), busy = ChunkRun(self.stages, units, base, task).start().result()
             else:
-                (out, n, _), busy = ChunkRun(stages, units, base, task).run(self.slot, 0), None
+                (out, n, _), busy = ChunkRun(self.stages, units, base, task).run(self.slot, 0), None
                 self.slot[AT_STARTED] = IDLE
         except (Finished, concurrent.futures.CancelledError) as exc:
             # The run is over (its end cancelled this chunk, or the chunk came after it):
@@ -268,8 +267,7 @@ class StageActor:
         several, UNPICKLING's) time starts now, as a local worker's does. A Broken (its
         ``unit``: how many) when they do not unpickle. (A hop that waits may have units of
         other chunks in flight meanwhile: the watchdog hears of them again afterwards.)"""
-        flight = self.stages.flight
-        flight.hold()
+        self.stages.flight.hold()
         self.slot[AT_INDEX] = base if packed.n == 1 else UNPICKLING
         self.slot[AT_STARTED] = time.monotonic()
         try:
@@ -277,7 +275,7 @@ class StageActor:
         except Exception as exc:
             return Broken(self.hop, packed.n, ErrorReport.of(UNREADABLE, exc), self.stages.where)
         finally:
-            flight.release(self._idle)
+            self.stages.flight.release(self._idle)
 
     def _idle(self) -> None:
         self.slot[AT_STARTED] = IDLE

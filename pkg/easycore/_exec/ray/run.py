@@ -312,8 +312,7 @@ class RayRun:
         is not asked mid-chunk; in flight are the units of the chunks it is on (its oldest,
         once the hops before have finished it; an actor that waits runs all it has), up to
         its concurrency. (Snapshots: a submit run's thread may change the books.)"""
-        hops = self.hops
-        queued, _ = self.sched.units()
+        hops, (queued, _) = self.hops, self.sched.units()
         flying = [0] * len(hops)
         for actor in [a for pool in list(self.engine.pools) for a in list(pool)]:
             h = actor.hop
