@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any
 
 import attrs
 
@@ -44,15 +44,6 @@ __all__ = [
     "settle_death",
     "unpicklable",
 ]
-
-
-class Holder(Protocol):
-    """A dead worker process, as :func:`assign_blame` reads it (its place in the shared
-    slots, and the unit it was killed for)."""
-
-    hop: int
-    slot: int
-    timed_out: int | None
 
 
 @attrs.frozen
@@ -90,10 +81,11 @@ class Blame:
 
 
 def assign_blame(
-    books: RunBooks, w: Holder, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk]
+    books: RunBooks, w: Any, slots: Slots, running: Sequence[Chunk], lost: Sequence[Chunk]
 ) -> Blame:
     """A worker process's death: blame the unit in hand (its shared slot says which), and
-    results being sent; else the oldest chunk it had.
+    results being sent; else the oldest chunk it had. ``w``: the dead worker process (its
+    ``hop``, its ``slot`` in ``slots``, and the unit it was killed for, ``timed_out``).
 
     A worker that died (or ran past the timeout) unpickling a chunk was at the one after
     those its slot says it had taken ahead (it takes them in the order sent): a chunk of

@@ -157,8 +157,12 @@ class StageActor:
     stages: PreparedStages = attrs.field(init=False)
 
     @stages.default
-    def _no_stages(self) -> PreparedStages:  # (until start: a run there finds it closed)
-        return PreparedStages((), device=self.device, cfg=None, worker=self.worker, hop=self.hop)
+    def _prepare(self, stages: Sequence[Any] = (), cfg: Any = None) -> PreparedStages:
+        """The hop's ``stages`` here (none until :meth:`start`: a run there finds them closed)."""
+        n = self.concurrency
+        return PreparedStages(
+            stages, device=self.device, cfg=cfg, worker=self.worker, hop=self.hop, concurrency=n
+        )
 
     def start(self, task: bool = False) -> tuple[ErrorReport | None, Placement]:
         """Bind the device and run every ``init``: (the failure or None, where it runs).
@@ -181,14 +185,7 @@ class StageActor:
             stages, cfg = pickle.loads(self.payload)
         except BaseException as exc:
             return ErrorReport.of("<payload>", exc), where
-        self.stages = PreparedStages(
-            stages,
-            device=self.device,
-            cfg=cfg,
-            worker=self.worker,
-            hop=self.hop,
-            concurrency=self.concurrency,
-        )
+        self.stages = self._prepare(stages, cfg)
         self.stages.where = str(where)
         self.stages.flight.to_slot(self.slot, 0)
         if not task:
