@@ -146,3 +146,45 @@ def test_a_function_that_builds_an_object_is_named_not_digested():
     before = item_digest(Rebuilt(1))
     REBUILT["count"] += 5
     assert item_digest(Rebuilt(1)) == before != item_digest(Rebuilt(2))
+
+
+_VEC = (
+    """
+class Vec:
+    def __init__(self, x):
+        self.x = x
+"""
+    + "".join(
+        f"    def m{i}(self, o):\n        return Vec(self.x + {i}) if isinstance(o, Vec) else o\n"
+        for i in range(10)
+    )
+    + """
+
+def uses(v):
+    return Vec(v).m0(v)
+"""
+)
+
+
+def test_a_class_whose_methods_name_it_is_read_once_per_digest(tmp_path, monkeypatch):
+    """A stage reading a class of 10 methods that each name the class: each method is
+    digested a bounded number of times (it was k! times: minutes for 10 methods), and the
+    digest still follows a change in any method."""
+    import importlib
+
+    from easycore._longjobs import digest
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "vec_for_digest.py").write_text(_VEC)
+    calls = []
+    parts = digest._parts
+    monkeypatch.setattr(digest, "_parts", lambda fn, *a: calls.append(fn) or parts(fn, *a))
+    mod = importlib.import_module("vec_for_digest")
+    try:
+        first = digest.function_digest(mod.uses)
+        assert len(calls) <= 2 * 12  # (uses, __init__ and the 10 methods: each once or so)
+        (tmp_path / "vec_for_digest.py").write_text(_VEC.replace("self.x + 7", "self.x + 8"))
+        importlib.reload(mod)
+        assert digest.function_digest(mod.uses) != first
+    finally:
+        sys.modules.pop("vec_for_digest", None)

@@ -198,11 +198,12 @@ def _code_digest(fn: Any, active: set[int], constants: dict[str, Any]) -> bytes:
     refers to itself) is a mark."""
     if id(fn) in active:
         return b"@"
+    held = set(active)
     active.add(id(fn))
     try:
         return _Canonical(active, constants).digest(_parts(fn, active, constants))
     finally:
-        active.discard(id(fn))
+        active.intersection_update(held)  # (fn, and the classes its reads expanded)
 
 
 def _parts(fn: Any, active: set[int], constants: dict[str, Any]) -> Any:
@@ -235,7 +236,7 @@ def _parts(fn: Any, active: set[int], constants: dict[str, Any]) -> Any:
     reads: dict[str, Any] = {}
     for name in sorted(_names(code)):
         if name in fn.__globals__:
-            _read(reads, name, fn.__globals__[name], fn.__module__, constants)
+            _read(reads, name, fn.__globals__[name], fn.__module__, constants, active)
     defaults = value(fn.__defaults__), value(fn.__kwdefaults__)
     name = f"{fn.__module__}.{fn.__qualname__}"
     return name, _code(code, code.co_consts[skip:]), defaults, cells, reads
@@ -254,19 +255,22 @@ def _read(
     value: Any,
     module: str,
     constants: dict[str, Any],
-    within: tuple[type, ...] = (),
+    active: set[int],
 ) -> None:
     """A global ``name`` of ``module`` that a function names, into ``reads``: a function of
     the module (pickled as its digest), plain data (:func:`_is_data`) by name only, its
     value into ``constants`` (under ``module.name`` where another module's took the name),
-    a class of the module by its methods and data attributes (``C.K``)."""
+    a class of the module by its methods and data attributes (``C.K``): once per digest of
+    a function (``active`` holds it until then: its methods that name it do not expand it
+    again, so a class of k such methods costs k digests, not k!)."""
     if isinstance(value, types.FunctionType) and value.__module__ == module:
         reads[name] = value
     elif _is_data(value):
         key = name if constants.setdefault(name, value) is value else f"{module}.{name}"
         constants[key] = value
         reads[name] = "k", key
-    elif isinstance(value, type) and value.__module__ == module and value not in within:
+    elif isinstance(value, type) and value.__module__ == module and id(value) not in active:
+        active.add(id(value))
         members: dict[str, Any] = {}
         for klass in reversed(value.__mro__):  # (as attribute lookup finds them)
             if klass.__module__ == module:
@@ -277,7 +281,7 @@ def _read(
             elif isinstance(member, property):
                 member = member.fget
             if not attr.startswith("__") or isinstance(member, types.FunctionType):
-                _read(reads, f"{name}.{attr}", member, module, constants, (*within, value))
+                _read(reads, f"{name}.{attr}", member, module, constants, active)
 
 
 def _names(code: types.CodeType) -> set[str]:
