@@ -163,3 +163,15 @@ def test_a_torch_dataset_with_an_iter_of_its_own_is_still_indexed():
             return iter(range(100))
 
     assert producer(lambda x: x).map(WithIter(), devices="inline") == [0, 10, 20, 30, 40]
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(5))
+
+
+def test_a_len_that_raises_runs_without_a_total():
+    """A DataLoader over an IterableDataset has a ``__len__`` that raises TypeError: the run
+    goes on without a progress total, as for any input without a length."""
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=None)
+    assert double.map(loader, devices="inline", progress=True) == [0, 2, 4, 6, 8]

@@ -576,10 +576,12 @@ def _supervised(
 
 def count_units(data: Iterable[Any], batch_size: int | None) -> int | None:
     """How many units (items, or batches of ``batch_size``) ``data`` makes; None without
-    ``len``."""
-    if not isinstance(data, Sized):
+    ``len`` (a ``__len__`` may raise: a DataLoader over an IterableDataset)."""
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
         return None
-    return len(data) if batch_size is None else math.ceil(len(data) / batch_size)
+    return n if batch_size is None else math.ceil(n / batch_size)
 
 
 def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) -> list[Any]:
