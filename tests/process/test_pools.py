@@ -683,3 +683,27 @@ def test_any_layout_equals_the_inline_run(n, sizes, ordered):
         assert out == expected
     else:
         assert sorted(out, key=repr) == sorted(expected, key=repr)
+
+
+def test_inline_submit_runs_now_on_the_callers_thread_with_inits_state():
+    """devices="inline": a submitted item runs in submit itself, on the caller's thread (an
+    init's thread-bound state, such as an SQLite connection, serves it; breakpoints stop in
+    the caller); its error fails only its own future."""
+    import sqlite3
+    import threading
+
+    def connect():
+        return sqlite3.connect(":memory:")
+
+    @producer(init=connect)
+    def ask(x, *, state):
+        assert x != 3, "three"
+        return state.execute("SELECT ?", (x,)).fetchone()[0], threading.get_ident()
+
+    with ask.open(devices="inline") as runner:
+        futures = [runner.submit(x) for x in range(5)]
+        assert all(f.done() for f in futures)
+        assert [f.result() for f in futures if f.exception() is None] == [
+            (x, threading.get_ident()) for x in (0, 1, 2, 4)
+        ]
+        assert "three" in str(futures[3].exception())

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from easycore._devices import INLINE
-from easycore._errors import surfaced
+from easycore._errors import EasycoreError, surfaced
 from easycore._exec.core.books import PRIMED, RAISE, SKIP, ErrorPolicy
 from easycore._exec.core.engine import Engine
 from easycore._exec.core.fold import collect, fold
@@ -449,7 +449,18 @@ class Runner:
             raise TypeError(msg)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
-        self._seat.submit(item, future, self._active, self._feed)
+        if not self._engine.in_caller:
+            self._seat.submit(item, future, self._active, self._feed)
+            return future
+        token = self._seat.claim(lambda: self._active)  # (inline: now, on init's thread)
+        try:
+            segments = self._stream([item], RunOptions(), RAISE)
+            next(segments)  # PRIMED
+            future.set_result(next(segments)[1][0])
+        except EasycoreError as exc:  # (its own future's: the runner stays up)
+            future.set_exception(exc)
+        finally:
+            self._seat.release(token)
         return future
 
     def _feed(self, source: LiveSource) -> Segments:
