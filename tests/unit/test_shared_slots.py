@@ -135,3 +135,17 @@ def test_an_actor_after_its_finish_fails_a_chunk_rather_than_the_call(
     values, meta = actor.run([1, 2, 3], 10, None, 0, {}, (0, 1))
     assert [(type(v), v.hop, v.unit) for v in values] == [(Broken, 1, 10 + k) for k in range(3)]
     assert values[0].failure.stage == "<run over>" and meta.n == 0
+
+
+def test_a_segment_released_twice_is_lent_once():
+    """A message that did not unpickle is read again leniently, and the arrays its first
+    reading built release their segments too: a segment must not be free twice (two
+    arrays of later messages would share it)."""
+    from easycore._exec.process.channel import _Pool
+
+    pool = _Pool()
+    seg = pool.alloc(1 << 20)
+    pool.release([seg])
+    pool.release([seg])
+    assert pool.alloc(1 << 20) == seg
+    assert pool.alloc(1 << 20) != seg

@@ -134,8 +134,8 @@ class _Pool:
         return seg_id
 
     def release(self, seg_ids: list[int]) -> None:
-        for seg_id in seg_ids:
-            if seg_id in self.segments:
+        for seg_id in seg_ids:  # (a message read twice, leniently, releases its arrays twice)
+            if seg_id in self.segments and seg_id not in self.free:
                 self.free.append(seg_id)
         # After a burst of results the caller kept, do not hold their memory for ever: unmap
         # the oldest free segments past a budget, and tell the peer to unmap them too.
