@@ -600,3 +600,14 @@ def test_ctrl_c_with_items_in_flight_leaves_nothing(tmp_path, kind):
     while any(running(p) for p in workers):
         assert time.monotonic() < deadline, "workers outlived Ctrl-C"
         time.sleep(0.05)
+
+
+@producer
+async def on_its_loop(x):
+    return asyncio.get_event_loop_policy().get_event_loop() is asyncio.get_running_loop()
+
+
+class TestTheLoop:
+    def test_an_item_finds_the_loop_it_runs_on_as_the_threads_loop(self):
+        """Libraries call get_event_loop(): on the worker's loop thread it is that loop."""
+        assert on_its_loop.map(range(6), devices=1, concurrency=3) == [True] * 6

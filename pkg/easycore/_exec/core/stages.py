@@ -452,11 +452,11 @@ class PreparedStages:
                 )
                 return _gather([threads.submit(_now, unit, k, *job) for k, job in enumerate(jobs)])
             loop = self.loop()  # (on a thread of its own from now until finish)
-            if self._loop_thread is None:  # (its items see it as their running loop)
-                loop.call_soon(bind_thread, self.context["device"])  # (the thread's first job)
+            if self._loop_thread is None:
                 self._loop_thread = threading.Thread(
-                    target=loop.run_forever, name="easycore-loop", daemon=True
+                    target=_serve_loop, args=(loop, self.context["device"]), name="easycore-loop"
                 )
+                self._loop_thread.daemon = True
                 self._loop_thread.start()
             gate = self._gate
             assert gate is not None  # (made with the loop)
@@ -465,10 +465,26 @@ class PreparedStages:
                 async with gate:
                     return await unit(k, index, item)
 
-            async def every() -> list[Any]:  # (cancelled, gather cancels the units)
-                return list(await asyncio.gather(*(one(k, *job) for k, job in enumerate(jobs))))
+            async def every() -> list[Any]:  # (one raising or cancelled cancels every unit)
+                tasks = [asyncio.ensure_future(one(k, *job)) for k, job in enumerate(jobs)]
+                try:
+                    return list(await asyncio.gather(*tasks))
+                except BaseException:
+                    for task in tasks:
+                        task.cancel()
+                    raise
 
             return asyncio.run_coroutine_threadsafe(every(), loop)
+
+
+def _serve_loop(loop: Any, device: str) -> None:
+    """The loop thread: bound to the device before anything runs on it, the loop its
+    current one (``get_event_loop()`` in an item finds it), until ``finish`` stops it."""
+    import asyncio
+
+    bind_thread(device)
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
 
 
 _NEVER = threading.Event()  # a stop that never comes (inline, Ray)
