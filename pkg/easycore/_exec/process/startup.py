@@ -55,14 +55,14 @@ _LIGHT_SERVER: Any = None  # the forkserver without torch (see light_wanted)
 _TORCH_SEEN = False  # a worker of this process has loaded torch: later pools fork with it
 # spawned or forked workers alive: pid -> (start time, this process's children before it)
 _OWN: dict[int, tuple[int, frozenset[int]]] = {}
-_OWN_LOCK = threading.Lock()
+_OWN_LOCK = threading.RLock()  # (a start holds it: a finalizer run by gc there ends workers)
 
 
 def _after_fork_in_child() -> None:
     """A fork (easycore's or anyone's) copied only the thread that made it: the locks held
     around a start are free in the child, and the parent's workers are not the child's."""
     global _START_LOCK, _OWN_LOCK
-    _START_LOCK, _OWN_LOCK = threading.Lock(), threading.Lock()
+    _START_LOCK, _OWN_LOCK = threading.Lock(), threading.RLock()
     _OWN.clear()
 
 
