@@ -410,24 +410,6 @@ class RunLedger:
             return f"i:{self.options.global_index(index)}"
         return f"k:{key_of(self.options, self.options.key, items, index)[1]}"
 
-    def _once(self, index: int, key: str) -> None:
-        """A ``key=`` value is taken once per run (the ledger keeps one result per key, so a
-        second item under it would get the first's).
-
-        Raises:
-            ValueError: ``key=`` named another unit of this run so.
-        """
-        try:
-            self.db.execute("INSERT INTO seen VALUES (?, ?)", (key, index))
-        except sqlite3.IntegrityError:
-            (a,) = self.db.execute("SELECT unit FROM seen WHERE key = ?", (key,)).fetchone()
-            msg = (
-                f"key {key[2:]} comes twice in this run, for {self.options.label(a)} and "
-                f"{self.options.label(index)}: key= must name each item once (the ledger "
-                "keeps one result per key)"
-            )
-            raise ValueError(msg) from None
-
     def _select(self, query: str, keys: list[str]) -> list[Any]:
         """The rows ``query`` (a SELECT without WHERE) finds whose key is one of ``keys``."""
         where = f" WHERE key IN ({','.join('?' * len(keys))})"
@@ -450,8 +432,19 @@ class RunLedger:
                 unit = items[0] if self.align == 1 else items
                 digest = item_digest(unit)  # the same in any process (sets included)
                 keyed.append((j, items, unit, self._key(j, unit), digest))
+            # a key= value is taken once per run (the ledger keeps one result per key): checked
+            # once every key of the block is made (key='s own errors first)
             for j, *_, key, _ in keyed if self.options.key is not None else ():
-                self._once(j, key)  # (after every key of the block: key='s own errors first)
+                try:
+                    self.db.execute("INSERT INTO seen VALUES (?, ?)", (key, j))
+                except sqlite3.IntegrityError:
+                    (a,) = self.db.execute("SELECT unit FROM seen WHERE key = ?", (key,)).fetchone()
+                    msg = (
+                        f"key {key[2:]} comes twice in this run, for {self.options.label(a)} "
+                        f"and {self.options.label(j)}: key= must name each item once (the "
+                        "ledger keeps one result per key)"
+                    )
+                    raise ValueError(msg) from None
             query = "SELECT key, digest, error FROM units"
             rows = {k: (d, e) for k, d, e in self._select(query, [k for *_, k, _ in keyed])}
             for j, items, unit, key, digest in keyed:

@@ -165,9 +165,6 @@ class Chain:
         """Messages name the stage of a unit when there is more than one hop."""
         return len(self.hops) > 1
 
-    def hop_of(self, slot: int) -> Hop:
-        return next(hop for hop in reversed(self.hops) if slot >= hop.first_slot)
-
     def name_output(
         self, unit: int, options: RunOptions, total: int | None = None
     ) -> tuple[str, int]:

@@ -233,9 +233,12 @@ class Scheduler:
         go to different places: an ordered stream is fed by all of them at once."""
         books = self.books
         sent = 0
+        # (pipelined: chunks out at once, prefetch + 1 a place of the widest pool; re-runs
+        # wait for room under it, as the window does not bound them)
+        cap = (self.depth + 1) * max(len(self.pool(h)) for h in range(len(self.hops)))
         while most is None or sent < most:
-            if self.pipelined and books.redo and len(self.live) >= self._cap():
-                return  # (re-runs wait for room: they are not bound by the window)
+            if self.pipelined and books.redo and len(self.live) >= cap:
+                return
             solo = bool(books.redo) and books.redo[0].solo
             path: list[Place] = []
             for h in range(len(self.hops) if self.pipelined else 1):
@@ -260,10 +263,6 @@ class Scheduler:
                     work = Work(work.start, work.items[:cut], work.solo)
             yield Send(self._track(work, path))
             sent += 1
-
-    def _cap(self) -> int:
-        """Chunks out at once, pipelined: ``prefetch + 1`` a place of the widest pool."""
-        return (self.depth + 1) * max(len(self.pool(h)) for h in range(len(self.hops)))
 
     def forwards(self) -> Iterator[Forward]:
         """Held chunks on to places of the next pool with room, later pools first (in input

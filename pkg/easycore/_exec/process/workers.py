@@ -197,7 +197,7 @@ class WorkerSet:
 
     def _spawn(self, slot: int) -> Worker:
         device = self.chain.devices[slot]
-        hop = self.chain.hop_of(slot)
+        hop = next(h for h in reversed(self.chain.hops) if slot >= h.first_slot)
         index = slot - hop.first_slot
         env_set = any(k in os.environ for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
         threads = None if env_set else max(1, cpu_count() // len(self.chain.devices))
