@@ -270,5 +270,7 @@ class TestOlderLedgers:
             conn.execute("UPDATE meta SET value = ? WHERE name = 'stages'", (json.dumps(stages),))
             conn.execute("UPDATE meta SET value = '3' WHERE name = 'format'")
             conn.execute("DELETE FROM meta WHERE name = 'key'")
-        with pytest.raises(ValueError, match=r"ledger format: 3 -> 6 \(another easycore wrote it\)"):
+        with pytest.raises(
+            ValueError, match=r"ledger format: 3 -> 6 \(another easycore wrote it\)"
+        ):
             reading("a").map(range(3), devices="inline", resume=db)
