@@ -235,7 +235,8 @@ class Scheduler:
         sent = 0
         # (pipelined: chunks out at once, prefetch + 1 a place of the widest pool; re-runs
         # wait for room under it, as the window does not bound them)
-        cap = (self.depth + 1) * max(len(self.pool(h)) for h in range(len(self.hops)))
+        widest = max(len(self.pool(h)) for h in range(len(self.hops))) if self.pipelined else 0
+        cap = (self.depth + 1) * widest
         while most is None or sent < most:
             if self.pipelined and books.redo and len(self.live) >= cap:
                 return
