@@ -152,7 +152,10 @@ class TestParquet:
     def test_many_small_items_make_few_files(self, tmp_path):
         """A file per chunk, and a writing pool's chunks grow to ~0.5 s of work and shrink
         to no less than ~0.1 s as the input runs out: 20,000 tiny items on 2 workers made
-        33-41 files before (a few rows each at the start and the end), 13-17 now."""
+        33-41 files before (a few rows each at the start and the end), 17-19 now on an idle
+        or a loaded machine. Chunk sizes follow measured time, so the bound leaves room for
+        a slower machine (CI made 25); the sizes themselves are tested with a given clock in
+        tests/unit/test_sizing.py."""
 
         @producer
         def tiny(x):
@@ -161,7 +164,7 @@ class TestParquet:
         written = (tiny >> write.parquet(str(tmp_path))).map(range(20_000), devices=2)
         assert written.rows == 20_000
         assert sorted(r["x"] for r in parquet_rows(written)) == list(range(20_000))
-        assert len(written.files) <= 24
+        assert len(written.files) <= 32
 
     def test_lists_of_rows_tables_and_key_column(self, tmp_path):
         @producer
