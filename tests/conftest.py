@@ -6,6 +6,7 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -23,6 +24,12 @@ from helpers import HAS_CUDA  # (test modules import it from helpers too)
 
 # the local HTTP server's fixtures (`server`), for the tests of stages that wait
 pytest_plugins = ["local_http"]
+
+# A suite started in the background by a script (`pytest &`) inherits SIGINT ignored, and so
+# would every script a test starts and interrupts: the Ctrl-C tests would then hang on a
+# child that never hears it. A handler here is reset to the default in every child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]

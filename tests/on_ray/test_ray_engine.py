@@ -679,14 +679,18 @@ def test_ctrl_c_stops_every_actor_and_the_ray_it_started(tmp_path, init):
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "running"
-    actors = {p.pid for p in our_actors()}
-    theirs = ray_services() - ours  # the Ray easycore started for the script
-    assert theirs, "the script's Ray should be running"
-    assert bool(actors) == (init == "dict"), "actors for a pool with an init, else tasks"
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        actors = {p.pid for p in our_actors()}
+        theirs = ray_services() - ours  # the Ray easycore started for the script
+        assert theirs, "the script's Ray should be running"
+        assert bool(actors) == (init == "dict"), "actors for a pool with an init, else tasks"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:  # (a script still running would hold its Ray, and every later test see it)
+        proc.kill()
+        proc.communicate()
     assert "interrupted" in out
     # (Ray's services end after the script, on their own: slowly on a loaded machine)
     assert wait_for(lambda: not ({p.pid for p in our_actors()} & actors), 60)
