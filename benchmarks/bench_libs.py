@@ -45,7 +45,7 @@ LIB_MODULES: dict[str, tuple[str, ...]] = {
     "mpire": ("mpire",),
     # easycore's executor loads on first use (a program that only reads a config never pays
     # for it): imported here as the rest of the library is, before any clock starts
-    "easycore": ("easycore", "easycore._exec.entry"),
+    "easycore": ("easycore", "easycore._exec.runner"),
     "dataloader": ("torch",),
     "spdl": ("spdl.pipeline", "concurrent.futures"),
     "torchdata": ("torchdata.nodes",),

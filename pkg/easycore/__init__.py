@@ -39,14 +39,14 @@ from easycore._seeding import derive_seed, item_seed, permutation, seed_everythi
 
 if TYPE_CHECKING:
     from easycore import write
-    from easycore._exec.entry import Runner, StageStats
+    from easycore._exec.runner import Runner, StageStats
     from easycore._longjobs.checkpoint import load_checkpoint, save_checkpoint
     from easycore._longjobs.sinks import Written
 
 # Loaded on first use, like the executor: a worker process never pays for them.
 _LAZY = {
-    "Runner": "easycore._exec.entry",
-    "StageStats": "easycore._exec.entry",
+    "Runner": "easycore._exec.runner",
+    "StageStats": "easycore._exec.runner",
     "Written": "easycore._longjobs.sinks",
     "load_checkpoint": "easycore._longjobs.checkpoint",
     "save_checkpoint": "easycore._longjobs.checkpoint",

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from easycore._exec.entry import Runner
+from easycore._exec.runner import Runner
 from easycore._pipeline import Pipeline, consumer, producer
 from easycore.common.config import CfgNode
 

@@ -26,7 +26,7 @@ from easycore._options import RunKwargs, check_concurrency, check_count, run_opt
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from easycore._exec.entry import Runner
+    from easycore._exec.runner import Runner
 
 __all__ = ["Binding", "Pipeline", "Stage", "compose", "consumer", "producer"]
 
@@ -137,7 +137,7 @@ class _Runs:
             TypeError: ``concurrency`` not an int.
             WorkerError: an ``init`` raised.
         """
-        from easycore._exec.entry import Runner
+        from easycore._exec.runner import Runner
 
         where = _where(devices, cfg, start_method, engine, concurrency)
         return Runner(self._as_pipeline(), **where, prefetch=prefetch, epoch=epoch)
@@ -232,11 +232,15 @@ class _Runs:
         >>> square.map(range(4), devices="inline")
         [0, 1, 4, 9]
         """
-        from easycore._exec.entry import run_map
-
         where = _where(devices, cfg, start_method, engine, concurrency)
         run = run_options("map", positional, options)
-        return run_map(self._as_pipeline(), data, run, distributed, **where)
+        if distributed:  # (its module loads torch.distributed's helpers: only then)
+            from easycore._exec.sharded import sharded_map
+
+            return sharded_map(self._as_pipeline(), data, run, **where)
+        from easycore._exec.runner import run_map
+
+        return run_map(self._as_pipeline(), data, run, **where)
 
     @surfaced
     def imap(
@@ -294,7 +298,7 @@ class _Runs:
                 f"{pipeline.consumer!r}: use map"
             )
             raise TypeError(msg)
-        from easycore._exec.entry import run_imap
+        from easycore._exec.runner import run_imap
 
         where = _where(devices, cfg, start_method, engine, concurrency)
         return run_imap(pipeline, data, run_options("imap", positional, options), **where)

@@ -182,12 +182,14 @@ class TestLayering:
 
     def test_pipeline_only_describes(self):
         """``_pipeline`` depends on nothing that runs work but the entry points of ``_exec``
-        (and ``_errors``, whose ``surfaced`` its entry points raise through)."""
+        (the runner, and the sharded map of ``distributed=True``) and ``_errors``, whose
+        ``surfaced`` its entry points raise through."""
         graph, _ = _imports(_modules())
         allowed = {
             "easycore._inject",
             "easycore._options",
-            "easycore._exec.entry",
+            "easycore._exec.runner",
+            "easycore._exec.sharded",
             "easycore._errors",
         }
         assert graph["easycore._pipeline"] <= allowed

@@ -37,8 +37,8 @@ Big tensors/arrays travel in shared-memory segments in both directions, only the
 pickle (``easycore._exec.process.channel``). Modules, by folder (ARCHITECTURE.md has a line
 for each):
 
-    entry.py     run_map / run_imap (Pipeline.map/imap) and Runner (Pipeline.open)
-    runner.py    Runner: lifecycle, one run at a time (submit.Seat), picks the engine
+    runner.py    Runner (Pipeline.open): lifecycle, one run at a time (submit.Seat), picks
+                 the engine; run_map / run_imap (Pipeline.map/imap) on a one-shot Runner
     submit.py    Seat and SubmitFeeder behind Runner.submit
     sharded.py   map(distributed=True): a Runner per rank of a torchrun/Slurm job
     inline.py    the inline engine: every hop in the calling process

@@ -1,4 +1,5 @@
-"""``Runner``: workers for one pipeline that stay up across calls (the public facade).
+"""``Runner``: workers for one pipeline that stay up across calls (the public facade), and
+the one-shot runs of ``Pipeline.map``/``imap`` (:func:`run_map`, :func:`run_imap`).
 
 The runner holds an engine (worker processes, or the calling process for ``"inline"``),
 a :class:`~easycore._exec.submit.Seat` that lets one run at a time hold it, and the
@@ -36,8 +37,8 @@ from easycore._exec.process.engine import ProcessEngine
 from easycore._exec.process.startup import check_capacity
 from easycore._exec.submit import Seat
 from easycore._longjobs.commit import check_sink, commit_written, committing, sink_of, total_written
-from easycore._longjobs.position import Position, drop_passed, mark_passed, start_at
-from easycore._longjobs.resume import RunIdentity, RunLedger
+from easycore._longjobs.position import Position, check_state, drop_passed, mark_passed, start_at
+from easycore._longjobs.resume import RunIdentity, RunLedger, check_ledger
 from easycore._longjobs.sinks import Sink
 from easycore._longjobs.skip import set_aside
 from easycore._options import (
@@ -51,7 +52,7 @@ from easycore._options import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["ABORT_GRACE", "Runner", "count_units"]
+__all__ = ["ABORT_GRACE", "Runner", "StageStats", "count_units", "run_imap", "run_map"]
 
 ABORT_GRACE = 2.0  # seconds a worker gets to run `end` after an error or Ctrl-C
 ENGINES = ("local", "ray")
@@ -606,3 +607,33 @@ def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) ->
         desc = f"{hop.name} ({len(hop.devices)})" if chain.named else None
         bars.append(tqdm(total=n_units, unit="item", dynamic_ncols=True, position=k, desc=desc))
     return bars
+
+
+def run_map(pipeline: PipelineDef, data: Iterable[Any], options: RunOptions, **where: Any) -> Any:
+    """``Pipeline.map``: fresh workers for one run, closed after it (``where``: the keyword
+    arguments of :class:`Runner` that say where: ``devices``, ``cfg``, ``start_method``,
+    ``engine``, ``concurrency``)."""
+    with _one_shot(pipeline, options, where) as runner:
+        return runner.run_map(data, options)
+
+
+def run_imap(
+    pipeline: PipelineDef, data: Iterable[Any], options: RunOptions, **where: Any
+) -> Iterator[Any]:
+    """``Pipeline.imap``: workers start, and work with them, now; they stop when the results
+    are exhausted, closed or dropped."""
+    return _one_shot(pipeline, options, where).run_imap(data, options, owned=True)
+
+
+def _one_shot(pipeline: PipelineDef, options: RunOptions, where: dict[str, Any]) -> Runner:
+    """The runner of one ``map``/``imap`` call: a ``resume`` path that is no ledger, or
+    another run's, is refused before any worker starts; work goes to each worker as soon as
+    it is ready (init errors surface in the run). A run that keeps nothing per worker
+    between chunks (no ``timeout`` clock, no recycling) runs Ray's init-less pools as plain
+    tasks, not actors."""
+    check_state(options, getattr(pipeline, "sink", None))
+    if options.resume is not None:
+        check_ledger(options.resume, RunIdentity.of(pipeline, where["cfg"], options))
+    recycles = options.max_items_per_worker or options.max_worker_memory
+    tasks = options.timeout is None and recycles is None
+    return Runner(pipeline, **where, _wait=False, _tasks=tasks)
