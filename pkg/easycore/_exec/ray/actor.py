@@ -55,14 +55,6 @@ class Packed(NamedTuple):
     blob: bytes
 
 
-class Later(NamedTuple):
-    """The previous hop's results for a pool of tasks: a reference Ray passes as it is (it
-    resolves only a reference that is an argument itself), read by ``run_task`` once the
-    driver's ``sys.path`` is in place (see :func:`run_task`)."""
-
-    ref: Any
-
-
 class Placement(NamedTuple):
     """Where an actor runs, for messages: its node and process."""
 
@@ -307,9 +299,8 @@ def run_task(
 
     Ray unpickles a task's arguments before the task runs, where a class that only the
     driver's ``sys.path`` finds (a test module, a project not installed) does not import
-    yet: so the driver sends the chunk's units pickled (:class:`Packed`, the first hop) or
-    as a reference to read here (:class:`Later`), and they are read after the body has
-    extended ``sys.path``.
+    yet: so the driver sends the chunk's units pickled (:class:`Packed`: a pool of tasks is
+    always a run's first), and they are read after the body has extended ``sys.path``.
 
     Raises:
         RuntimeError: the stages did not unpickle here (the driver reports the chunk).
@@ -324,7 +315,4 @@ def run_task(
         if len(_BODIES) >= _KEEP_BODIES:
             _BODIES.pop(next(iter(_BODIES)))
         _BODIES[(pool, worker)] = body
-    units, *rest = run_args
-    if type(units) is Later:
-        units = ray.get(units.ref)
-    return body.run(units, *rest)
+    return body.run(*run_args)

@@ -30,14 +30,16 @@ Ray object references instead of pipes::
 * ``timeout``: an actor's watchdog thread tells the engine's clock (a small actor holding no
   CPU, :class:`~.ray_actor.UnitClock`) when its unit in hand passes the limit; the driver
   asks the clock, kills that actor, then as for a death, blaming that unit.
-* A one-shot run with no ``timeout`` and no recycling runs a CPU pool whose stages have no
-  ``init`` and no ``end`` as plain Ray tasks (``actor.run_task``), not actors: Ray
+* A one-shot run with no ``timeout`` and no recycling runs its first pool, when on CPUs
+  with stages that have no ``init`` and no ``end`` and do not wait, as plain Ray tasks
+  (``actor.run_task``), not actors (a pool fed by another stays on actors, which queue
+  chunks still being made upstream; a slot of tasks takes one at a time): Ray
   starts a task on a warm worker in milliseconds, where an actor needs a new process (about
   0.4 s), and such a pool keeps nothing an actor would hold. Each of its workers is then a
   slot of tasks (what ``worker`` injects); a task's death names its chunk, charged as an
-  actor's would be, and Ray's own retries are off. A task gets its units pickled or as a
-  reference it reads itself (``actor.Packed``, ``Later``): Ray unpickles a task's
-  arguments before it runs, before the driver's ``sys.path`` is added there.
+  actor's would be, and Ray's own retries are off. A task gets its units pickled
+  (``actor.Packed``): Ray unpickles a task's arguments before it runs, before the
+  driver's ``sys.path`` is added there.
 * Ctrl-C or an error: actors' queued tasks are cancelled, ``end`` gets a short grace,
   every actor is killed (a plain task already sent finishes its chunk unseen: Ray's cancel
   of a normal task can abort the driver when it races the task's reply); a Ray this
@@ -75,7 +77,7 @@ from easycore._exec.core.plan import (
 from easycore._exec.core.protocol import ErrorReport
 from easycore._exec.core.sources import Source, source_of
 from easycore._exec.core.stages import UNIT_GRACE, is_async_fn
-from easycore._exec.ray.actor import Later, StageActor, UnitClock, run_task
+from easycore._exec.ray.actor import StageActor, UnitClock, run_task
 from easycore._exec.ray.run import Actor, RayRun, first_line
 from easycore._options import RunOptions
 from easycore._reaping import descendants, end_processes
@@ -247,9 +249,12 @@ def _one(device: Any) -> str:
     raise ValueError(msg)
 
 
-def _keeps(stage: Any) -> bool:
-    """Whether a stage keeps something in its worker: an ``init``, an ``end``, a sink."""
-    return getattr(stage, "is_sink", False) is True or stage.has_init or stage.end is not None
+def _keeps(hop: Any) -> bool:
+    """Whether a pool keeps something in its workers: an ``init``, an ``end``, a sink."""
+    return any(
+        getattr(st, "is_sink", False) is True or st.has_init or st.end is not None
+        for st in hop.stages
+    )
 
 
 @functools.cache
@@ -286,13 +291,16 @@ class RayEngine:
         # state: no timeout clock, no recycling): those on CPUs whose stages have neither
         # ``init`` nor ``end``, so that nothing is lost by not keeping a process.
         # A pool that waits (``concurrency=k``, async stages) runs on actors that take several
-        # chunks at once (a task holds one: its slots would empty with its slowest unit).
+        # chunks at once (a task holds one: its slots would empty with its slowest unit); so
+        # does a pool fed by another: an actor queues a chunk still being made upstream (Ray
+        # runs it once its input is ready), a slot of tasks takes one chunk at a time and
+        # idles while the driver hears of each (W8 on Ray: 3.5-4.0 s as tasks, 3.15 s).
         self.waits = [
             h.concurrency > 1 or any(is_async_fn(getattr(st, "fn", None)) for st in h.stages)
             for h in self.chain.hops
         ]
         self.as_tasks = [
-            tasks and not waits and set(h.devices) == {"cpu"} and not any(map(_keeps, h.stages))
+            tasks and h.index == 0 and not waits and set(h.devices) == {"cpu"} and not _keeps(h)
             for h, waits in zip(self.chain.hops, self.waits, strict=True)
         ]
         self.pools: list[list[Actor]] = []
@@ -372,12 +380,9 @@ class RayEngine:
             payload = ray.put(payload)
         pool = f"{self.tag}-{hop}"
 
-        def send(units: Any, *run_args: Any) -> Any:
-            # (read in the task once the driver's sys.path is there: see run_task)
-            if isinstance(units, ray.ObjectRef):  # (the first pool's come Packed)
-                units = Later(units)
+        def send(*run_args: Any) -> Any:  # (its units come Packed: see run_task)
             args = (pool, payload, sys.path, index, hop, h.batch, h.concurrency)
-            return fn.remote(*args, units, *run_args)
+            return fn.remote(*args, *run_args)
 
         return send
 
