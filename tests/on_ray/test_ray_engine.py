@@ -863,6 +863,21 @@ def test_ctrl_c_does_not_wait_for_an_actor_deaf_to_signals(tmp_path):
     assert took < 2.0, f"the caller took {took:.1f} s to stop after Ctrl-C"
 
 
+def test_only_a_runs_first_pool_of_plain_stages_runs_as_tasks():
+    """In a one-shot run, a first pool of plain CPU stages runs as Ray tasks (no actor to
+    start); a pool fed by another runs on actors, which queue chunks still being made
+    upstream (a slot of tasks takes one at a time, idle while the driver hears of each)."""
+    from easycore._config.cfgnode import CfgNode
+    from easycore._exec.ray.engine import RayEngine
+
+    engine = RayEngine(square.on(1) >> square.on(1), "auto", CfgNode(), tasks=True)
+    try:
+        assert engine.as_tasks == [True, False]
+    finally:
+        engine.stop(grace=0.0, report=False)
+    assert (square.on(1) >> square.on(1)).map(range(5), engine="ray") == [x**4 for x in range(5)]
+
+
 def test_task_pools_of_different_runs_never_mix_their_stages():
     """Ray reuses its worker processes, and a task finds the stages an earlier task of its
     pool prepared there: runs one after another (engines freed and made again, perhaps at
