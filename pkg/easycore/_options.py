@@ -310,9 +310,9 @@ def run_options(
             f"({', '.join(POSITIONAL)}), got {len(positional)}"
         )
         raise TypeError(msg)
-    for name in [name for name in named if name not in RunKwargs.__optional_keys__]:
-        hint = close_matches(name, sorted(RunKwargs.__optional_keys__), n=1)
-        msg = f"{caller}() got an unexpected keyword argument {name!r}{hint}"
+    if unknown := [name for name in named if name not in RunKwargs.__optional_keys__]:
+        hint = close_matches(unknown[0], sorted(RunKwargs.__optional_keys__), n=1)
+        msg = f"{caller}() got an unexpected keyword argument {unknown[0]!r}{hint}"
         raise TypeError(msg)
     if caller != "imap" and "state" in named:
         msg = f"{caller}() got an unexpected keyword argument 'state' (it continues an imap)"
