@@ -39,12 +39,17 @@ from easycore._seeding import derive_seed, item_seed, permutation, seed_everythi
 
 if TYPE_CHECKING:
     from easycore import write
+    from easycore._exec.core.report import PoolReport, Report
+    from easycore._exec.core.sizing import Resize
     from easycore._exec.runner import Runner, StageStats
     from easycore._longjobs.checkpoint import load_checkpoint, save_checkpoint
     from easycore._longjobs.sinks import Written
 
 # Loaded on first use, like the executor: a worker process never pays for them.
 _LAZY = {
+    "PoolReport": "easycore._exec.core.report",
+    "Report": "easycore._exec.core.report",
+    "Resize": "easycore._exec.core.sizing",
     "Runner": "easycore._exec.runner",
     "StageStats": "easycore._exec.runner",
     "Written": "easycore._longjobs.sinks",
@@ -59,7 +64,10 @@ __all__ = [
     "FrozenError",
     "ItemTimeout",
     "Pipeline",
+    "PoolReport",
     "Registry",
+    "Report",
+    "Resize",
     "RunKwargs",
     "Runner",
     "SerializationError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import os
 import pkgutil
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -49,6 +50,23 @@ class Binding:
     batch_size: int | None = None
     concurrency: int = 1
     token: int = attrs.field(factory=_binding_tokens.__next__)
+    bounds: tuple[int, int] | None = None  # a pool that sizes itself: (lo, hi) CPU workers
+
+
+def _bounds(devices: tuple[Any, ...]) -> tuple[int, int] | None:
+    """``.on((lo, hi))``'s bounds; None for a tuple of devices.
+
+    Raises:
+        ValueError: a pair of ints that are no bounds (``lo < 1`` or ``lo > hi``).
+    """
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in devices)
+    if len(devices) != 2 or not ints:
+        return None
+    lo, hi = devices
+    if not 1 <= lo <= hi:
+        msg = f".on({devices!r}): a pool that sizes itself needs (lo, hi) with 1 <= lo <= hi"
+        raise ValueError(msg)
+    return lo, hi
 
 
 def _fn_name(fn: Any) -> str:
@@ -64,13 +82,25 @@ def _import_stage(module: str, qualname: str) -> Stage:
 
 
 def _where(
-    devices: Any, cfg: Any, start_method: str | None, engine: str, concurrency: int
+    devices: Any,
+    cfg: Any,
+    start_method: str | None,
+    engine: str,
+    concurrency: int,
+    cpus: int | None,
+    trace: Any,
 ) -> dict[str, Any]:
     """Where a run's workers are, as :class:`~easycore.Runner` takes it (``concurrency``
     checked here, before anything else)."""
     check_concurrency(concurrency)
     return dict(
-        devices=devices, cfg=cfg, start_method=start_method, engine=engine, concurrency=concurrency
+        devices=devices,
+        cfg=cfg,
+        start_method=start_method,
+        engine=engine,
+        concurrency=concurrency,
+        cpus=cpus,
+        trace=trace,
     )
 
 
@@ -105,6 +135,8 @@ class _Runs:
         engine: str = "local",
         epoch: int = 0,
         concurrency: int = 1,
+        cpus: int | None = None,
+        trace: str | os.PathLike[str] | None = None,
     ) -> Runner:
         """Start workers that stay up across calls; use as a context manager.
 
@@ -127,6 +159,9 @@ class _Runs:
                 (see :meth:`map`).
             concurrency: items each worker of the pool ``devices`` describes holds at once
                 (see :meth:`map`); pools made with ``.on`` have their own.
+            cpus: the CPU budget of pools that size themselves (see :meth:`map`).
+            trace: a path: every run's Chrome Trace Event file, written as each run ends
+                (see :meth:`map`).
 
         Returns:
             An active :class:`~easycore.Runner`.
@@ -139,7 +174,7 @@ class _Runs:
         """
         from easycore._exec.runner import Runner
 
-        where = _where(devices, cfg, start_method, engine, concurrency)
+        where = _where(devices, cfg, start_method, engine, concurrency, cpus, trace)
         return Runner(self._as_pipeline(), **where, prefetch=prefetch, epoch=epoch)
 
     @surfaced
@@ -153,6 +188,8 @@ class _Runs:
         distributed: bool = False,
         engine: str = "local",
         concurrency: int = 1,
+        cpus: int | None = None,
+        trace: str | os.PathLike[str] | None = None,
         **options: Unpack[RunKwargs],
     ) -> Any:
         """Run the pipeline over ``data`` on fresh workers and close them.
@@ -207,6 +244,12 @@ class _Runs:
             engine: ``"local"`` (worker processes here) or ``"ray"`` (on a Ray cluster).
             concurrency: items each worker of the pool ``devices`` describes holds at once
                 (default 1; pools made with ``.on`` have their own).
+            cpus: the CPU budget that pools made with ``.on((lo, hi))`` share, after the
+                workers of fixed pools (default: the cores this process may use; on Ray, the
+                cluster's CPUs).
+            trace: a path: a Chrome Trace Event file of the run (a span per chunk per pool,
+                workers and items waiting per pool, each resize), written when the run ends,
+                however it ends; open it in Perfetto.
             **options: the run's options, each described in :class:`~easycore.RunKwargs`
                 (``ordered``, ``batch_size``, ``progress``, ``seed``, ``timeout``,
                 ``retries``, ``prefetch``, ``errors``, ``on_error``, ``resume``, ``key``,
@@ -232,7 +275,7 @@ class _Runs:
         >>> square.map(range(4), devices="inline")
         [0, 1, 4, 9]
         """
-        where = _where(devices, cfg, start_method, engine, concurrency)
+        where = _where(devices, cfg, start_method, engine, concurrency, cpus, trace)
         run = run_options("map", positional, options)
         if distributed:  # (its module loads torch.distributed's helpers: only then)
             from easycore._exec.sharded import sharded_map
@@ -252,6 +295,8 @@ class _Runs:
         start_method: str | None = None,
         engine: str = "local",
         concurrency: int = 1,
+        cpus: int | None = None,
+        trace: str | os.PathLike[str] | None = None,
         **options: Unpack[RunKwargs],
     ) -> Iterator[Any]:
         """Yield results lazily with bounded memory; for pipelines without a consumer.
@@ -277,6 +322,8 @@ class _Runs:
             start_method: as for :meth:`map`.
             engine: as for :meth:`map`.
             concurrency: as for :meth:`map`.
+            cpus: as for :meth:`map`.
+            trace: as for :meth:`map`.
             **options: as for :meth:`map`, and ``state`` (see above).
 
         Returns:
@@ -300,7 +347,7 @@ class _Runs:
             raise TypeError(msg)
         from easycore._exec.runner import run_imap
 
-        where = _where(devices, cfg, start_method, engine, concurrency)
+        where = _where(devices, cfg, start_method, engine, concurrency, cpus, trace)
         return run_imap(pipeline, data, run_options("imap", positional, options), **where)
 
 
@@ -590,6 +637,7 @@ class Pipeline(_Runs):
             if binding is not None:
                 devices = binding.devices
                 args = repr(list(devices) if isinstance(devices, tuple) else devices)
+                args = repr(binding.bounds) if binding.bounds else args
                 if binding.batch_size is not None:
                     args += f", batch_size={binding.batch_size}"
                 if binding.concurrency != 1:
@@ -646,7 +694,8 @@ class Pipeline(_Runs):
             )
             raise ValueError(msg)
         check_count("batch_size", batch_size)
-        binding = Binding(devices, batch_size, concurrency)
+        bounds = _bounds(devices) if type(devices) is tuple else None
+        binding = Binding(devices, batch_size, concurrency, bounds=bounds)
         return attrs.evolve(self, placement=(binding,) * len(self.producers))
 
     def __len__(self) -> int:

@@ -410,3 +410,56 @@ def test_a_places_counts_follow_its_chunks():
     assert solo.place.queue.n_solo == 1 and not sched.has_room(solo.place)
     sched.clear()
     assert (solo.place.queue.n_items, solo.place.queue.n_solo) == (0, 0)
+
+
+# -- self-sizing pools -----------------------------------------------------------------------
+def sized(hi: int = 3, cpus: int = 4) -> tuple[Scheduler, list[list[Place]]]:
+    """Two self-sizing pools of (1, hi) places each, their first split placed."""
+    from easycore._exec.core.sizing import Balancer
+
+    a, b = producer(lambda x: x).on((1, hi)), producer(lambda x: x).on((1, hi))
+    chain = plan_chain(a >> b, "auto", cpus=cpus)
+    books = RunBooks(chain, source_of(range(1000)), RunOptions(), RAISE)
+    books.chunk_size, books.least = 10, 1
+    pools = [[Place(hop=h.index, index=i) for i in range(h.size)] for h in chain.hops]
+    sched = Scheduler(books, lambda h: pools[h], itertools.count(), False, Balancer(chain))
+    return sched, pools
+
+
+def test_a_place_that_leaves_its_pool_waits_until_its_results_are_sent_on():
+    sched, (first, _second) = sized()
+    chunk = sends(sched, 1)[0].chunk
+    holder = chunk.place
+    sched.hold(sched.done(holder, chunk.id), holder)
+    sched.balancer.target[0] = 1  # the first pool shrinks to one place
+    sched.sampled = 0.0
+    assert sched.tick() == []
+    leaving = [p for p in first if p.parking]
+    assert leaving and all(p.retiring for p in leaving)
+    assert holder not in sched.retirees()  # (its results still wait for the next pool)
+    fwd = list(sched.forwards())
+    assert fwd and fwd[0].src is holder
+    sched.sent(holder, chunk.id)
+    assert set(sched.retirees()) >= set(leaving)
+
+
+def test_idle_places_leave_first_and_a_pool_that_grows_is_told_so():
+    sched, (first, _second) = sized(hi=3, cpus=4)
+    busy = sends(sched, 1)[0].chunk.place
+    sched.balancer.target = [1, 3]
+    sched.sampled = 0.0
+    grow = sched.tick()
+    assert [p.parking for p in first] == [p is not busy for p in first]
+    assert grow == []  # (the leaving place still counts against the budget)
+    first.remove(next(p for p in first if p.parking))  # it has left
+    sched.sampled = 0.0
+    assert sched.tick() == [1]
+
+
+def test_a_joining_place_takes_nothing_until_it_is_ready():
+    sched, (first, _second) = sized()
+    for p in first:
+        p.joining = True
+    assert sends(sched) == []
+    first[0].joining = False
+    assert sends(sched, 1)[0].chunk.place is first[0]

@@ -19,6 +19,7 @@ from easycore._config.cfgnode import CfgNode
 from easycore._exec.core.books import RAISE, ErrorPolicy, RunBooks, stage_stats
 from easycore._exec.core.plan import Chain, StageStats, idle_stats
 from easycore._exec.core.protocol import SLOT_WIDTH, Task, batches
+from easycore._exec.core.report import Trace
 from easycore._exec.core.sources import source_of
 from easycore._exec.core.stages import ChunkRun, PreparedStages
 from easycore._options import RunOptions
@@ -40,6 +41,7 @@ class InlineEngine:
         self.cfg = cfg
         self.prepared: list[PreparedStages] = []
         self.books: RunBooks | None = None  # the last run's, for stats()
+        self.trace = Trace(None)  # (the runner's, with trace=)
         self.flying = [0] * len(chain.hops)  # per hop, the unit running now (0 or 1)
         self.sink: Sink | None = None
         self.slot = [0.0] * SLOT_WIDTH  # the unit in hand (as a worker's: read by nobody)
@@ -94,7 +96,8 @@ class InlineEngine:
         # one chunk at a time: an output unit, or as many as a sink's file holds
         sink = self.sink = self.prepared[-1].sink if self.prepared else None
         group = min(WRITE_GROUP, sink.rows_per_file or WRITE_GROUP) if sink else 1
-        self.books = RunBooks(self.chain, source_of(data), options, policy, bars, fixed=group)
+        source = source_of(data)
+        self.books = RunBooks(self.chain, source, options, policy, bars, group, trace=self.trace)
         yield from self.books.stream(self, is_current, ahead=False)  # (nothing runs ahead here)
 
     # -- the transport's part of the loop (books.RunBooks.stream) ----------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from easycore._exec.core.plan import (
     frozen_cfg,
     plan_chain,
 )
+from easycore._exec.core.report import PoolReport, Report, Trace, report
 from easycore._exec.core.sources import LiveSource, batched, items_of
 from easycore._exec.inline import InlineEngine
 from easycore._exec.process.engine import ProcessEngine
@@ -46,6 +48,7 @@ from easycore._options import (
     RunKwargs,
     RunOptions,
     check_concurrency,
+    check_count,
     run_options,
 )
 
@@ -67,6 +70,7 @@ def _make_engine(
     wait: bool,
     tasks: bool,
     concurrency: int,
+    cpus: int | None,
 ) -> Engine:
     """The engine of ``runner``: Ray, the calling process (``"inline"``, or nothing to run in
     workers) or worker processes; its chain planned (an impossible device: ``ValueError``).
@@ -74,7 +78,8 @@ def _make_engine(
     ``wait`` False: a one-shot map's runner sends work to each worker as soon as it is ready
     instead of after the slowest one (init errors surface in the map). ``tasks``: a one-shot
     run that keeps no worker state (on Ray, init-less pools run as tasks). ``concurrency``:
-    items each worker of the pool ``devices`` describes holds at once.
+    items each worker of the pool ``devices`` describes holds at once; ``cpus``: the budget
+    of the pools that size themselves.
     """
     if runner.engine == "ray" and runner.pipeline.producers:
         if isinstance(devices, str) and devices == INLINE:
@@ -83,8 +88,8 @@ def _make_engine(
         from easycore._exec.ray.engine import RayEngine  # imports ray: only here
 
         # connects: "auto" counts it
-        return RayEngine(runner.pipeline, devices, runner.cfg, concurrency, tasks=tasks)
-    chain = plan_chain(runner.pipeline, devices, concurrency=concurrency)
+        return RayEngine(runner.pipeline, devices, runner.cfg, concurrency, tasks, cpus)
+    chain = plan_chain(runner.pipeline, devices, concurrency=concurrency, cpus=cpus)
     if chain.named and start_method == "fork" and runner.engine == "local":
         msg = (
             "a pipeline with several pools (.on) needs start_method 'forkserver' or "
@@ -93,7 +98,7 @@ def _make_engine(
         raise ValueError(msg)
     if INLINE in chain.devices or not runner.pipeline.producers:
         return InlineEngine(chain, runner.cfg)
-    check_capacity(len(chain.devices))
+    check_capacity(len(chain.peak))
     return ProcessEngine(chain, runner.cfg, start_method, wait)
 
 
@@ -115,6 +120,8 @@ class Runner:
         engine: ``"local"`` (worker processes here) or ``"ray"`` (Ray actors).
         epoch: the epoch of the runner's ``map``/``imap`` calls that do not give one.
         concurrency: items each worker of the pool ``devices`` describes holds at once.
+        cpus: the CPU budget of the pools that size themselves (``.on((lo, hi))``).
+        trace: a path: a Chrome Trace Event file of the runner's runs, written as each ends.
 
     Raises:
         ValueError: a bad argument or an impossible device, before any process starts.
@@ -140,11 +147,18 @@ class Runner:
         engine: str = "local",
         epoch: int = 0,
         concurrency: int = 1,
+        cpus: int | None = None,
+        trace: str | os.PathLike[str] | None = None,
         _wait: bool = True,
         _tasks: bool = False,
     ) -> None:
         RunOptions(prefetch=prefetch, epoch=epoch)  # checked as a run's options are
         check_concurrency(concurrency)
+        check_count("cpus", cpus)
+        if trace is not None and not isinstance(trace, str | os.PathLike):
+            msg = f"trace must be a path (str or os.PathLike) or None, got {trace!r}"
+            raise TypeError(msg)
+        self.trace = Trace(trace)
         self.epoch = epoch  # the epoch of runs that do not name one
         if engine not in ENGINES:
             msg = f"engine must be one of {ENGINES}, got {engine!r}"
@@ -154,13 +168,15 @@ class Runner:
         # chunks each worker may hold for a run (queued, running, or done and waiting)
         self.prefetch = prefetch or DEFAULT_PREFETCH
         self.cfg = frozen_cfg(cfg)
-        self._engine = _make_engine(self, devices, start_method, _wait, _tasks, concurrency)
+        self._engine = _make_engine(self, devices, start_method, _wait, _tasks, concurrency, cpus)
+        self._engine.trace = self.trace
         self._chain = self._engine.chain
         self._sink: Sink | None = sink_of(self._chain.last.stages)  # easycore.write, or None
         if self._sink is not None:  # (before any worker starts)
             check_sink(self._sink, self._engine.in_caller)
         self.devices: tuple[str, ...] = self._chain.devices
         self._seat = Seat()
+        self._imap = False  # the last run was an imap (the report has the caller's wait)
         self._active = False
         self._generation = 0  # +1 per activate(): a run of an earlier activation must stop
         self.activate()
@@ -192,6 +208,27 @@ class Runner:
             One :class:`~easycore.StageStats` per pool, in pipeline order.
         """
         return self._engine.stats()
+
+    def report(self) -> Report:
+        """Where the time of the run under way (or the last one) goes: per pool its items a
+        second, workers, busy share, share of time with nothing to do and share of time its
+        results waited for the next pool; the pool that limits the run; for an ``imap``,
+        the share of your loop's time spent waiting in ``next()``. ``str()`` of it is a
+        few sentences.
+
+        Returns:
+            An :class:`~easycore.Report`.
+        """
+        books = self._engine.books
+        stats = self.stats()
+        if books is None:
+            idle = tuple(PoolReport(s.name, s.workers, 0.0, 0.0, 0.0, 0.0) for s in stats)
+            return Report(idle, 0.0, 0.0, None)
+        seconds = (books.finished or time.monotonic()) - books.started
+        workers = [s.workers for s in stats]
+        return report(
+            self._chain, books.record, books.done, books.busy, workers, seconds, self._imap
+        )
 
     def __enter__(self) -> Runner:
         return self
@@ -293,6 +330,7 @@ class Runner:
         Raises:
             WorkerError: as :meth:`map` (and every error :meth:`map` lists).
         """
+        self._imap = False
         options = self._settle(options)
         token, stream = self._open_stream(data, options)
         try:
@@ -380,7 +418,8 @@ class Runner:
                 self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         where = None if self._sink is not None else position  # a sink's files are its position
-        return _Results(self._seat, token, stream, where, self if owned else None)
+        self._imap = True
+        return _Results(self._seat, token, stream, where, self if owned else None, self)
 
     def _open_stream(
         self, data: Iterable[Any], options: RunOptions, position: Position | None = None
@@ -504,6 +543,7 @@ class _Results:
     _stream: Segments
     _position: Position | None
     _owner: Runner | None
+    _runner: Runner  # (for report(), also once the run is over)
     _values: Iterator[Any] = attrs.field(init=False, factory=lambda: iter(()))
     _at: int = attrs.field(init=False, default=0)  # where the next value's output unit begins
 
@@ -529,6 +569,10 @@ class _Results:
         except BaseException as exc:
             self._end(exc)
             raise
+
+    def report(self) -> Report:
+        """Where this run's time goes, during or after it (see :meth:`Runner.report`)."""
+        return self._runner.report()
 
     def state_dict(self) -> dict[str, Any]:
         """This stream's position: what the caller has received so far, as a small
@@ -605,6 +649,8 @@ def _progress_bars(chain: Chain, data: Iterable[Any], batch_size: int | None) ->
     for k, hop in enumerate(chain.hops):
         n_units = None if total is None else math.ceil(total / hop.unit)
         desc = f"{hop.name} ({len(hop.devices)})" if chain.named else None
+        if hop.bounds:  # (its bar shows its workers as they change)
+            desc = f"{hop.name} ({hop.size} workers)"
         bars.append(tqdm(total=n_units, unit="item", dynamic_ncols=True, position=k, desc=desc))
     return bars
 

@@ -27,6 +27,7 @@ and every run, however the workers' timing goes.
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ from easycore._errors import EasycoreError, ItemTimeout, WorkerError, after_retr
 from easycore._exec.core.outcomes import Failed, Segment
 from easycore._exec.core.plan import Chain, StageStats
 from easycore._exec.core.protocol import UNREADABLE, Broken, is_cached
+from easycore._exec.core.report import Recorder, Trace
 from easycore._exec.core.sizing import (
     MAX_CHUNK,
     TARGET_CHUNK_SECONDS,
@@ -171,6 +173,7 @@ class RunBooks:
         shares: a pool that waits (``concurrency=k``) gets chunks of at least ``k / shares``
             units: 16 where a chunk costs a message (a worker process), 1 where it costs a
             remote call (a Ray actor: about a millisecond of the caller's and the actor's).
+        trace: the runner's trace (``trace=``), which the run adds its events to.
     """
 
     def __init__(
@@ -182,6 +185,7 @@ class RunBooks:
         bars: list[Any] | None = None,
         fixed: int | None = None,
         shares: int = 16,
+        trace: Trace | None = None,
     ) -> None:
         self.chain = chain
         self.hops = chain.hops
@@ -242,6 +246,9 @@ class RunBooks:
         self.busy = [0.0] * len(self.hops)
         self.started = time.monotonic()
         self.finished: float | None = None
+        self.balancer: Any = None  # the self-sizing pools' (set by the scheduler)
+        sizes = [h.size if h.bounds else len(h.devices) for h in self.hops]
+        self.record = Recorder(chain, trace or Trace(None), sizes, self.started)
 
     def keys_of(self, units: Sequence[Any], start: int) -> tuple[bool, list[Any] | None] | None:
         """What the sink's worker is told of a chunk (its first-hop units ``units``, the
@@ -379,18 +386,29 @@ class RunBooks:
         items: Sequence[Any] = (),
         elapsed: float = 0.0,
         nbytes: int = 0,
+        worker: int = 0,
     ) -> None:
         """``hop`` finished ``n`` of its units in ``busy`` slot-seconds of work (its wall
         time, with units in flight together counted each); a chunk of first-hop units
         ``items`` that took ``elapsed`` s (``nbytes`` back) sizes the chunks to come, by
         the units it ran (``CACHED`` markers cost nothing: they would make the next chunk
-        everything left, for one worker)."""
+        everything left, for one worker); ``worker``: the pool's worker that ran it."""
         self.done[hop] += n
         self.busy[hop] += busy
         if self.bars is not None:
             self.bars[hop].update(n)
-        self.sizers[hop].update(self.runs(items), elapsed, nbytes)  # (nothing ran: as it was)
+        ran = self.runs(items)
+        self.sizers[hop].update(ran, elapsed, nbytes)  # (nothing ran: as it was)
         self.resize()
+        self.record.span(hop, worker, time.monotonic(), elapsed, n)
+        if self.balancer is not None:
+            self.balancer.measure(hop, busy, ran)
+
+    def resized(self, hop: int, r: Any) -> None:
+        """Self-sizing pool ``hop`` changed its size (a ``balance.Resize``)."""
+        self.record.resized(self.started + r.at, hop, r.before, r.after, r.why)
+        if self.bars is not None:
+            self.bars[hop].set_description(f"{self.hops[hop].name} ({r.after} workers)")
 
     # -- what comes back ---------------------------------------------------------------------
     def store(self, start: int, values: list[Any], n: int, failed: bool = False) -> None:
@@ -486,13 +504,19 @@ class RunBooks:
         Raises:
             RuntimeError: ``is_current()`` turned False (the runner was closed under it).
         """
+        record = self.record
+        record.caller_s = 0.0
         try:
             if ahead:
                 transport.dispatch()
             yield PRIMED
+            back = time.monotonic()  # (the caller's time in next() is what it waits)
             while True:
                 transport.dispatch(self.workers if self.deliverable() else None)
-                yield from self.deliver()
+                for segment in self.deliver():
+                    record.caller_s += time.monotonic() - back
+                    yield segment
+                    back = time.monotonic()
                 if not is_current():
                     msg = "the runner was closed while this run had items pending"
                     raise RuntimeError(msg)
@@ -515,6 +539,10 @@ class RunBooks:
             for held in (self.redo, self.segments, self.ready, self.raises):
                 held.clear()
             transport.close()
+            try:
+                record.trace.write()
+            except OSError as exc:  # (the run's own outcome stands)
+                warnings.warn(f"easycore could not write the trace: {exc}", stacklevel=2)
 
     def stalled(self) -> EasycoreError:
         """Work remains, yet nothing is in flight or can go out (a bug in easycore)."""
@@ -535,17 +563,27 @@ def stage_stats(
     False where units run one at a time whatever ``concurrency`` says (inline).
     """
     wall = max((books.finished or time.monotonic()) - books.started, 1e-9)
-    return [
-        StageStats(
-            hop.name,
-            hop.devices,
-            done=books.done[h],
-            busy=min(1.0, books.busy[h] / (wall * len(hop.devices) * k)),
-            queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
-            waiting=waiting[h],
-            in_flight=in_flight[h],
-            concurrency=k,
-        )
-        for h, hop in enumerate(books.hops)
-        for k in [hop.concurrency if concurrent else 1]
+    workers = books.record.now[0]
+    resizes = [
+        [r for h_, r in books.balancer.resizes if h_ == h] if books.balancer else []
+        for h in range(len(books.hops))
     ]
+    out = []
+    for h, hop in enumerate(books.hops):
+        k = hop.concurrency if concurrent else 1
+        held = books.record.worker_s[h] if hop.bounds else 0.0
+        held = held if held > 0 else wall * len(hop.devices)
+        out.append(
+            StageStats(
+                hop.name,
+                ("cpu",) * workers[h] if hop.bounds else hop.devices,
+                done=books.done[h],
+                busy=min(1.0, books.busy[h] / (held * k)),
+                queued=max(0, queued[h] - in_flight[h]),  # (snapshots taken apart)
+                waiting=waiting[h],
+                in_flight=in_flight[h],
+                concurrency=k,
+                resizes=tuple(resizes[h]),
+            )
+        )
+    return out

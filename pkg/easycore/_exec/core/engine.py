@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from easycore._exec.core.books import ErrorPolicy
+from easycore._exec.core.books import ErrorPolicy, RunBooks
 from easycore._exec.core.plan import Chain, StageStats
+from easycore._exec.core.report import Trace
 from easycore._options import RunOptions
 
 __all__ = ["Engine"]
@@ -26,6 +27,11 @@ class Engine(Protocol):
 
     in_caller: bool  # runs user code in the calling process (submit then runs at once)
     chain: Chain  # the pools it runs, planned
+    trace: Trace  # the runner's (``trace=``): each run adds its events
+
+    @property
+    def books(self) -> RunBooks | None:
+        """The books of the run under way or the last one (None before any)."""
 
     def start(self) -> None: ...
     def stream(

@@ -20,7 +20,7 @@ import attrs
 import cloudpickle
 
 from easycore._config.cfgnode import CfgNode
-from easycore._devices import INLINE, parse_devices
+from easycore._devices import INLINE, cpu_count, parse_devices
 from easycore._errors import item_label
 from easycore._exec.core.protocol import PROTOCOL
 from easycore._exec.core.stages import StageDef, code_in
@@ -76,6 +76,10 @@ class StageStats:
             a worker to start, or finished within a chunk the worker is still on.
         waiting: items it finished that wait for room in the next pool (a pool with many
             waiting items feeds a bottleneck).
+        workers: its workers now (a self-sizing pool's change as the run goes; its
+            ``devices`` are then those of its workers now).
+        resizes: a self-sizing pool's changes in this run (``easycore.Resize``: when, from,
+            to, why), oldest first.
     """
 
     name: str
@@ -86,6 +90,12 @@ class StageStats:
     waiting: int = 0
     in_flight: int = 0
     concurrency: int = 1
+    workers: int = -1
+    resizes: tuple[Any, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if self.workers < 0:
+            self.workers = len(self.devices)
 
     @property
     def slots(self) -> int:
@@ -131,6 +141,10 @@ class Hop:
     first_slot: int = 0  # global slot of its first worker
     payload: bytes = b""  # (stages, cfg) cloudpickled, once per activation
     concurrency: int = 1  # units each of its workers holds at once
+    # a pool that sizes itself: (lo, hi) workers, ``devices`` its hi places (``.on((lo, hi))``)
+    bounds: tuple[int, int] | None = None
+    # its workers at the start (a fixed pool's: all; a self-sizing one's: see first_split)
+    size: int = attrs.Factory(lambda hop: len(hop.devices), takes_self=True)
 
     @property
     def name(self) -> str:
@@ -146,10 +160,23 @@ class Chain:
     """The hops of a pipeline, in order; chunks travel them first to last."""
 
     hops: tuple[Hop, ...]
+    budget: int = 0  # workers the self-sizing pools may hold together (``cpus=``, less the rest)
+
+    @property
+    def sizing(self) -> bool:
+        """Whether a pool sizes itself."""
+        return any(h.bounds is not None for h in self.hops)
 
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(d for h in self.hops for d in h.devices)
+
+    @property
+    def peak(self) -> tuple[str, ...]:
+        """The devices of the most workers alive at once: every fixed pool's, and as many
+        CPUs as the self-sizing pools may hold together."""
+        fixed = tuple(d for h in self.hops if h.bounds is None for d in h.devices)
+        return fixed + ("cpu",) * min(self.budget, len(self.devices) - len(fixed))
 
     @property
     def last(self) -> Hop:
@@ -192,7 +219,11 @@ class Chain:
 def idle_stats(chain: Chain, concurrent: bool = True) -> list[StageStats]:
     """Per hop, stats before any run (``concurrent``: False where units run one at a time)."""
     return [
-        StageStats(h.name, h.devices, concurrency=h.concurrency if concurrent else 1)
+        StageStats(
+            h.name,
+            ("cpu",) * h.size if h.bounds else h.devices,
+            concurrency=h.concurrency if concurrent else 1,
+        )
         for h in chain.hops
     ]
 
@@ -202,15 +233,18 @@ def plan_chain(
     devices: Any,
     parse: Callable[[Any], list[str]] = parse_devices,
     concurrency: int = 1,
+    cpus: int | None = None,
 ) -> Chain:
     """Cut the producers into hops and give each its devices (raises ValueError early).
 
     ``parse`` turns a ``devices`` argument into device strings (an engine's own meaning);
-    ``concurrency`` is the run's, for the pool of ``devices`` (an ``.on`` pool has its own).
+    ``concurrency`` is the run's, for the pool of ``devices`` (an ``.on`` pool has its own);
+    ``cpus`` the budget of the pools that size themselves (None: this machine's cores).
 
     Raises:
         ValueError: a device that cannot be; ``devices`` given (other than ``"auto"``, or
-            ``"inline"``) where every pool has its own ``.on(...)``: it would describe none.
+            ``"inline"``) where every pool has its own ``.on(...)``: it would describe none;
+            self-sizing pools whose lower bounds do not fit in ``cpus``.
     """
     run_devices = functools.cache(lambda: tuple(parse(devices)))  # (once, where it is needed)
     sink = getattr(pipeline, "sink", None)
@@ -230,19 +264,56 @@ def plan_chain(
     hops: list[Hop] = []
     slot, unit = 0, 1
     for i, (stages, binding) in enumerate(groups):
+        bounds = None if inline or binding is None else binding.bounds
         if inline or binding is None:  # (inline: an .on pool's devices are not parsed)
             devs = (INLINE,) if inline else run_devices()
         else:
-            devs = tuple(parse(binding.devices))
+            devs = ("cpu",) * bounds[1] if bounds else tuple(parse(binding.devices))
         batch = binding.batch_size if binding is not None and i > 0 else None
         unit *= batch or 1
         k = concurrency if binding is None else binding.concurrency
-        hops.append(Hop(i, tuple(stages), devs, batch, unit, slot, concurrency=k))
+        hops.append(Hop(i, tuple(stages), devs, batch, unit, slot, concurrency=k, bounds=bounds))
         slot += len(devs)
+    budget = first_split(hops, cpu_count() if cpus is None else cpus)
     if sink is not None:  # the last pool's workers write: the sink runs after its stages
         last = hops[-1]
         last.stages = (*last.stages, attrs.evolve(sink, align=last.unit))
-    return Chain(tuple(hops))
+    return Chain(tuple(hops), budget)
+
+
+def first_split(hops: list[Hop], cpus: int) -> int:
+    """Give each self-sizing pool its first size (each ``hop.size``): its ``lo``, then one
+    worker more at a time, in turn, up to its ``hi``, while ``cpus`` has room after the
+    fixed pools' workers; returns what they may hold together (0 without one).
+
+    Raises:
+        ValueError: their lower bounds do not fit (naming them and the numbers).
+    """
+    sizing = [h for h in hops if h.bounds is not None]
+    if not sizing:
+        return 0
+    fixed = sum(len(h.devices) for h in hops if h.bounds is None)
+    budget = cpus - fixed
+    lows = sum(h.bounds[0] for h in sizing if h.bounds)
+    if lows > budget:
+        names = ", ".join(f"{h.name!r} at least {h.bounds[0]}" for h in sizing if h.bounds)
+        msg = (
+            f"the pools that size themselves need {lows} CPU workers at least ({names}), but "
+            f"cpus={cpus} leaves {max(budget, 0)} after the {fixed} worker(s) of fixed pools; "
+            "lower their bounds or give a larger cpus="
+        )
+        raise ValueError(msg)
+    for h in sizing:
+        h.size = h.bounds[0] if h.bounds else 0
+    left = budget - lows
+    while left > 0:
+        room = [h for h in sizing if h.bounds and h.size < h.bounds[1]]
+        for h in room[:left]:
+            h.size += 1
+        left -= min(left, len(room))
+        if not room:
+            break
+    return budget
 
 
 def frozen_cfg(cfg: Mapping[str, Any] | None) -> CfgNode:

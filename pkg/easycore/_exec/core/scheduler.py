@@ -14,7 +14,10 @@ scheduler what came back::
                     Revive: a dead place must be replaced before anything can go out
       forwards()    Forward: a held chunk from its holder to a place of the next pool
       retirees()    places due for replacement (max_items_per_worker, max_worker_memory)
-                    that hold nothing: the engine ends and replaces them
+                    that hold nothing: the engine ends and replaces them (or, ``parking``,
+                    ends them: a self-sizing pool shrank)
+      tick()        samples the pools for the report; with self-sizing pools, the sizes the
+                    balancer wants: places marked ``parking``, pools that get a new place
     events
       done(place, id)   a place answered for a chunk: the chunk, or None for a stale id
       hold(chunk, place) its results stay in the place for the next pool
@@ -36,12 +39,14 @@ from __future__ import annotations
 import enum
 import itertools
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import attrs
 
 from easycore._exec.core.books import RunBooks, Work
+from easycore._exec.core.sizing import Balancer
 
 __all__ = ["Chunk", "Forward", "Place", "Revive", "Scheduler", "Send"]
 
@@ -116,6 +121,8 @@ class Place:
     holding: dict[int, Chunk] = attrs.Factory(dict)  # held results, kept or being sent on
     ran: int = 0  # units it finished (max_items_per_worker)
     retiring: bool = False  # takes nothing more: replaced once it holds nothing
+    parking: bool = False  # retiring, and not replaced: its self-sizing pool shrank
+    joining: bool = False  # added to a self-sizing pool, still in its init: takes nothing yet
     gone: bool = False  # dead (replaced by a fresh place when its pool needs one)
     lone: bool = False  # holds one chunk at a time (a slot of Ray tasks)
 
@@ -156,6 +163,7 @@ class Scheduler:
         pipelined: a chunk goes down every pool at once, each pool's place reading the
             result of the one before (Ray's object references): no place holds a chunk for
             the next pool, and the window, not each place, bounds what is out.
+        balancer: the sizes of the self-sizing pools (None: every pool is fixed).
     """
 
     def __init__(
@@ -164,8 +172,13 @@ class Scheduler:
         pool: Callable[[int], Sequence[Place]],
         ids: Iterator[int],
         pipelined: bool = False,
+        balancer: Balancer | None = None,
     ) -> None:
         self.books = books
+        self.balancer = books.balancer = balancer
+        if balancer is not None:
+            balancer.begin(books.started)
+        self.sampled = 0.0
         self.hops = books.hops
         self.pool = pool
         self.ids = ids
@@ -205,7 +218,7 @@ class Scheduler:
         no bound of its own); one that waits (``concurrency=k``, each chunk answered as it
         ends) fewer than ``prefetch x k`` units. A place that runs a chunk alone (solo)
         takes nothing else."""
-        if p.gone or p.retiring or p.queue.n_solo:
+        if p.gone or p.retiring or p.joining or p.queue.n_solo:
             return False
         if p.lone and p.queue:
             return False
@@ -296,6 +309,48 @@ class Scheduler:
         chunk.path.pop()
         chunk.hop, chunk.src = chunk.hop - 1, None
         self.hold(chunk, src)
+
+    def tick(self) -> list[int]:
+        """Sample the pools for the run's report (every 10 ms at most); with self-sizing
+        pools, move them toward the balancer's sizes: places beyond a pool's size are marked
+        ``parking`` (idle ones first; they leave once they hold nothing, see
+        :meth:`retirees`), and the pools below their size are returned, a pool once per
+        place to add (within the budget: places still leaving count)."""
+        now = time.monotonic()
+        if now - self.sampled < 0.01:
+            return []
+        self.sampled = now
+        pools = [list(self.pool(h)) for h in range(len(self.hops))]
+        busy = [[p for p in places if p.queue or p.holding] for places in pools]
+        queued, _ = self.units()
+        self.books.record.sample(
+            now,
+            [sum(not p.parking for p in places) for places in pools],  # (those staying)
+            [len(places) - len(b) for places, b in zip(pools, busy, strict=True)],
+            [len(held) for held in self.waiting],
+            queued,
+        )
+        bal = self.balancer
+        if bal is None:
+            return []
+        low = min((c.hop for c in list(self.live.values())), default=len(self.hops))
+        done = self.books.source.exhausted and not self.books.redo
+        seen = len(bal.resizes)
+        bal.decide(now, [done and low >= h for h in range(len(self.hops))], [len(b) for b in busy])
+        for h, r in bal.resizes[seen:]:
+            self.books.resized(h, r)
+        grow: list[int] = []
+        alive = sum(len(pools[h]) for h in bal.sizing)
+        for h in bal.sizing:
+            staying = [p for p in pools[h] if not p.parking]
+            for p in sorted(staying, key=lambda p: (bool(p.queue or p.holding), len(p.queue)))[
+                : max(0, len(staying) - bal.target[h])
+            ]:
+                p.parking = p.retiring = True
+            more = min(bal.target[h] - len(staying), bal.budget - alive)
+            grow += [h] * max(0, more)
+            alive += max(0, more)
+        return grow
 
     def retirees(self) -> list[Place]:
         """Places due for replacement that hold nothing (the engine ends and replaces

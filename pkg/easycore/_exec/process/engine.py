@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from easycore._config.cfgnode import CfgNode
-from easycore._exec.core.books import RAISE, ErrorPolicy
+from easycore._exec.core.books import RAISE, ErrorPolicy, RunBooks
 from easycore._exec.core.engine import Segments
 from easycore._exec.core.plan import Chain, StageStats, idle_stats
+from easycore._exec.core.report import Trace
+from easycore._exec.core.sizing import Balancer
 from easycore._exec.core.sources import Source, source_of
 from easycore._exec.process.run import Run
 from easycore._exec.process.workers import WorkerSet
@@ -40,6 +42,8 @@ class ProcessEngine:
         # chunk ids never repeat on a runner: a late reply from an earlier run cannot match
         self.ids = itertools.count()
         self.last_run: Run | None = None
+        self.balancer = Balancer(chain) if chain.sizing else None
+        self.trace = Trace(None)  # (the runner's, with trace=)
 
     in_caller = False
 
@@ -66,9 +70,23 @@ class ProcessEngine:
         policy: ErrorPolicy = RAISE,
         is_current: Callable[[], bool] = lambda: True,
     ) -> Segments:
-        run = Run(self.workers, source_of(data), options, self.ids, policy=policy, bars=bars)
+        source = source_of(data)
+        run = Run(
+            self.workers,
+            source,
+            options,
+            self.ids,
+            policy=policy,
+            bars=bars,
+            balancer=self.balancer,
+            trace=self.trace,
+        )
         self.last_run = run  # for stats(); it lets go of the data when the run ends
         yield from run.books.stream(run, is_current)
+
+    @property
+    def books(self) -> RunBooks | None:
+        return None if self.last_run is None else self.last_run.books
 
     def stats(self) -> list[StageStats]:
         return idle_stats(self.chain) if self.last_run is None else self.last_run.stats()

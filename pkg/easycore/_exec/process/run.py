@@ -35,7 +35,9 @@ from easycore._exec.core.protocol import (
     Unreadable,
     settled,
 )
+from easycore._exec.core.report import Trace
 from easycore._exec.core.scheduler import Scheduler, Send
+from easycore._exec.core.sizing import Balancer
 from easycore._exec.core.sources import Source
 from easycore._exec.process.channel import Damaged, contains_undecoded
 from easycore._exec.process.workers import Worker, WorkerSet
@@ -54,6 +56,8 @@ class Run:
         ids: chunk ids, shared by every run of the runner.
         policy: what a failed output unit becomes (raised, or delivered as ``Failed``).
         bars: one progress bar per hop, or None.
+        balancer: the sizes of the self-sizing pools (None: none).
+        trace: the runner's trace.
     """
 
     def __init__(
@@ -65,14 +69,16 @@ class Run:
         *,
         policy: ErrorPolicy = RAISE,
         bars: list[Any] | None = None,
+        balancer: Balancer | None = None,
+        trace: Trace | None = None,
     ) -> None:
         self.workers = workers
         self.chain: Chain = workers.chain
         # (hops, not self, in the lambda: a cycle would keep the worker set alive past its run)
         self.hops = hops = self.chain.hops
-        self.books = RunBooks(self.chain, source, options, policy, bars)
+        self.books = RunBooks(self.chain, source, options, policy, bars, trace=trace)
         self.options = options
-        self.sched = Scheduler(self.books, lambda h: workers.of_hop(hops[h]), ids)
+        self.sched = Scheduler(self.books, lambda h: workers.pool(hops[h]), ids, False, balancer)
         # slot -> deaths in a row that charged no item (a delivered chunk starts the count again)
         self.idle_deaths: collections.Counter[int] = collections.Counter()
 
@@ -91,7 +97,7 @@ class Run:
         # Nothing in flight and every worker idle, yet work remains: waiting would hang
         # forever. (A worker being replaced comes back: its goodbye wakes us.)
         idle = not self.sched and (wake is None or source.exhausted)
-        if idle and all(w.ready and not w.retiring for w in self.workers.workers):
+        if idle and all(w.parked or (w.ready and not w.retiring) for w in self.workers.workers):
             raise self.books.stalled()
         self.workers.wait_and_handle(
             self.options.timeout, self.on_message, () if wake is None else (wake,)
@@ -105,6 +111,8 @@ class Run:
         given back, workers due for it replaced (once they hold no chunk), then new chunks
         to the first pool (at most ``most_chunks``)."""
         sched, books, options = self.sched, self.books, self.options
+        for h in sched.tick():
+            self.workers.grow(self.hops[h])
         for fwd in sched.forwards():
             try:
                 key, fd = self.workers.pair(fwd.src, fwd.dst)
@@ -174,7 +182,8 @@ class Run:
         self.idle_deaths.pop(w.slot, None)  # retries bound deaths in a row, not over a run
         books = self.books
         n = msg.n_done
-        books.count(w.hop, n, msg.busy, chunk.items, msg.elapsed, 0 if held else w.last_nbytes)
+        nbytes = 0 if held else w.last_nbytes
+        books.count(w.hop, n, msg.busy, chunk.items, msg.elapsed, nbytes, w.index)
         self.sched.count(w, n, w.resident_bytes)
         if isinstance(msg, Held):  # (a failed unit travels on as a Broken marker)
             self.sched.hold(chunk, w)

@@ -76,6 +76,7 @@ class Worker(Place):
     ready: bool = False
     timed_out: int | None = None  # index of the unit we killed it for
     stopping: bool = False  # told to end (retiring): its goodbye brings a fresh worker
+    parked: bool = False  # no process: a place of a self-sizing pool beyond its size
     last_nbytes: int = 0  # size of the last reply (pickle + shared memory), for chunk sizing
 
     def resident_bytes(self) -> int:
@@ -132,6 +133,8 @@ def _caller_ends() -> list[int]:
     fds = []
     for ws in list(_LIVE):
         for w in ws.workers:
+            if w.parked:
+                continue
             with contextlib.suppress(OSError, ValueError):
                 fds += [w.chan.fileno(), w.chan.sock.fileno()]  # (the channel reads a dup)
     return [fd for fd in fds if fd >= 0]
@@ -189,10 +192,12 @@ class WorkerSet:
         self.slots = Slots(RawArray("d", SLOT_WIDTH * len(self.chain.devices)))
         self.workers = []
         self._pairs.clear()
-        for slot in range(len(self.chain.devices)):
-            self.workers.append(self._spawn(slot))
+        for hop in self.chain.hops:  # (a self-sizing pool: its first size)
+            for k in range(len(hop.devices)):
+                slot = hop.first_slot + k
+                self.workers.append(self._spawn(slot) if k < hop.size else self._parked(slot))
         self._watch()
-        while wait and not all(w.ready for w in self.workers):
+        while wait and not all(w.ready or w.parked for w in self.workers):
             self.wait_and_handle(None, None)
 
     def _spawn(self, slot: int) -> Worker:
@@ -258,18 +263,45 @@ class WorkerSet:
         return worker
 
     def respawn(self, slot: int) -> None:
-        """Replace the (dead) worker in ``slot`` by a fresh one, which runs ``init`` again."""
+        """Replace the (dead) worker in ``slot`` by a fresh one, which runs ``init`` again;
+        one that was leaving its self-sizing pool (``parking``) is not replaced."""
         self._pairs = {pair: key for pair, key in self._pairs.items() if slot not in pair}
-        self.workers[slot] = self._spawn(slot)
+        self.workers[slot] = self._parked(slot) if self.workers[slot].parking else self._spawn(slot)
         self._watch()
+
+    def grow(self, hop: Hop) -> None:
+        """One worker more in self-sizing pool ``hop`` (it takes work once its init ran)."""
+        slot = next(w.slot for w in self.of_hop(hop) if w.parked)
+        self.respawn(slot)
+        self.workers[slot].joining = True
+
+    def _parked(self, slot: int) -> Worker:
+        hop = next(h for h in reversed(self.chain.hops) if slot >= h.first_slot)
+        index = slot - hop.first_slot
+        return Worker(
+            slot=slot,
+            index=index,
+            hop=hop.index,
+            device="cpu",
+            proc=None,
+            chan=None,
+            gone=True,
+            parked=True,
+        )  # type: ignore[arg-type]
 
     def _watch(self) -> None:
         # If the runner is dropped without close(), its processes are killed, not orphaned.
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, kill_all, [w.proc for w in self.workers])
+        procs = [w.proc for w in self.workers if not w.parked]
+        self._finalizer = weakref.finalize(self, kill_all, procs)
 
     def of_hop(self, hop: Hop) -> list[Worker]:
         return self.workers[hop.first_slot : hop.first_slot + len(hop.devices)]
+
+    def pool(self, hop: Hop) -> list[Worker]:
+        """The workers of ``hop`` that have a process (a self-sizing pool's, not parked)."""
+        places = self.of_hop(hop)
+        return [w for w in places if not w.parked] if hop.bounds else places
 
     def in_flight(self) -> list[int]:
         """Per hop, the units its live workers are running now (read from the slots)."""
@@ -334,7 +366,7 @@ class WorkerSet:
                 frame, fds = w.chan.recv_frame()
                 msg = w.chan.decode(frame, fds)
                 if isinstance(msg, Ready):
-                    w.ready = True
+                    w.ready, w.joining = True, False
                     note_torch(msg.torch_loaded)
                 elif isinstance(msg, InitFailed):
                     raise _failed(w, msg, "while starting")
@@ -447,13 +479,13 @@ class WorkerSet:
                 fds = [fd for w in waiting.values() for fd in (w.chan.fileno(), w.proc.sentinel)]
                 self._waiter.wait(fds, wait)
         except BaseException:
-            kill_all([w.proc for w in workers])
+            kill_all([w.proc for w in workers if not w.parked])
             raise
         finally:
             for w in workers:  # a goodbye said: it exits by itself, now
                 if not w.gone and w.slot not in waiting and w.proc.is_alive():
                     w.proc.join(0.5 if grace is not None else 5.0)
-            kill_all([w.proc for w in workers])  # the others, and what they started
+            kill_all([w.proc for w in workers if not w.parked])  # the rest, what they started
             for w in workers:
                 with contextlib.suppress(Exception):
                     w.chan.close()

@@ -65,7 +65,7 @@ import ray
 from easycore._config.cfgnode import CfgNode
 from easycore._devices import parse_devices
 from easycore._errors import SerializationError, WorkerDied
-from easycore._exec.core.books import RAISE, ErrorPolicy
+from easycore._exec.core.books import RAISE, ErrorPolicy, RunBooks
 from easycore._exec.core.plan import (
     Chain,
     PipelineDef,
@@ -75,6 +75,8 @@ from easycore._exec.core.plan import (
     plan_chain,
 )
 from easycore._exec.core.protocol import ErrorReport
+from easycore._exec.core.report import Trace
+from easycore._exec.core.sizing import Balancer
 from easycore._exec.core.sources import Source, source_of
 from easycore._exec.core.stages import UNIT_GRACE, is_async_fn
 from easycore._exec.ray.actor import StageActor, UnitClock, run_task
@@ -209,7 +211,7 @@ def check_fits(chain: Chain, resources: dict[str, float]) -> None:
         ValueError: the pools together ask for more CPUs or GPUs than the cluster has (Ray
             would wait forever for an actor it cannot place).
     """
-    for unit, need in _needs(chain.devices).items():
+    for unit, need in _needs(chain.peak).items():
         have = int(resources.get(unit, 0))
         if need > have:
             each = ", ".join(f"{h.name}: {_needs(h.devices)[unit]}" for h in chain.hops)
@@ -275,12 +277,14 @@ class RayEngine:
         cfg: CfgNode,
         concurrency: int = 1,
         tasks: bool = False,
+        cpus: int | None = None,
     ) -> None:
         _connect()
         try:
             resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
             parse = functools.partial(ray_devices, resources=resources)
-            self.chain: Chain = plan_chain(pipeline, devices, parse=parse, concurrency=concurrency)
+            cpus = int(resources.get("CPU", 1)) if cpus is None else cpus
+            self.chain: Chain = plan_chain(pipeline, devices, parse, concurrency, cpus)
             check_fits(self.chain, resources)
         except BaseException:
             _disconnect()
@@ -307,6 +311,8 @@ class RayEngine:
         self.payloads: list[bytes] = []
         self.tag = ""  # names this start's task pools (see _task_sender)
         self.last_run: RayRun | None = None
+        self.trace = Trace(None)  # (the runner's, with trace=)
+        self.balancer = Balancer(self.chain) if self.chain.sizing else None
         self.clock: Any = None  # the UnitClock actor, while started
         self.next_key = itertools.count()  # actors' names at the clock
         self.timeout: float | None = None  # the current run's (actors watch for it)
@@ -335,8 +341,8 @@ class RayEngine:
                 except Exception as exc:
                     msg = f"the producers {h.name!r} or cfg cannot be pickled to reach the actors"
                     raise SerializationError(msg) from exc
-            self.pools = [
-                [self._new_actor(hop.index, k, dev) for k, dev in enumerate(hop.devices)]
+            self.pools = [  # (a self-sizing pool: its first size)
+                [self._new_actor(hop.index, k, d) for k, d in enumerate(hop.devices[: hop.size])]
                 for hop in self.chain.hops
             ]
             self._await_started([a for pool in self.pools for a in pool if not a.lone])
@@ -421,9 +427,43 @@ class RayEngine:
         if self.clock is not None:
             self.clock.note.remote(actor.key, None)
         fresh = self._new_actor(actor.hop, actor.index, actor.device)
-        self.pools[actor.hop][actor.index] = fresh
+        pool = self.pools[actor.hop]
+        pool[pool.index(actor)] = fresh
         self._await_started([fresh])
         return fresh
+
+    def grow(self, hop: int) -> None:
+        """One actor more in self-sizing pool ``hop``: it takes chunks once its ``init`` has
+        run (:meth:`joined`), the run goes on meanwhile."""
+        pool = self.pools[hop]
+        index = min(set(range(len(self.chain.hops[hop].devices))) - {a.index for a in pool})
+        fresh = self._new_actor(hop, index, "cpu")
+        if not fresh.lone:
+            fresh.joining, fresh.starting = True, fresh.handle.start.remote()
+        pool.append(fresh)
+
+    def joined(self) -> None:
+        """Actors added to a pool whose ``init`` has run take chunks from now on.
+
+        Raises:
+            WorkerError, WorkerDied: an ``init`` raised, the actor died in it.
+        """
+        for actor in [a for pool in self.pools for a in pool if a.joining]:
+            if ray.wait([actor.starting], timeout=0)[0]:
+                actor.joining = False
+                try:
+                    report, actor.where = ray.get(actor.starting)
+                except ray.exceptions.RayActorError as exc:
+                    raise self._failed(actor, f"died while starting: {first_line(exc)}") from None
+                if report is not None:
+                    raise self._failed(actor, "while starting", report)
+
+    def leave(self, actor: Actor) -> None:
+        """``actor`` leaves its self-sizing pool (it shrank): killed, not replaced."""
+        _kill([actor])
+        if self.clock is not None:
+            self.clock.note.remote(actor.key, None)
+        self.pools[actor.hop].remove(actor)
 
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]:
         """Kill each busy actor whose unit in hand has run past ``timeout`` (the clock says
@@ -445,10 +485,14 @@ class RayEngine:
             WorkerError: its ``end`` raised.
         """
         for actor in due:
-            with contextlib.suppress(ray.exceptions.RayError):  # (a death there: replaced)
-                if (report := ray.get(actor.handle.finish.remote())) is not None:
-                    raise self._failed(actor, "while ending", report)
-            self.replace(actor)
+            if not actor.lone:
+                with contextlib.suppress(ray.exceptions.RayError):  # (a death there: replaced)
+                    if (report := ray.get(actor.handle.finish.remote())) is not None:
+                        raise self._failed(actor, "while ending", report)
+            if actor.parking:  # (its self-sizing pool shrank)
+                self.leave(actor)
+            else:
+                self.replace(actor)
 
     def stop(self, grace: float | None, report: bool) -> None:
         """Run ``end`` on every actor (``grace`` seconds at most), then kill them all.
@@ -499,6 +543,10 @@ class RayEngine:
         # the timeout before any chunk is sent; one that died is found by the run)
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(told)
+
+    @property
+    def books(self) -> RunBooks | None:
+        return None if self.last_run is None else self.last_run.books
 
     def stats(self) -> list[StageStats]:
         return idle_stats(self.chain) if self.last_run is None else self.last_run.stats()

@@ -53,6 +53,7 @@ class Actor(Place):
     # that is ``lone`` is not an actor but a slot of Ray tasks (an init-less pool; see
     # actor.run_task): its chunks run independently of each other, one at a time.
     run: Any = None
+    starting: Any = None  # its start's reference, while it is ``joining`` its pool
 
     def who(self, chain: Chain) -> str:
         kind = "Ray task" if self.lone else "Ray actor"
@@ -69,7 +70,12 @@ class ActorPools(Protocol):
     pools: list[list[Actor]]
     waits: list[bool]  # per hop: its actors run several chunks at once (a pool that waits)
 
+    balancer: Any  # the self-sizing pools' sizes, or None
+
     def replace(self, actor: Actor) -> Actor: ...
+    def grow(self, hop: int) -> None: ...
+    def joined(self) -> None: ...
+    def leave(self, actor: Actor) -> None: ...
     def kill_overdue(self, timeout: float) -> list[tuple[Actor, int]]: ...
     def recycle(self, due: Sequence[Place]) -> None: ...
 
@@ -88,10 +94,12 @@ class RayRun:
         self.engine = engine
         self.chain = engine.chain
         self.hops = self.chain.hops
-        self.books = RunBooks(self.chain, source, options, policy, bars, shares=1)
+        trace = getattr(engine, "trace", None)
+        self.books = RunBooks(self.chain, source, options, policy, bars, shares=1, trace=trace)
         self.options = options
         pools = lambda h: engine.pools[h] if engine.pools else []  # (none once stopped)  # noqa: E731
-        self.sched = Scheduler(self.books, pools, itertools.count(), pipelined=True)
+        balancer = getattr(engine, "balancer", None)
+        self.sched = Scheduler(self.books, pools, itertools.count(), True, balancer)
         self.pending: dict[Any, tuple[Chunk, int]] = {}  # meta ref -> (chunk, hop)
         # references of forgotten chunks, read once ready: Ray logs an error that nobody
         # read as an "Unhandled error" (a death or a failed hop fails every later hop's)
@@ -126,6 +134,9 @@ class RayRun:
         """Carry out the scheduler's commands: actors due for it replaced, then chunks sent
         down the chain while the window has room (re-runs first), a dead actor replaced
         when its pool has no other to take one."""
+        self.engine.joined()
+        for h in self.sched.tick():
+            self.engine.grow(h)
         self.engine.recycle(self.sched.retirees())
         for cmd in self.sched.sends(most_chunks):
             if isinstance(cmd, Revive):
@@ -207,7 +218,7 @@ class RayRun:
             return
         del self.pending[ref]
         self.sched.done(actor, chunk.id)
-        books.count(h, meta.n, meta.busy, chunk.items, meta.elapsed)
+        books.count(h, meta.n, meta.busy, chunk.items, meta.elapsed, 0, actor.index)
         self.sched.count(actor, meta.n, lambda: meta.rss)  # (replaced once it has finished)
         if values is not None:
             self.sched.finish(chunk)
@@ -248,6 +259,8 @@ class RayRun:
         """
         if lost is None:
             _, lost = self.sched.died(actor)
+        if actor.parking and not actor.lone:  # (it was leaving its pool: not replaced)
+            self.engine.leave(actor)
         for chunk in lost:
             self.forget(chunk)
         # A sync actor runs its chunks in order, so the oldest it had was running, unless
