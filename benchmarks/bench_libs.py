@@ -437,6 +437,10 @@ def measure(
         import bench_waiting
 
         return bench_waiting.measure(lib, opts, n, workers)
+    if workload == "W9":  # pools that size themselves: its own harness
+        import bench_sizing
+
+        return bench_sizing.measure(lib, opts, n, workers)
     if workload == "W10":  # an image pipeline: its own harness
         import bench_images
 

@@ -143,6 +143,11 @@ GROUPS: dict[str, Group] = {
             "requests answered after exponential waits (mean 20 ms), nothing else",
             "items/s",
         ),
+        Group("W9 two", "W9", "items, 2 stages of 0.17/0.21 s (ray#65540), budget 16", "s", False),
+        Group("W9 skew", "W9", "items, 3 stages of 20/100/40 ms, budget 16", "s", False),
+        Group("W9 phase", "W9", "items, 2 stages of 20 ms, the 2nd 3x slower halfway", "s", False),
+        Group("W9 init", "W9", "items, 2 stages of 30/90 ms, the 2nd with a 2 s init", "s", False),
+        Group("W9 cpu", "W9", "items, 2 CPU-bound stages of 4/8 ms, budget 2", "s", False),
         Group("W10 1k", "W10", "JPEGs: decode, crop 224, flip, float; batches of 32", "items/s"),
         Group("W10 4k", "W10", "JPEGs: decode, crop 224, flip, float; batches of 32", "items/s"),
     ]
@@ -488,6 +493,63 @@ def build_cases(quick: bool, workers: int, mode: str) -> list[Case]:
             n=4000,
         ),
     ]
+    # W9: pools that size themselves against fixed splits and Ray Data (bench_sizing.py)
+    import bench_sizing
+
+    for case9, spec in bench_sizing.CASES.items():
+        g, b9, n9 = f"W9 {case9}", spec["budget"], spec["n"]
+        o9, e9 = bench_sizing.oracle(case9), bench_sizing.even(case9)
+        split = lambda s: " + ".join(map(str, s))  # noqa: E731
+        cases += [
+            Case(
+                g,
+                "easycore",
+                f"case={case9},how=auto",
+                "easycore",
+                f"easycore .on((1, {b9})) each, cpus={b9}",
+                n=n9,
+            ),
+            Case(
+                g,
+                "easycore",
+                f"case={case9},how=oracle",
+                "reference",
+                f"easycore, best fixed split {split(o9)} (oracle)",
+                n=n9,
+            ),
+            Case(
+                g,
+                "easycore",
+                f"case={case9},how=even",
+                "context",
+                f"easycore, even split {split(e9)}",
+                n=n9,
+            ),
+            Case(
+                g,
+                "easycore",
+                f"case={case9},how=fused",
+                "context",
+                f"easycore, fused, devices={b9}",
+                n=n9,
+            ),
+            Case(
+                g,
+                "raydata",
+                f"case={case9},how=auto",
+                "peer",
+                f"Ray Data ActorPoolStrategy(1, {b9}) per stage",
+                n=n9,
+            ),
+            Case(
+                g,
+                "raydata",
+                f"case={case9},how=oracle",
+                "peer",
+                f"Ray Data, the oracle's split {split(o9)}",
+                n=n9,
+            ),
+        ]
     # W10: a real image pipeline, one-shot, each row in a fresh process (bench_images.py)
     for g, n10 in (("W10 1k", 1024), ("W10 4k", 4096)):
         n10 = n10 // 8 if quick else n10
@@ -889,6 +951,37 @@ def targets(rows: list[Row]) -> list[Target]:
                 after = statistics.median(e["after_pause"] for e in deep.extra)
                 what = "easycore (prefetch=32) wait after pauses (s)"
                 out.append(Target(g, what, after, 0.005, False))
+        elif g.startswith("W9") and ec is not None:
+            out += _sizing_targets(g, rs, ec)
+    return out
+
+
+def _sizing_targets(g: str, rs: list[Row], ec: Row) -> list[Target]:
+    """W9: self-sizing against the oracle (and the best fixed split on the phase change),
+    Ray Data's autoscaling on ray#65540's shape, and the controller's own CPU."""
+    by = {
+        r.case.variant.split("how=")[1] + ("-ray" if r.case.lib == "raydata" else ""): r
+        for r in rs
+        if r.ok
+    }
+    out = []
+    oracle, ray_auto = by.get("oracle"), by.get("auto-ray")
+    if oracle is not None:
+        frac = ec.median / oracle.median
+        if g == "W9 phase":
+            out.append(Target(g, "easycore time / best fixed split's", frac, 1 / 1.15, False))
+        else:
+            out.append(Target(g, "easycore time / the oracle's (whole run)", frac, 1.15, False))
+    if g == "W9 two" and ray_auto is not None:
+        out.append(
+            Target(
+                g, "easycore / Ray Data autoscaling, speed", ray_auto.median / ec.median, 2.0, True
+            )
+        )
+    shares = [e.get("caller_cpu_share") for e in ec.extra if e.get("caller_cpu_share") is not None]
+    if shares:
+        what = "caller CPU / run time (controller and transport)"
+        out.append(Target(g, what, statistics.median(shares), 0.01, False))
     return out
 
 

@@ -24,6 +24,7 @@ CASES = [
     ("train_resume.py", [], "weights as the uninterrupted run: OK"),
     ("download_then_embed.py", ["200"], "inline run agrees: OK"),
     ("embed_to_parquet.py", ["192"], "192 embeddings in"),
+    ("self_sizing.py", ["300"], "the same results as a fixed split: OK"),
 ]
 
 

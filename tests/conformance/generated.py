@@ -78,6 +78,7 @@ def cases(draw: Any, resume: bool = False) -> Case:
                 batch_size=draw(st.none() | st.integers(1, 3)),
                 concurrency=draw(st.sampled_from([1, 1, 4])),
                 asynchronous=draw(st.booleans()),
+                sizes=own and draw(st.sampled_from([False, False, True])),
             )
         )
     budget = MAX_WORKERS - sum(p.workers or 0 for p in pools)
@@ -190,7 +191,8 @@ def build(case: Case, calls: Path | None = None, out: Path | None = None) -> Any
             stages.append(producer(row))  # a sink writes mappings
         p = compose(*stages)
         if pool.workers is not None:
-            p = p.on(pool.workers, batch_size=pool.batch_size, concurrency=pool.concurrency)
+            where = (1, pool.workers) if pool.sizes else pool.workers
+            p = p.on(where, batch_size=pool.batch_size, concurrency=pool.concurrency)
         parts.append(p)
     spec = case.consumer
     if spec is not None:
@@ -254,6 +256,8 @@ def run_options(case: Case, engine: str) -> dict[str, Any]:
         kw["devices"] = case.devices
     if engine == "ray":
         kw["engine"] = "ray"
+    if engine != "inline" and any(p.sizes for p in case.pools):
+        kw["cpus"] = MAX_WORKERS  # (every pool's lo fits; sizes forced: conftest.py)
     return kw
 
 
@@ -274,7 +278,7 @@ def run_case(case: Case, engine: str) -> tuple[Outcome, BaseException | None, li
     pipeline = build(case, out=out)
     kw = run_options(case, engine)
     failures: list[Any] = []
-    open_kw = {k: kw.pop(k) for k in ("devices", "engine", "concurrency") if k in kw}
+    open_kw = {k: kw.pop(k) for k in ("devices", "engine", "concurrency", "cpus") if k in kw}
     try:
         with pipeline.open(**open_kw) as runner:
             try:

@@ -94,7 +94,8 @@ class PoolSpec:
     """Fused stages; ``workers`` None: the run's ``devices`` (only the first pool).
 
     ``concurrency``: units each worker holds at once; ``asynchronous``: the stages are
-    ``async def`` (neither changes what the pool computes).
+    ``async def``; ``sizes``: the pool sizes itself, ``.on((1, workers))``, with sizes forced
+    to change as the run goes (none of them changes what the pool computes).
     """
 
     stages: tuple[StageSpec, ...]
@@ -102,6 +103,7 @@ class PoolSpec:
     batch_size: int | None = None
     concurrency: int = 1
     asynchronous: bool = False
+    sizes: bool = False
 
 
 @attrs.frozen

@@ -280,3 +280,10 @@ class TestInline:
     def test_sizes_do_not_apply_inline(self):
         out = (quick.on((1, 4)) >> slow.on((1, 4))).map(range(10), devices="inline")
         assert out == [10 * x for x in range(10)]
+
+
+def test_a_self_sizing_pools_progress_bar_shows_its_workers(capsys, churn):
+    (quick.on((1, 3)) >> slow.on((1, 3))).map(range(120), cpus=4, progress=True)
+    err = capsys.readouterr().err
+    assert "quick (2 workers)" in err  # its first size, then each resize
+    assert any(f"slow ({k} workers)" in err for k in (1, 3))

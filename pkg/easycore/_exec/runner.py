@@ -195,7 +195,8 @@ class Runner:
     def __repr__(self) -> str:
         where = str(list(self.devices))
         if self._chain.named:
-            where = "{" + ", ".join(f"{h.name}: {list(h.devices)}" for h in self._chain.hops) + "}"
+            pools = [f"{h.name}: {h.bounds or list(h.devices)}" for h in self._chain.hops]
+            where = "{" + ", ".join(pools) + "}"
         return f"<Runner {self.pipeline!r} on {where} ({'active' if self._active else 'closed'})>"
 
     def stats(self) -> list[StageStats]:

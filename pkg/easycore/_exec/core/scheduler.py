@@ -343,11 +343,12 @@ class Scheduler:
         alive = sum(len(pools[h]) for h in bal.sizing)
         for h in bal.sizing:
             staying = [p for p in pools[h] if not p.parking]
-            for p in sorted(staying, key=lambda p: (bool(p.queue or p.holding), len(p.queue)))[
-                : max(0, len(staying) - bal.target[h])
-            ]:
+            idle_first = lambda p: (bool(p.queue or p.holding), not p.joining, len(p.queue))  # noqa: E731
+            for p in sorted(staying, key=idle_first)[: max(0, len(staying) - bal.target[h])]:
                 p.parking = p.retiring = True
-            more = min(bal.target[h] - len(staying), bal.budget - alive)
+            hi = self.hops[h].bounds[1]  # type: ignore[index]
+            # (places still leaving count against the budget and the pool's places)
+            more = min(bal.target[h] - len(staying), bal.budget - alive, hi - len(pools[h]))
             grow += [h] * max(0, more)
             alive += max(0, more)
         return grow

@@ -97,6 +97,7 @@ HOLD = 10.0  # seconds a pool that did not speed up stays at its size before
 HEADROOM = 1.3  # a pool that waits keeps workers for this many times the run's pace
 SMOOTH = 0.3  # weight of a chunk's cost in the pool's smoothed cost
 # tests' forced resizes: sizes drawn at random every period (see Balancer.churn)
+CHURN_EVERY = PERIOD
 CHURN = random.Random(os.environ["EASYCORE_CHURN"]) if os.environ.get("EASYCORE_CHURN") else None
 
 
@@ -160,7 +161,7 @@ class Balancer:
     def churn(self, now: float) -> bool:
         """Tests' forced resizes (``EASYCORE_CHURN=<seed>``): every period, each pool a
         size drawn between its bounds, within the budget (workers come and go mid-run)."""
-        if now - self.last < PERIOD:
+        if now - self.last < CHURN_EVERY:
             return False
         self.last = now
         left = self.budget - sum(self.target[h] for h in self.sizing)

@@ -125,6 +125,8 @@ class RayRun:
         elif live:
             time.sleep(POLL)
             self.books.source.drain_wakeups()
+        elif joining := [a.starting for pool in self.engine.pools for a in pool if a.joining]:
+            ray.wait(joining, num_returns=1, timeout=POLL)  # (an actor added to its pool)
         elif not (self.books.redo or self.books.deliverable()):
             raise self.books.stalled()
         self.check_clock()
