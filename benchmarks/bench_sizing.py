@@ -16,8 +16,10 @@ best fixed split (every split of the budget is tried on the stages' known costs,
 phase change over the whole run, and the best one is run); an even split; ``devices=B``
 fused; Ray Data with ``ActorPoolStrategy(min_size=1, max_size=B)`` per stage on a local Ray
 with B CPUs; Ray Data with the oracle's split. Each checks its results (``x`` through every
-stage gives ``x``, in order). The easycore self-sizing row also reports its controller's
-CPU: the caller's CPU time over the run's time.
+stage gives ``x``, in order). The easycore rows report their steady throughput (items a
+second over the middle half of the results) too; the self-sizing row also its controller's
+time (sampling the pools and deciding their sizes) and the caller's whole CPU (the transport
+too), each over the run's time. The open runner's start is timed too (as a one-shot run).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def even(case_name: str) -> tuple[int, ...]:
     return tuple(budget // k + (1 if h < budget % k else 0) for h in range(k))
 
 
-def _easycore(case_name: str, how: str) -> tuple[list[int], float]:
+def _easycore(case_name: str, how: str) -> tuple[list[int], tuple[float, float, float]]:
     from easycore import producer
 
     case = CASES[case_name]
@@ -108,7 +110,7 @@ def _easycore(case_name: str, how: str) -> tuple[list[int], float]:
         pipeline = stages[0]
         for s in stages[1:]:
             pipeline = pipeline >> s
-        return list(pipeline.map(range(n), devices=budget)), 0.0
+        return list(pipeline.map(range(n), devices=budget)), (0.0, 0.0, 0.0)
     if how == "auto":
         sizes: Sequence[Any] = [(1, budget)] * k
     else:
@@ -117,11 +119,18 @@ def _easycore(case_name: str, how: str) -> tuple[list[int], float]:
     for s, size in zip(stages[1:], sizes[1:], strict=True):
         pipeline = pipeline >> s.on(size)
     t0 = time.perf_counter()
-    out = list(pipeline.map(range(n), cpus=budget))
+    out, stamps = [], []
+    with pipeline.open(cpus=budget) as runner:
+        for y in runner.imap(range(n)):
+            out.append(y)
+            stamps.append(time.perf_counter())
+        control = runner._engine.books.record.control_s  # (sampling and sizing the pools)
     wall = time.perf_counter() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     caller = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
-    return out, caller / wall
+    # steady throughput: the middle half of the results (the start and the tail left out)
+    steady = (n // 2) / (stamps[3 * n // 4] - stamps[n // 4])
+    return out, (control / wall, caller / wall, steady)
 
 
 def _raydata(case_name: str, how: str) -> list[int]:
@@ -176,10 +185,12 @@ def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, A
             ray.shutdown()
     else:
         t0 = time.perf_counter()
-        out, controller = _easycore(name, how)
+        out, (control, caller, steady) = _easycore(name, how)
         seconds = time.perf_counter() - t0
+        extra["steady_items_per_s"] = round(steady, 2)
         if how == "auto":
-            extra["caller_cpu_share"] = round(controller, 4)
+            extra["control_share"] = round(control, 5)
+            extra["caller_cpu_share"] = round(caller, 4)
     if out != list(range(case["n"])):
         import bench_workloads as wl
 

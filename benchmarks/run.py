@@ -967,6 +967,10 @@ def _sizing_targets(g: str, rs: list[Row], ec: Row) -> list[Target]:
     out = []
     oracle, ray_auto = by.get("oracle"), by.get("auto-ray")
     if oracle is not None:
+        steady = [statistics.median(e["steady_items_per_s"] for e in r.extra) for r in (ec, oracle)]
+        if g != "W9 phase":  # (a phase change has no one steady state)
+            what = "easycore steady items/s / the oracle's"
+            out.append(Target(g, what, steady[0] / steady[1], 0.95, True))
         frac = ec.median / oracle.median
         if g == "W9 phase":
             out.append(Target(g, "easycore time / best fixed split's", frac, 1 / 1.15, False))
@@ -978,9 +982,9 @@ def _sizing_targets(g: str, rs: list[Row], ec: Row) -> list[Target]:
                 g, "easycore / Ray Data autoscaling, speed", ray_auto.median / ec.median, 2.0, True
             )
         )
-    shares = [e.get("caller_cpu_share") for e in ec.extra if e.get("caller_cpu_share") is not None]
+    shares = [e.get("control_share") for e in ec.extra if e.get("control_share") is not None]
     if shares:
-        what = "caller CPU / run time (controller and transport)"
+        what = "controller time / run time"
         out.append(Target(g, what, statistics.median(shares), 0.01, False))
     return out
 

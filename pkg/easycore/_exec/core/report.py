@@ -88,6 +88,7 @@ class Recorder:
         self.last = started
         self.last_counter = 0.0
         self.caller_s: float | None = None  # the caller's time waiting in next() (imap)
+        self.control_s = 0.0  # the caller's time sampling and sizing the pools
         if trace:
             trace.name_pools(chain)
 

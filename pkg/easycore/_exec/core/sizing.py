@@ -10,8 +10,9 @@ divided by ``concurrency``), smoothed over its last chunks. A pool of ``w`` work
 keeps up with ``w / cost`` items a second, its *capacity*; the run goes as fast as its
 smallest. Every half second the budget is water-filled: each pool starts at its ``lo`` and
 the next worker always goes to the pool of least capacity, up to its ``hi`` (or until a fixed
-pool limits the run instead). A new split is taken only when it promises at least 10% more
-throughput than the current one (no swinging on noise); a pool that grew and did not speed
+pool limits the run instead). A new split is taken when it promises at least 25% more
+throughput than the current one, or at least 5% in two decisions in a row (noise does not
+propose the same split twice: no swinging back and forth); a pool that grew and did not speed
 up is held at its size before (``"no gain when it grew"``) for a while. A pool whose input
 is exhausted gives its idle workers back at once, down to its ``lo``
 (``"input exhausted"``).
@@ -91,7 +92,8 @@ class ChunkSizer:
 
 
 PERIOD = 0.5  # seconds between two decisions
-GAIN = 1.1  # a new split must promise this much more throughput
+GAIN = 1.05  # a new split must promise this much more throughput: twice in a row...
+CLEAR = 1.25  # ...or this much, once
 JUDGE = 1.5  # seconds after a pool grew before its gain is judged
 HOLD = 10.0  # seconds a pool that did not speed up stays at its size before
 HEADROOM = 1.3  # a pool that waits keeps workers for this many times the run's pace
@@ -142,7 +144,9 @@ class Balancer:
         self.held: dict[int, tuple[int, float]] = {}  # pool -> (size it is held at, until)
         self.trial: dict[int, tuple[float, float]] = {}  # pool that grew -> (when, capacity)
         self.finished = [False] * len(self.hops)
-        self.started = self.last = started
+        self.proposed: list[int] | None = None  # the split a small gain proposed last time
+        self.started = started
+        self.last = started - PERIOD  # (the first decision as soon as every pool is measured)
         self.resizes: list[tuple[int, Resize]] = []  # (pool, resize), this run's
 
     def measure(self, hop: int, busy: float, items: int) -> None:
@@ -188,18 +192,21 @@ class Balancer:
             keep = max(self.hops[h].bounds[0], holding[h])  # type: ignore[index]
             if exhausted[h] and keep < self.target[h]:
                 changed |= self._set(h, keep, "input exhausted", now)
-        if now - self.last < PERIOD:
+        live = [h for h in self.sizing if not self.finished[h]]
+        if now - self.last < PERIOD or not live or any(self.cost[h] is None for h in live):
             return changed
         self.last = now
-        live = [h for h in self.sizing if not self.finished[h]]
-        if not live or any(self.cost[h] is None for h in live):
-            return changed
         self._judge(now)
         split = self._fill(live)
         # the run's pace now and with the new split; fixed pools bound both
         pace = lambda sizes: min(self.capacity(h, sizes[h]) for h in range(len(sizes)))  # noqa: E731
         now_pace = pace(self.target)
-        if pace(split) < GAIN * now_pace:  # not worth a move: only give back what waits
+        # a clear gain moves at once, a small one when the next decision proposes it again
+        # (noise does not propose the same split twice in a row)
+        gain = pace(split) / now_pace
+        small = GAIN <= gain < CLEAR and split != self.proposed
+        self.proposed = split if GAIN <= gain < CLEAR else None
+        if gain < GAIN or small:  # not (yet) worth a move: only give back what waits
             split = [
                 min(t, max(s, math.ceil(HEADROOM * now_pace * (self.cost[h] or 0))))
                 if h in live
