@@ -8,7 +8,8 @@ CPU-bound with a budget of 2. The cases (``case=``):
 * ``skew``: three stages at 20, 100 and 40 ms, budget 16, 240 items;
 * ``phase``: two stages at 20 ms, the second 3x slower from the middle of the input on,
   budget 12, 1,440 items;
-* ``init``: two stages at 30 and 90 ms, the second with a 2 s ``init``, budget 8, 160 items;
+* ``init``: two stages at 30 and 90 ms, the second with a 2 s ``init``, budget 8, 480 items
+  (a run long enough to have a steady state after the workers added start);
 * ``cpu``: two CPU-bound stages of 4 and 8 ms, budget 2, 400 items.
 
 Rows (``how=``): easycore self-sizing (``.on((1, B))`` each, ``cpus=B``); the oracle, the
@@ -36,7 +37,7 @@ CASES: dict[str, dict[str, Any]] = {
     "two": {"costs": (0.17, 0.21), "budget": 16, "n": 160},
     "skew": {"costs": (0.02, 0.10, 0.04), "budget": 16, "n": 240},
     "phase": {"costs": (0.02, 0.02), "budget": 12, "n": 1440, "slower": (1, 3.0)},
-    "init": {"costs": (0.03, 0.09), "budget": 8, "n": 160, "init": (1, 2.0)},
+    "init": {"costs": (0.03, 0.09), "budget": 8, "n": 480, "init": (1, 2.0)},
     "cpu": {"costs": (0.004, 0.008), "budget": 2, "n": 400, "cpu": True},
 }
 
@@ -140,7 +141,7 @@ def _raydata(case_name: str, how: str) -> list[int]:
     case = CASES[case_name]
     k, budget, n = len(case["costs"]), case["budget"], case["n"]
     split = oracle(case_name) if how == "oracle" else None
-    ds = ray.data.range(n)
+    ds = ray.data.from_items(list(range(n)))  # (blocks made here: no read task needs a CPU)
     for h in range(k):
         fn, init = stage_fn(case_name, h), stage_init(case_name, h)
 
@@ -150,7 +151,7 @@ def _raydata(case_name: str, how: str) -> list[int]:
                 self.fn = fn
 
             def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-                batch["id"] = [self.fn(int(x)) for x in batch["id"]]
+                batch["item"] = [self.fn(int(x)) for x in batch["item"]]
                 return batch
 
         size = split[h] if split else None
@@ -158,7 +159,7 @@ def _raydata(case_name: str, how: str) -> list[int]:
             ActorPoolStrategy(size=size) if size else ActorPoolStrategy(min_size=1, max_size=budget)
         )
         ds = ds.map_batches(Stage, batch_size=1, compute=strategy, num_cpus=1)
-    return [int(r["id"]) for r in ds.iter_rows()]
+    return [int(r["item"]) for r in ds.iter_rows()]
 
 
 def measure(lib: str, opts: dict[str, str], n: int, workers: int) -> dict[str, Any]:

@@ -64,7 +64,10 @@ def _bounds(devices: tuple[Any, ...]) -> tuple[int, int] | None:
         return None
     lo, hi = devices
     if not 1 <= lo <= hi:
-        msg = f".on({devices!r}): a pool that sizes itself needs (lo, hi) with 1 <= lo <= hi"
+        msg = (
+            f".on({devices!r}): a pair of ints is a pool that sizes itself, (lo, hi) with "
+            "1 <= lo <= hi; GPUs are strings: .on(['cuda:0', 'cuda:1'])"
+        )
         raise ValueError(msg)
     return lo, hi
 
@@ -662,8 +665,13 @@ class Pipeline(_Runs):
         that wait (``fetch.on(2, concurrency=64)``): ``async def`` producers run as tasks of
         one event loop per worker, plain ones on ``k`` threads of the worker.
 
+        ``.on((lo, hi))``, a pair of ints: a pool of CPU workers that sizes itself between
+        ``lo`` and ``hi`` while the run goes, within the run's ``cpus=`` budget (the run
+        moves workers to the pool that limits it; see ``Runner.stats``' ``resizes``).
+
         Args:
-            devices: the pool's devices, as ``map`` takes them (not ``"inline"``).
+            devices: the pool's devices, as ``map`` takes them (not ``"inline"``), or
+                ``(lo, hi)``: bounds of a pool that sizes itself.
             batch_size: hand this pool lists of this many results of the pool before it
                 (on the first pool: of input items).
             concurrency: items each worker holds at once (default 1).
@@ -674,7 +682,8 @@ class Pipeline(_Runs):
         Raises:
             TypeError: the pipeline has a consumer or is already (partly) bound, or
                 ``concurrency`` is not an int.
-            ValueError: ``devices='inline'``, a bad ``batch_size``, or ``concurrency`` < 1.
+            ValueError: ``devices='inline'``, a bad ``batch_size``, ``concurrency`` < 1, or
+                bounds that are none (``lo < 1`` or ``lo > hi``).
         """
         if self.consumer is not None or self.sink is not None:
             what = "a consumer" if self.sink is None else "a sink"

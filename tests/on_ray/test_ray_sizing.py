@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 
@@ -53,3 +54,20 @@ def test_a_one_shot_pool_of_tasks_sizes_itself(churn):
 def test_a_budget_beyond_the_cluster_is_refused_before_any_actor_starts():
     with pytest.raises(ValueError, match="Ray cluster has 2 CPU"):
         (plain.on((2, 3)) >> seeded.on((1, 3))).map(range(4), engine="ray", cpus=6)
+
+
+def test_a_dead_actor_leaves_its_pool_and_a_fresh_one_joins(tmp_path):
+    flag = tmp_path / "died"
+
+    @producer(init=lambda: None)
+    def dies_once(x):
+        if x == 20 and not flag.exists():
+            flag.write_text("")
+            os._exit(3)
+        return x
+
+    with dies_once.on((1, 2)).open(engine="ray") as runner:
+        assert runner.map(range(60), retries=1) == list(range(60))
+        places = runner._engine.pools[0]
+        assert places and not any(a.gone for a in places)  # (none dead kept in the pool)
+        assert runner.map(range(10)) == list(range(10))

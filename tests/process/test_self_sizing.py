@@ -287,3 +287,13 @@ def test_a_self_sizing_pools_progress_bar_shows_its_workers(capsys, churn):
     err = capsys.readouterr().err
     assert "quick (2 workers)" in err  # its first size, then each resize
     assert any(f"slow ({k} workers)" in err for k in (1, 3))
+
+
+def test_a_second_run_on_an_open_runner_starts_from_the_first_split():
+    pipeline = quick.on((1, 3)) >> slow.on((1, 3))
+    with pipeline.open(cpus=4) as runner:
+        runner.map(range(60))  # (its end: each pool, its input exhausted, shrinks to 1)
+        assert runner.map(range(60)) == [10 * x for x in range(60)]
+        first = [s.resizes[0] for s in runner.stats()]
+    assert [(r.before, r.after, r.why) for r in first] == [(1, 2, "a new run starts")] * 2
+    assert all(r.at == 0.0 for r in first)

@@ -30,7 +30,7 @@ def _balancer(*pools, cpus=8):
         pipeline = pipeline >> p
     chain = plan_chain(pipeline, "auto", cpus=cpus)
     bal = Balancer(chain)
-    bal.begin(0.0)
+    bal.begin(0.0, [h.size for h in chain.hops])
     return bal
 
 
@@ -97,8 +97,9 @@ class TestDecisions:
         bal = _balancer(decode.on((2, 8)), embed.on((1, 8)), cpus=8)
         _feed(bal, [0.1, 0.1])
         assert bal.decide(100.0, [True, False], [1, 4])
-        assert bal.target[0] == 2
-        assert bal.resizes[-1][1].why == "input exhausted"
+        assert bal.target == [2, 6]  # the budget it gave back went to the pool still working
+        whys = {h: r.why for h, r in bal.resizes[-2:]}
+        assert whys == {0: "input exhausted", 1: "busiest pool"}
 
     def test_a_pool_that_did_not_speed_up_when_it_grew_goes_back_and_stays(self):
         """CPU-bound work on too few cores: each worker more makes every item slower."""

@@ -137,7 +137,8 @@ class InlineEngine:
                 units, n, _ = run.run(self.slot, 0)
             finally:
                 self.flying[hop.index] = 0
-            books.count(hop.index, n, time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            books.count(hop.index, n, took, elapsed=took)
         books.outputs(work, units, lambda hop: ("cpu", 0))  # (every inline stage's device, worker)
 
 

@@ -488,6 +488,7 @@ class Runner:
         if self._chain.align > 1 or first_batch(self.pipeline, None) is not None:
             msg = "submit needs one result per item; a pool of this pipeline has a batch_size"
             raise TypeError(msg)
+        self._imap = False  # (its report has no loop of the caller's)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # queued items run; cancel() cannot stop them
         if not self._engine.in_caller:

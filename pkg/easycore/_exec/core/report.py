@@ -51,10 +51,9 @@ class Trace:
             if self.seen % self.stride:
                 return
         self.events.append(event)
-        if len(self.events) >= MAX_EVENTS:  # every other chunk span goes, for good
-            spans = [k for k, e in enumerate(self.events) if e["ph"] == "X"]
-            drop = set(spans[1::2])
-            self.events = [e for k, e in enumerate(self.events) if k not in drop]
+        if len(self.events) >= MAX_EVENTS:  # every other event goes (the pools' names stay),
+            names = [e for e in self.events if e["ph"] == "M"]  # and from now on one in two
+            self.events = names + [e for e in self.events[::2] if e["ph"] != "M"]
             self.stride *= 2
 
     def name_pools(self, chain: Chain) -> None:
@@ -111,51 +110,26 @@ class Recorder:
         self.now = (list(workers), list(idle), list(held))
         if self.trace and now - self.last_counter >= COUNTER_EVERY:
             self.last_counter = now
-            ts = self.trace.us(now)
             for h in range(len(workers)):
                 waiting = {"queued": queued[h] if queued else 0, "held": held[h]}
-                pid = h + 1
-                self.trace.add(
-                    {
-                        "name": "workers",
-                        "ph": "C",
-                        "ts": ts,
-                        "pid": pid,
-                        "args": {"workers": workers[h]},
-                    }
-                )
-                self.trace.add(
-                    {"name": "items waiting", "ph": "C", "ts": ts, "pid": pid, "args": waiting}
-                )
+                self._event("workers", "C", now, h, args={"workers": workers[h]})
+                self._event("items waiting", "C", now, h, args=waiting)
 
     def span(self, hop: int, worker: int, end: float, seconds: float, n: int) -> None:
         """A chunk of ``n`` units that worker ``worker`` of pool ``hop`` ran for ``seconds``,
         answered at ``end``."""
         if self.trace:
-            event = {
-                "name": f"{n} item(s)",
-                "ph": "X",
-                "ts": self.trace.us(end - seconds),
-                "dur": round(seconds * 1e6, 1),
-                "pid": hop + 1,
-                "tid": worker,
-            }
-            self.trace.add(event, sampled=True)
+            dur = round(seconds * 1e6, 1)
+            self._event(f"{n} item(s)", "X", end - seconds, hop, dur=dur, tid=worker)
 
     def resized(self, at: float, hop: int, before: int, after: int, why: str) -> None:
         if self.trace:
             args = {"from": before, "to": after, "why": why}
-            name = f"resize {before} -> {after}: {why}"
-            self.trace.add(
-                {
-                    "name": name,
-                    "ph": "i",
-                    "s": "p",
-                    "ts": self.trace.us(at),
-                    "pid": hop + 1,
-                    "args": args,
-                }
-            )
+            self._event(f"resize {before} -> {after}: {why}", "i", at, hop, s="p", args=args)
+
+    def _event(self, name: str, ph: str, t: float, hop: int, **fields: Any) -> None:
+        event = {"name": name, "ph": ph, "ts": self.trace.us(t), "pid": hop + 1, **fields}
+        self.trace.add(event, sampled=ph != "M")
 
 
 @attrs.frozen
@@ -164,11 +138,12 @@ class PoolReport:
 
     Attributes:
         name: the pool's name (its stages', joined by ``" >> "``).
-        workers: its workers at the end (or now, during the run).
+        workers: its workers (a self-sizing pool's: on average over the run so far).
         items_per_s: its units (items; batches for a pool with ``batch_size``) a second.
         busy: the share of its workers' time spent running items.
         waits_input: the share of its workers' time with nothing to do.
-        waits_next: the share of the run's time its results waited for the next pool.
+        waits_next: the share of the run's time its results waited for the next pool (0 on
+            ``engine="ray"``, where a result goes to the next pool's actor by reference).
         sizes_itself: whether it is a pool made with ``.on((lo, hi))``.
     """
 

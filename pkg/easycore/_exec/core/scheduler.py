@@ -176,11 +176,16 @@ class Scheduler:
     ) -> None:
         self.books = books
         self.balancer = books.balancer = balancer
-        if balancer is not None:
-            balancer.begin(books.started)
         self.sampled = 0.0
         self.hops = books.hops
         self.pool = pool
+        sizes = [sum(not p.parking for p in pool(h)) for h in range(len(self.hops))]
+        zeros = [0] * len(sizes)
+        books.record.sample(books.started, sizes, zeros, zeros)  # (the pools as they are)
+        if balancer is not None:
+            balancer.begin(books.started, sizes)
+            for h, r in balancer.resizes:
+                books.resized(h, r)
         self.ids = ids
         self.pipelined = pipelined
         self.depth = books.depth
@@ -326,18 +331,19 @@ class Scheduler:
             self.books.record.control_s += time.monotonic() - now
 
     def _tick(self, now: float) -> list[int]:
-        pools = [list(self.pool(h)) for h in range(len(self.hops))]
+        # (the places staying in their pools: not those leaving; those still joining idle)
+        pools = [[p for p in self.pool(h) if not p.parking] for h in range(len(self.hops))]
         busy = [[p for p in places if p.queue or p.holding] for places in pools]
         queued, _ = self.units()
         self.books.record.sample(
             now,
-            [sum(not p.parking for p in places) for places in pools],  # (those staying)
+            [len(places) for places in pools],
             [len(places) - len(b) for places, b in zip(pools, busy, strict=True)],
             [len(held) for held in self.waiting],
             queued,
         )
         bal = self.balancer
-        if bal is None:
+        if bal is None or not any(pools):  # (none: the engine was stopped under the run)
             return []
         low = min((c.hop for c in list(self.live.values())), default=len(self.hops))
         done = self.books.source.exhausted and not self.books.redo
@@ -346,15 +352,16 @@ class Scheduler:
         for h, r in bal.resizes[seen:]:
             self.books.resized(h, r)
         grow: list[int] = []
-        alive = sum(len(pools[h]) for h in bal.sizing)
+        every = [list(self.pool(h)) for h in range(len(self.hops))]  # (those leaving too)
+        alive = sum(len(every[h]) for h in bal.sizing)
         for h in bal.sizing:
-            staying = [p for p in pools[h] if not p.parking]
+            staying = pools[h]
             idle_first = lambda p: (bool(p.queue or p.holding), not p.joining, len(p.queue))  # noqa: E731
             for p in sorted(staying, key=idle_first)[: max(0, len(staying) - bal.target[h])]:
                 p.parking = p.retiring = True
             hi = self.hops[h].bounds[1]  # type: ignore[index]
             # (places still leaving count against the budget and the pool's places)
-            more = min(bal.target[h] - len(staying), bal.budget - alive, hi - len(pools[h]))
+            more = min(bal.target[h] - len(staying), bal.budget - alive, hi - len(every[h]))
             grow += [h] * max(0, more)
             alive += max(0, more)
         return grow

@@ -112,8 +112,8 @@ class Resize:
         pool: the pool's name.
         before: its workers before.
         after: its workers after.
-        why: ``"busiest pool"``, ``"waits for input"``, ``"input exhausted"`` or ``"no gain
-            when it grew"``.
+        why: ``"busiest pool"``, ``"waits for input"``, ``"input exhausted"``, ``"no gain
+            when it grew"`` or ``"a new run starts"`` (an earlier run's end had shrunk it).
     """
 
     at: float
@@ -136,18 +136,22 @@ class Balancer:
         self.budget = chain.budget
         self.sizing = [h.index for h in self.hops if h.bounds is not None]
         self.cost: list[float | None] = [None] * len(self.hops)
-        self.begin(0.0)
+        self.begin(0.0, [h.size for h in self.hops])
 
-    def begin(self, started: float) -> None:
-        """A run starts at ``started``: the first split, no resize yet."""
-        self.target = [h.size if h.bounds else len(h.devices) for h in self.hops]
+    def begin(self, started: float, sizes: Sequence[int]) -> None:
+        """A run starts at ``started`` with pools of ``sizes`` workers: each goes back to
+        its first split (``"a new run starts"``: an earlier run's end shrank it)."""
+        self.target = list(sizes)
         self.held: dict[int, tuple[int, float]] = {}  # pool -> (size it is held at, until)
-        self.trial: dict[int, tuple[float, float]] = {}  # pool that grew -> (when, capacity)
+        # pool that grew -> (when, its capacity before, its size before)
+        self.trial: dict[int, tuple[float, float, int]] = {}
         self.finished = [False] * len(self.hops)
         self.proposed: list[int] | None = None  # the split a small gain proposed last time
         self.started = started
         self.last = started - PERIOD  # (the first decision as soon as every pool is measured)
         self.resizes: list[tuple[int, Resize]] = []  # (pool, resize), this run's
+        for h in self.sizing:
+            self._set(h, self.hops[h].size, "a new run starts", started)
 
     def measure(self, hop: int, busy: float, items: int) -> None:
         """A chunk of ``items`` input items took ``busy`` slot-seconds in pool ``hop``."""
@@ -187,8 +191,8 @@ class Balancer:
         if CHURN is not None:
             return self.churn(now)
         changed = False
+        self.finished = list(exhausted)  # (a death downstream may bring input back)
         for h in self.sizing:
-            self.finished[h] = exhausted[h]  # (a death downstream may bring input back)
             keep = max(self.hops[h].bounds[0], holding[h])  # type: ignore[index]
             if exhausted[h] and keep < self.target[h]:
                 changed |= self._set(h, keep, "input exhausted", now)
@@ -198,8 +202,10 @@ class Balancer:
         self.last = now
         self._judge(now)
         split = self._fill(live)
-        # the run's pace now and with the new split; fixed pools bound both
-        pace = lambda sizes: min(self.capacity(h, sizes[h]) for h in range(len(sizes)))  # noqa: E731
+        # the run's pace now and with the new split; fixed pools bound both (a pool whose
+        # input is exhausted bounds nothing: the others have its work to finish)
+        going = [h for h in range(len(self.hops)) if not self.finished[h]]
+        pace = lambda sizes: min(self.capacity(h, sizes[h]) for h in going)  # noqa: E731
         now_pace = pace(self.target)
         # a clear gain moves at once, a small one when the next decision proposes it again
         # (noise does not propose the same split twice in a row)
@@ -217,7 +223,7 @@ class Balancer:
             if split[h] != self.target[h]:
                 grew = split[h] > self.target[h]
                 if grew:
-                    self.trial[h] = (now, self.capacity(h, self.target[h]))
+                    self.trial[h] = (now, self.capacity(h, self.target[h]), self.target[h])
                 changed |= self._set(
                     h, split[h], "busiest pool" if grew else "waits for input", now
                 )
@@ -234,7 +240,7 @@ class Balancer:
             (
                 self.capacity(h, len(hop.devices))
                 for h, hop in enumerate(self.hops)
-                if not hop.bounds
+                if not hop.bounds and not self.finished[h]
             ),
             default=math.inf,
         )
@@ -255,15 +261,15 @@ class Balancer:
         return hi if self.last >= until else min(hi, size)
 
     def _judge(self, now: float) -> None:
-        """A pool that grew and is not faster by at least 5% goes back and stays there."""
-        for h, (when, before) in list(self.trial.items()):
+        """A pool that grew and is not faster by at least 5% goes back to its size before
+        and stays there a while."""
+        for h, (when, before, size) in list(self.trial.items()):
             if now - when < JUDGE:
                 continue
             del self.trial[h]
-            size = self.target[h]
-            if self.capacity(h, size) < 1.05 * before and size > self.hops[h].bounds[0]:  # type: ignore[index]
-                self.held[h] = (size - 1, now + HOLD)
-                self._set(h, size - 1, "no gain when it grew", now)
+            if self.capacity(h, self.target[h]) < 1.05 * before and size < self.target[h]:
+                self.held[h] = (size, now + HOLD)
+                self._set(h, size, "no gain when it grew", now)
 
     def _set(self, h: int, size: int, why: str, now: float) -> bool:
         if size == self.target[h]:

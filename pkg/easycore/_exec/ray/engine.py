@@ -440,26 +440,38 @@ class RayEngine:
         fresh = self._new_actor(hop, index, "cpu")
         if not fresh.lone:
             fresh.joining, fresh.starting = True, fresh.handle.start.remote()
+            fresh.asked = time.monotonic()
         pool.append(fresh)
 
     def joined(self) -> None:
-        """Actors added to a pool whose ``init`` has run take chunks from now on.
+        """Actors added to a pool whose ``init`` has run take chunks from now on; those
+        leaving it whose ``end`` has run leave.
 
         Raises:
-            WorkerError, WorkerDied: an ``init`` raised, the actor died in it.
+            WorkerError, WorkerDied: an ``init`` or ``end`` raised, the actor died in it, or
+                it was not placed and started within ``START_TIMEOUT``.
         """
-        for actor in [a for pool in self.pools for a in pool if a.joining]:
-            if ray.wait([actor.starting], timeout=0)[0]:
+        for actor in [a for pool in self.pools for a in pool if a.joining or a.ending]:
+            if actor.joining and ray.wait([actor.starting], timeout=0)[0]:
                 actor.joining = False
-                try:
-                    report, actor.where = ray.get(actor.starting)
-                except ray.exceptions.RayActorError as exc:
-                    raise self._failed(actor, f"died while starting: {first_line(exc)}") from None
+                report, actor.where = self._reply(actor, actor.starting, "starting")
                 if report is not None:
                     raise self._failed(actor, "while starting", report)
+            elif actor.joining and time.monotonic() - actor.asked > START_TIMEOUT:
+                raise self._failed(actor, f"was not placed and started in {START_TIMEOUT:.0f} s")
+            if actor.ending and not actor.joining and ray.wait([actor.ending], timeout=0)[0]:
+                if (report := self._reply(actor, actor.ending, "ending")) is not None:
+                    raise self._failed(actor, "while ending", report)
+                self.leave(actor)
+
+    def _reply(self, actor: Actor, ref: Any, what: str) -> Any:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise self._failed(actor, f"died while {what}: {first_line(exc)}") from None
 
     def leave(self, actor: Actor) -> None:
-        """``actor`` leaves its self-sizing pool (it shrank): killed, not replaced."""
+        """``actor`` leaves its self-sizing pool (it shrank, or died): killed, not replaced."""
         _kill([actor])
         if self.clock is not None:
             self.clock.note.remote(actor.key, None)
@@ -485,11 +497,14 @@ class RayEngine:
             WorkerError: its ``end`` raised.
         """
         for actor in due:
+            if actor.parking and not actor.lone:  # (its pool shrank: it leaves once its
+                actor.ending = actor.ending or actor.handle.finish.remote()  # end has run)
+                continue
             if not actor.lone:
                 with contextlib.suppress(ray.exceptions.RayError):  # (a death there: replaced)
                     if (report := ray.get(actor.handle.finish.remote())) is not None:
                         raise self._failed(actor, "while ending", report)
-            if actor.parking:  # (its self-sizing pool shrank)
+            if actor.parking:
                 self.leave(actor)
             else:
                 self.replace(actor)
@@ -505,7 +520,15 @@ class RayEngine:
         self.pools = []
         failure: BaseException | None = None
         try:
-            refs = [a.handle.finish.remote() for a in actors]
+            # (an actor still joining its pool: its end only if it was placed and started,
+            # which a run that fails does not wait for; one leaving: the end it is running)
+            joining = [a.starting for a in actors if a.joining]
+            wait = START_TIMEOUT if grace is None else 0.0
+            started = (
+                ray.wait(joining, num_returns=len(joining), timeout=wait)[0] if joining else []
+            )
+            actors = [a for a in actors if not a.joining or a.starting in started]
+            refs = [a.ending or a.handle.finish.remote() for a in actors]
             ready = _wait_for_ends(actors, refs, grace)
             for actor, ref in zip(actors, refs, strict=True):
                 if ref in ready and failure is None:

@@ -54,6 +54,8 @@ class Actor(Place):
     # actor.run_task): its chunks run independently of each other, one at a time.
     run: Any = None
     starting: Any = None  # its start's reference, while it is ``joining`` its pool
+    asked: float = 0.0  # when it was asked to start (joining)
+    ending: Any = None  # its end's reference, while it leaves its pool (``parking``)
 
     def who(self, chain: Chain) -> str:
         kind = "Ray task" if self.lone else "Ray actor"
@@ -261,8 +263,8 @@ class RayRun:
         """
         if lost is None:
             _, lost = self.sched.died(actor)
-        if actor.parking and not actor.lone:  # (it was leaving its pool: not replaced)
-            self.engine.leave(actor)
+        if not actor.lone and (actor.parking or self.hops[actor.hop].bounds):
+            self.engine.leave(actor)  # (a self-sizing pool: the scheduler adds a fresh one)
         for chunk in lost:
             self.forget(chunk)
         # A sync actor runs its chunks in order, so the oldest it had was running, unless
