@@ -24,7 +24,7 @@ def quick(x):
 
 @producer
 def slow(x):
-    time.sleep(0.02)
+    time.sleep(0.01)
     return x * 10
 
 
@@ -35,10 +35,11 @@ def plus_one(x):
 
 @pytest.fixture
 def churn(monkeypatch):
-    """Forced resizes: every half second each self-sizing pool gets a size drawn at random."""
+    """Forced resizes: every 0.1 s each self-sizing pool gets a size drawn at random."""
     import random
 
     monkeypatch.setattr(sizing, "CHURN", random.Random(7))
+    monkeypatch.setattr(sizing, "CHURN_EVERY", 0.1)
 
 
 class TestBounds:
@@ -104,8 +105,8 @@ class TestResizes:
             return [(x, easycore.item_seed()) for x in batch]
 
         pipeline = quick.on((1, 3)) >> seeded.on((1, 3), batch_size=4)
-        out = pipeline.map(range(300), seed=3, cpus=4)
-        assert out == (quick.on(1) >> seeded.on(2, batch_size=4)).map(range(300), seed=3)
+        out = pipeline.map(range(200), seed=3, cpus=4)
+        assert out == (quick.on(1) >> seeded.on(2, batch_size=4)).map(range(200), seed=3)
 
     def test_a_worker_that_leaves_runs_end_and_a_new_one_runs_init(self, churn, tmp_path):
         def init(worker):
@@ -119,8 +120,8 @@ class TestResizes:
             time.sleep(0.01)
             return x
 
-        out = (tracked.on((1, 3)) >> slow.on((1, 3))).map(range(300), cpus=4)
-        assert out == [10 * x for x in range(300)]
+        out = (tracked.on((1, 3)) >> slow.on((1, 3))).map(range(200), cpus=4)
+        assert out == [10 * x for x in range(200)]
         inits = {p.name.split("-")[1] for p in tmp_path.glob("init-*")}
         ends = {p.name.split("-")[1] for p in tmp_path.glob("end-*")}
         assert len(inits) > 2  # workers came and went (it started with 2)
@@ -159,14 +160,14 @@ class TestResizes:
 
         failures = []
         out = (picky.on((1, 3)) >> slow.on((1, 3))).map(
-            range(300), errors="skip", on_error=failures.append, cpus=4
+            range(200), errors="skip", on_error=failures.append, cpus=4
         )
-        assert out == [10 * x for x in range(300) if x % 50 != 7]
-        assert sorted(f.item for f in failures) == [x for x in range(300) if x % 50 == 7]
+        assert out == [10 * x for x in range(200) if x % 50 != 7]
+        assert sorted(f.item for f in failures) == [x for x in range(200) if x % 50 == 7]
 
     def test_recycling_under_resizes(self, churn):
-        out = (quick.on((1, 3)) >> slow.on((1, 3))).map(range(300), max_items_per_worker=40, cpus=4)
-        assert out == [10 * x for x in range(300)]
+        out = (quick.on((1, 3)) >> slow.on((1, 3))).map(range(200), max_items_per_worker=40, cpus=4)
+        assert out == [10 * x for x in range(200)]
 
     def test_a_resumed_imap_equals_the_uninterrupted_run(self, churn):
         pipeline = quick.on((1, 3)) >> slow.on((1, 3))

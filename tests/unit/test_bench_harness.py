@@ -44,7 +44,7 @@ class TestSelect:
 
     def test_unknown_names_exit(self):
         with pytest.raises(SystemExit):
-            run.select(CASES, "W9")
+            run.select(CASES, "W99")
 
 
 def arrays(n: int) -> list[np.ndarray]:
