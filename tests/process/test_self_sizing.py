@@ -298,3 +298,43 @@ def test_a_second_run_on_an_open_runner_starts_from_the_first_split():
         first = [s.resizes[0] for s in runner.stats()]
     assert [(r.before, r.after, r.why) for r in first] == [(1, 2, "a new run starts")] * 2
     assert all(r.at == 0.0 for r in first)
+
+
+def test_the_default_budget_is_this_machines_cores(monkeypatch):
+    from easycore._exec.core import plan
+
+    monkeypatch.setattr(plan, "cpu_count", lambda: 3)
+    with pytest.raises(ValueError, match=r"need 4 CPU workers at least .*cpus=3 leaves 3"):
+        (quick.on((2, 4)) >> slow.on((2, 4))).map(range(4))
+
+
+def test_timeouts_under_resizes(churn):
+    @producer
+    def stuck_once(x):
+        time.sleep(3 if x == 30 else 0.005)
+        return x
+
+    failures = []
+    out = (stuck_once.on((1, 3)) >> slow.on((1, 3))).map(
+        range(120), timeout=0.5, errors="skip", on_error=failures.append, cpus=4
+    )
+    assert out == [10 * x for x in range(120) if x != 30]
+    assert [(f.item, type(f.error).__name__) for f in failures] == [(30, "ItemTimeout")]
+
+
+def test_a_trace_is_written_when_the_caller_is_interrupted(tmp_path):
+    path = tmp_path / "cut.json"
+    with pytest.raises(KeyboardInterrupt), (quick.on(1) >> slow.on(1)).open(trace=path) as runner:
+        for k, _ in enumerate(runner.imap(range(200))):
+            if k == 20:
+                raise KeyboardInterrupt
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {1, 2}
+
+
+def test_the_report_during_a_run():
+    with (quick.on(1) >> slow.on(1)).open() as runner:
+        for k, _ in enumerate(runner.imap(range(100))):
+            if k == 50:
+                report = runner.report()
+                assert report.limited_by == "slow" and report.items_per_s > 0

@@ -276,10 +276,15 @@ class Runner:
             self._engine.stop(grace=None, report=True)
 
     def _abort(self) -> None:
-        """Stop everything now after an error or interrupt: ``end`` gets a short grace."""
+        """Stop everything now after an error or interrupt: ``end`` gets a short grace (and
+        ``trace=``'s file holds what ran, whatever run was cut short)."""
         self._seat.stop_feeder(abort=True, timeout=ABORT_GRACE + 3.0)
         self._active = False
-        self._engine.stop(grace=ABORT_GRACE, report=False)
+        try:
+            self._engine.stop(grace=ABORT_GRACE, report=False)
+        finally:
+            with contextlib.suppress(OSError):
+                self.trace.write()
 
     # -- running -----------------------------------------------------------------------------
     @surfaced
