@@ -169,14 +169,15 @@ class Balancer:
     def churn(self, now: float) -> bool:
         """Tests' forced resizes (``EASYCORE_CHURN=<seed>``): every period, each pool a
         size drawn between its bounds, within the budget (workers come and go mid-run)."""
-        if now - self.last < CHURN_EVERY:
+        draw = CHURN
+        if draw is None or now - self.last < CHURN_EVERY:
             return False
         self.last = now
         left = self.budget - sum(self.target[h] for h in self.sizing)
         changed = False
-        for h in CHURN.sample(self.sizing, len(self.sizing)):
+        for h in draw.sample(self.sizing, len(self.sizing)):
             lo, hi = self.hops[h].bounds  # type: ignore[misc]
-            size = CHURN.randint(lo, max(lo, min(hi, self.target[h] + left)))
+            size = draw.randint(lo, max(lo, min(hi, self.target[h] + left)))
             left -= size - self.target[h]
             changed |= self._set(h, size, "busiest pool", now)
         return changed
@@ -205,7 +206,10 @@ class Balancer:
         # the run's pace now and with the new split; fixed pools bound both (a pool whose
         # input is exhausted bounds nothing: the others have its work to finish)
         going = [h for h in range(len(self.hops)) if not self.finished[h]]
-        pace = lambda sizes: min(self.capacity(h, sizes[h]) for h in going)  # noqa: E731
+
+        def pace(sizes: list[int]) -> float:
+            return min(self.capacity(h, sizes[h]) for h in going)
+
         now_pace = pace(self.target)
         # a clear gain moves at once, a small one when the next decision proposes it again
         # (noise does not propose the same split twice in a row)

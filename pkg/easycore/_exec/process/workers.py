@@ -284,10 +284,10 @@ class WorkerSet:
             hop=hop.index,
             device="cpu",
             proc=None,
-            chan=None,
+            chan=None,  # type: ignore[arg-type]
             gone=True,
             parked=True,
-        )  # type: ignore[arg-type]
+        )
 
     def _watch(self) -> None:
         # If the runner is dropped without close(), its processes are killed, not orphaned.
