@@ -405,7 +405,7 @@ class RunBooks:
             self.balancer.measure(hop, busy, ran)
 
     def resized(self, hop: int, r: Any) -> None:
-        """Self-sizing pool ``hop`` changed its size (a ``balance.Resize``)."""
+        """Self-sizing pool ``hop`` changed its size (a ``sizing.Resize``)."""
         self.record.resized(self.started + r.at, hop, r.before, r.after, r.why)
         if self.bars is not None:
             self.bars[hop].set_description(f"{self.hops[hop].name} ({r.after} workers)")
