@@ -343,7 +343,7 @@ class Scheduler:
             queued,
         )
         bal = self.balancer
-        if bal is None or not any(pools):  # (none: the engine was stopped under the run)
+        if bal is None:
             return []
         low = min((c.hop for c in list(self.live.values())), default=len(self.hops))
         done = self.books.source.exhausted and not self.books.redo

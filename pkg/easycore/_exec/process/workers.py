@@ -270,8 +270,11 @@ class WorkerSet:
         self._watch()
 
     def grow(self, hop: Hop) -> None:
-        """One worker more in self-sizing pool ``hop`` (it takes work once its init ran)."""
-        slot = next(w.slot for w in self.of_hop(hop) if w.parked)
+        """One worker more in self-sizing pool ``hop`` (it takes work once its init ran;
+        none once stopped)."""
+        slot = next((w.slot for w in self.of_hop(hop) if w.parked), None)
+        if slot is None:
+            return
         self.respawn(slot)
         self.workers[slot].joining = True
 

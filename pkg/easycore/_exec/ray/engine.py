@@ -434,7 +434,9 @@ class RayEngine:
 
     def grow(self, hop: int) -> None:
         """One actor more in self-sizing pool ``hop``: it takes chunks once its ``init`` has
-        run (:meth:`joined`), the run goes on meanwhile."""
+        run (:meth:`joined`), the run goes on meanwhile (none once stopped)."""
+        if not self.pools:
+            return
         pool = self.pools[hop]
         index = min(set(range(len(self.chain.hops[hop].devices))) - {a.index for a in pool})
         fresh = self._new_actor(hop, index, "cpu")
