@@ -35,6 +35,7 @@ from easycore._reaping import (
     left_by,
     remove_mp_tempdir,
     start_time,
+    ticks_now,
 )
 
 __all__ = [
@@ -348,8 +349,10 @@ def start_worker(proc: Any, method: str, devices: Sequence[str]) -> None:
         before = frozenset(children(os.getpid())) if adopting else frozenset()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
         try:
+            since = ticks_now() if adopting else None  # (the worker starts at it or later)
             proc.start()
-            since = start_time(proc.pid)  # (the clock's ticks are coarse: and `before`)
+            if since is None and adopting:
+                since = start_time(proc.pid)  # (the clock's ticks are coarse: and `before`)
             if adopting and since is not None:
                 _OWN[proc.pid] = (since, before)
         finally:
