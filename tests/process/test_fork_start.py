@@ -84,18 +84,10 @@ SCRIPT = textwrap.dedent(
             torch.cuda.init()
             devices = ["cuda:0"]
         items = [1, 2] if case == "nested" else list(range(20))
-        data = items
-        if case == "opens":  # the input opens a file once the run (its first worker) started
-
-            def opening():
-                kept.append(open(sys.executable, "rb"))
-                yield from items
-
-            data = opening()
         if case == "pools":
             out = run.map(items)
         else:
-            out = run.map(data, devices=devices, **opts)
+            out = run.map(items, devices=devices, **opts)
         base = 1 if case == "pools" else 0
         ok = [y for y, _, _ in out] == [(x + base) * 2 for x in items] and all(d for *_, d in out)
         forked = {p == os.getpid() for _, p, _ in out}
@@ -126,9 +118,7 @@ def test_a_fork_where_it_is_safe_and_the_forkserver_where_not():
     as easycore's). The forkserver for: a start
     method asked for, several pools, torch's OpenMP pool after a parallel op (a worker
     forked then would hang on its first parallel op, here after earlier forks stopped
-    OpenBLAS's pool), a file the caller keeps open, a running thread. A one-shot run starts
-    its second worker after its first has work: a file the input opened meanwhile makes
-    that one come from the forkserver (whether a fork is safe is asked at each start)."""
+    OpenBLAS's pool), a file the caller keeps open, a running thread."""
     got = run_cases("bare", "torch", "nested", "recycle", "closed", "asked", "pools", "omp")
     fork, server = {"forked": True, "ok": True}, {"forked": False, "ok": True}
     assert got == {
@@ -141,9 +131,8 @@ def test_a_fork_where_it_is_safe_and_the_forkserver_where_not():
         "pools": server,
         "omp": server,
     }
-    got = run_cases("torch", "opens", "file", "thread")
-    mixed = {"forked": "mixed", "ok": True}
-    assert got == {"torch": fork, "opens": mixed, "file": server, "thread": server}
+    got = run_cases("torch", "file", "thread")
+    assert got == {"torch": fork, "file": server, "thread": server}
 
 
 @pytest.mark.gpu

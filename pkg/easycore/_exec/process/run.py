@@ -153,8 +153,6 @@ class Run:
                 continue
             with contextlib.suppress(OSError):  # dying: its death runs the chunk again
                 w.chan.send_frame(frame)
-        if self.workers.start_next():  # a one-shot run's next worker, once these have work
-            self.dispatch(most_chunks)
 
     # -- messages ----------------------------------------------------------------------------
     def on_message(self, w: Worker, msg: Any) -> None:

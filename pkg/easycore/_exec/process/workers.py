@@ -170,15 +170,12 @@ class WorkerSet:
         self._waiter = _Waiter()
         self._finalizer = weakref.finalize(self, kill_all, [])  # (see _watch)
         self.descriptors: dict[int, tuple[int, int, int]] = {}  # opened to start its workers
-        self.pending: list[int] = []  # slots whose worker the run starts (see start_next)
         _LIVE.add(self)
 
     # -- start -----------------------------------------------------------------------------
     def start(self, wait: bool) -> None:
         """Pickle each hop's stages and ``cfg`` once, for every worker of the hop, and start
-        one process per device; with ``wait``, wait until every worker has run its ``init``
-        (without: a fixed pool's first worker, the run starts the others, see
-        :meth:`start_next`).
+        one process per device; with ``wait``, wait until every worker has run its ``init``.
 
         Raises:
             SerializationError: a stage function or ``cfg`` cannot be pickled.
@@ -195,32 +192,13 @@ class WorkerSet:
         self.slots = Slots(RawArray("d", SLOT_WIDTH * len(self.chain.devices)))
         self.workers = []
         self._pairs.clear()
-        self.pending = []
         for hop in self.chain.hops:  # (a self-sizing pool: its first size)
             for k in range(len(hop.devices)):
                 slot = hop.first_slot + k
-                later = not wait and 0 < k < hop.size and hop.bounds is None
-                now = k < hop.size and not later
-                self.workers.append(self._spawn(slot) if now else self._parked(slot))
-                if later:
-                    self.pending.append(slot)
+                self.workers.append(self._spawn(slot) if k < hop.size else self._parked(slot))
         self._watch()
         while wait and not all(w.ready or w.parked for w in self.workers):
             self.wait_and_handle(None, None)
-
-    def start_next(self) -> bool:
-        """Start the next worker that :meth:`start` left to the run (False: none left).
-
-        A one-shot run starts each fixed pool's first worker before the run, the others in
-        its first dispatch, each once the workers started before it have their first chunks:
-        no worker waits for the caller to start the rest (a start costs the caller a
-        millisecond or two), and the run's setup overlaps the first worker's own start."""
-        if not self.pending:
-            return False
-        slot = self.pending.pop(0)
-        self.workers[slot] = self._spawn(slot)
-        self._watch()
-        return True
 
     def _spawn(self, slot: int) -> Worker:
         device = self.chain.devices[slot]
@@ -483,7 +461,6 @@ class WorkerSet:
         worker reads STOP only between units), is killed at once.
         """
         workers, self.workers = self.workers, []
-        self.pending = []  # (never started now)
         self.descriptors = {}  # (closed now: their numbers go to later descriptors)
         failure: BaseException | None = None
         # those no longer waited for said goodbye (or died): they exit by themselves
