@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -21,15 +22,16 @@ def test_children_and_descendants_agree_with_a_scan_of_proc(monkeypatch):
     )
     done = subprocess.Popen(["true"])
     below: list[int] = []
+    ours = {tree.pid, done.pid}  # (this process may have other children: a forkserver...)
     try:
         os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
-        while not below:  # (its own child starts)
+        deadline = time.monotonic() + 30
+        while not below and time.monotonic() < deadline:  # (its own child starts)
             below = _reaping.descendants([tree.pid])
-        listed = (sorted(_reaping.children(os.getpid())), sorted(below))
+        listed = (ours & set(_reaping.children(os.getpid())), sorted(below))
         monkeypatch.setattr(_reaping, "_listed", lambda pid: None)  # the scan
-        scanned = (sorted(_reaping.children(os.getpid())), sorted(_reaping.descendants([tree.pid])))
-        assert listed == scanned
-        assert {tree.pid, done.pid} <= set(listed[0])
+        scanned = (ours & set(_reaping.children(os.getpid())), _reaping.descendants([tree.pid]))
+        assert listed == (ours, sorted(scanned[1])) == (scanned[0], sorted(scanned[1]))
         assert len(below) == 1  # the sleep below the child
     finally:
         _reaping.end_processes(below)
