@@ -138,23 +138,24 @@ def children(pid: int) -> list[int]:
 
 def descendants(roots: Iterable[int]) -> list[int]:
     """Every process below ``roots`` now: children, theirs, and so on (roots excluded)."""
-    below: dict[int, list[int]] = {}
-    roots = list(roots)
-    for root in roots:  # (the kernel's lists, one process at a time, down the tree)
-        todo = [root]
-        while todo and (listed := _listed(todo[-1])) is not None:
-            below[todo.pop()] = listed
-            todo += [p for p in listed if p not in below]
-        if todo:  # no list: one reading of /proc for the whole tree
-            below = {}
+    scanned: dict[int, list[int]] | None = None
+
+    def below(pid: int) -> list[int]:  # (the kernel's list; else one reading of /proc)
+        nonlocal scanned
+        listed = _listed(pid)
+        if listed is not None:
+            return listed
+        if scanned is None:
+            scanned = {}
             for p, stat in _table().items():
-                below.setdefault(stat[0], []).append(p)
-            break
+                scanned.setdefault(stat[0], []).append(p)
+        return scanned.get(pid, [])
+
     out: list[int] = []
     todo = list(roots)
     seen = set(todo)
     while todo:
-        for p in below.get(todo.pop(), []):
+        for p in below(todo.pop()):
             if p not in seen:
                 seen.add(p)
                 out.append(p)
