@@ -4,6 +4,8 @@ directory on sys.path, and workers receive the caller's sys.path)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -212,3 +214,67 @@ def started_while_held(folder: Path, at_least: int) -> int:
     while n != (n := len(list(folder.iterdir()))):
         time.sleep(0.3)
     return n
+
+
+# An uncaught run error, on each engine and entry point (test_first_hour_more.py and, on Ray,
+# tests/on_ray/test_ray_first_hour.py): the user's error is on line 10.
+ERROR_SCRIPT = """\
+import asyncio
+import sys
+
+from easycore import producer
+
+
+@producer
+def predict(x):
+    if x == 3:
+        raise ValueError("bad item")  # the user's line
+    return x
+
+
+@producer
+async def waits(x):
+    await asyncio.sleep(5 if x == 1 else 0)
+    return x
+
+
+if __name__ == "__main__":
+    how, where = sys.argv[1], sys.argv[2]
+    options = {"engine": "ray"} if where == "ray" else {}
+    if where == "ray":  # the tests' running Ray (tests/on_ray/test_ray_first_hour.py)
+        import os
+
+        import ray
+
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    devices = "inline" if where == "inline" else 2
+    if how == "timeout":
+        waits.map(range(3), devices=devices, timeout=0.5, **options)
+    elif how == "map":
+        predict.map(range(6), devices=devices, **options)
+    elif how == "imap":
+        list(predict.imap(range(6), devices=devices, **options))
+    elif how == "runner":
+        with predict.open(devices, **options) as runner:
+            runner.map(range(6))
+    else:
+        with predict.open(devices, **options) as runner:
+            list(runner.imap(range(6)))
+"""
+
+
+def run_error_script(tmp_path, how, where, env=None):
+    """Run ERROR_SCRIPT (``how``: the entry point, ``where``: 2 workers, inline or ray), which
+    must fail; its path and stderr."""
+    script = tmp_path / "predict.py"
+    script.write_text(ERROR_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script), how, where],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        env=env,
+    )
+    assert run.returncode == 1, run.stderr
+    return script, run.stderr

@@ -16,10 +16,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # `import reference`, `import generated`
 
 # Cases per test: 30 on the local engines in CI, EASYCORE_CONFORMANCE=1000 for `just
-# conformance`. A Ray case starts its actors (~2 s on 2 cores): 8 per Ray test in CI (each
+# conformance`. A Ray case starts its actors (~2 s on 2 cores): 4 per Ray test in CI (each
 # resume case runs twice on Ray), EASYCORE_CONFORMANCE_RAY for more.
 EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE", "30"))
-RAY_EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE_RAY", "8"))
+RAY_EXAMPLES = int(os.environ.get("EASYCORE_CONFORMANCE_RAY", "4"))
 
 
 @pytest.fixture(autouse=True)
