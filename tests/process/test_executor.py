@@ -449,6 +449,21 @@ class TestPrefetch:
             assert _count_lines(log) == 2 * k
             assert list(results) == [x * x for x in range(60)]
 
+    def test_the_workers_are_refilled_while_the_caller_takes_their_stock(self, tmp_path):
+        """Back from a pause, the caller finds a stock of results; each one it takes makes
+        room, and new work goes out as it takes them, not once the stock is gone (the
+        workers sat idle through the stock: a training loop lost ~0.7 s after each pause)."""
+        log = tmp_path / "done"
+        with _logged(log).open(devices=2, prefetch=5) as runner:
+            results = runner.imap(range(60))
+            assert _wait_for_lines(log, 10) == 10  # the stock: 5 results a worker
+            got = [next(results)]  # (this call reads the stock, and sends what fits)
+            time.sleep(0.3)
+            stocked = _count_lines(log)
+            got += [next(results), next(results)]  # both from the stock
+            assert _wait_for_lines(log, stocked + 1, deadline=10) > stocked
+            assert got + list(results) == [x * x for x in range(60)]
+
     def test_a_deep_prefetch_feeds_an_ordered_stream_from_every_worker(self):
         """Consecutive items go to different workers, however deep the prefetch: were the
         first `prefetch` items all queued at one worker, an ordered stream would get them at

@@ -496,7 +496,9 @@ class RunBooks:
         results) and after (yielding frees room): it never waits with room and nothing in
         flight. With a result ready, only a chunk per worker goes out first: after a pause
         the caller finds many results at once, and the rest of the refill waits for its next
-        call rather than delay the result it came for. An early stop (the caller closes the
+        call rather than delay the result it came for; while it takes such a stock, each call
+        sends a chunk per worker before its result (the workers would otherwise sit idle
+        until the stock is gone). An early stop (the caller closes the
         stream: ``break`` out of ``imap``) drains what is in flight, so the runner stays
         usable (a failure there closes the runner); however the run ends, the transport
         lets go of it.
@@ -517,6 +519,8 @@ class RunBooks:
                     record.caller_s += time.monotonic() - back
                     yield segment
                     back = time.monotonic()
+                    if self.deliverable():  # a stock: refill as it is taken
+                        transport.dispatch(self.workers)
                 if not is_current():
                     msg = "the runner was closed while this run had items pending"
                     raise RuntimeError(msg)
