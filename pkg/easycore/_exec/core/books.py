@@ -519,7 +519,7 @@ class RunBooks:
                     record.caller_s += time.monotonic() - back
                     yield segment
                     back = time.monotonic()
-                    if self.deliverable():  # a stock: refill as it is taken
+                    if self.deliverable() and is_current():  # a stock: refill as it goes
                         transport.dispatch(self.workers)
                 if not is_current():
                     msg = "the runner was closed while this run had items pending"
