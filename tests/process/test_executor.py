@@ -424,6 +424,17 @@ def _wait_for_lines(path, n: int, deadline: float = 30.0) -> int:
     return _count_lines(path)
 
 
+def _wait_until_still(path, still: float = 0.3, deadline: float = 30.0) -> int:
+    """The count of lines once it has not changed for ``still`` seconds (at most ``deadline``)."""
+    end = time.monotonic() + deadline
+    n, since = _count_lines(path), time.monotonic()
+    while time.monotonic() - since < still and time.monotonic() < end:
+        time.sleep(0.02)
+        if (m := _count_lines(path)) != n:
+            n, since = m, time.monotonic()
+    return n
+
+
 def _logged(path):
     @producer
     def slow(x):
@@ -458,8 +469,7 @@ class TestPrefetch:
             results = runner.imap(range(60))
             assert _wait_for_lines(log, 10) == 10  # the stock: 5 results a worker
             got = [next(results)]  # (this call reads the stock, and sends what fits)
-            time.sleep(0.3)
-            stocked = _count_lines(log)
+            stocked = _wait_until_still(log)  # what that call sent, done
             got += [next(results), next(results)]  # both from the stock
             assert _wait_for_lines(log, stocked + 1, deadline=10) > stocked
             assert got + list(results) == [x * x for x in range(60)]

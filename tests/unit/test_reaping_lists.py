@@ -27,11 +27,13 @@ def test_children_and_descendants_agree_with_a_scan_of_proc(monkeypatch):
         os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
         deadline = time.monotonic() + 30
         while not below and time.monotonic() < deadline:  # (its own child starts)
+            time.sleep(0.01)
             below = _reaping.descendants([tree.pid])
         listed = (ours & set(_reaping.children(os.getpid())), sorted(below))
         monkeypatch.setattr(_reaping, "_listed", lambda pid: None)  # the scan
         scanned = (ours & set(_reaping.children(os.getpid())), _reaping.descendants([tree.pid]))
-        assert listed == (ours, sorted(scanned[1])) == (scanned[0], sorted(scanned[1]))
+        assert listed[0] == scanned[0] == ours
+        assert listed[1] == sorted(scanned[1])
         assert len(below) == 1  # the sleep below the child
     finally:
         _reaping.end_processes(below)
