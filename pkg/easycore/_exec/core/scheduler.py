@@ -334,8 +334,9 @@ class Scheduler:
         # (the places staying in their pools: not those leaving; those still joining idle)
         pools = [[p for p in self.pool(h) if not p.parking] for h in range(len(self.hops))]
         busy = [[p for p in places if p.queue or p.holding] for places in pools]
-        queued, _ = self.units()
-        self.books.record.sample(
+        record = self.books.record  # (units queued: the trace's counters only)
+        queued = self.units()[0] if record.trace else []
+        record.sample(
             now,
             [len(places) for places in pools],
             [len(places) - len(b) for places, b in zip(pools, busy, strict=True)],
