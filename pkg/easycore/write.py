@@ -13,7 +13,8 @@
 A sink takes the place of a consumer. The workers of the last pool write the files (the
 calling process never holds the rows); each file is written under a name starting with
 ``.`` and renamed to its final name (``part-<first item>-<row>.<ext>``, sorting in input
-order) when the calling process commits it. ``map`` returns an :class:`easycore.Written`
+order; ``-r<n>`` before the extension when a resumed run's file would take the name of an
+earlier run's) when the calling process commits it. ``map`` returns an :class:`easycore.Written`
 (the files, sorted, their rows and bytes); ``imap`` yields one per committed file. With
 ``resume=``, a file is committed together with its items in the run ledger: after a crash,
 the same call writes each item that succeeded exactly once over all the files. One run at

@@ -102,3 +102,39 @@ def test_a_pool_that_waits_writes_on_ray_too(tmp_path):
         range(40), engine="ray"
     )
     assert sorted(r["x"] for r in read(written)) == list(range(40))
+
+
+@producer
+def named_row(name):
+    if name == "img0060":
+        raise ValueError(f"cannot read {name}")
+    return {"x": name}
+
+
+def test_a_resume_with_key_in_another_order_after_an_on_error_that_raised_on_ray(tmp_path):
+    """As on worker processes (tests/process/test_sink_resume_misuse.py): an on_error that
+    raises stops the run with its files committed, and a resume with key= over the input
+    in another order takes no earlier file's name."""
+    out, db = tmp_path / "out", str(tmp_path / "run.db")
+    names = [f"img{k:04d}" for k in range(120)]
+    job = named_row >> write.jsonl(str(out), rows_per_file=10)
+
+    def on_error(failure):
+        raise RuntimeError("the logger broke")
+
+    kw = {"engine": "ray", "devices": 2, "resume": db, "key": lambda n: n, "errors": "skip"}
+    with pytest.raises(RuntimeError, match="the logger broke"):
+        job.map(names, on_error=on_error, **kw)
+    failures = []
+    written = job.map(names[::-1], on_error=failures.append, **kw)
+    expected = sorted(n for n in names if n != "img0060")
+    committed = [f for f in out.iterdir() if not f.name.startswith(".")]
+    on_disk = sorted(
+        json.loads(line)["x"] for f in committed for line in f.read_text().splitlines()
+    )
+    assert on_disk == expected
+    listed = sorted(
+        json.loads(line)["x"] for f in written.files for line in Path(f).read_text().splitlines()
+    )
+    assert listed == expected and written.rows == 119
+    assert [f.item for f in failures] == ["img0060"]

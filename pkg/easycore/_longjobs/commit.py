@@ -266,21 +266,50 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         check_fresh(sink, known)
         schema = RunSchema(sink)  # (Parquet: the directory reads back as one dataset)
         yield next(stream)  # PRIMED
+        rows = [0, 0]  # the rows of the units delivered, and of the files delivered
+        delivered: set[str] = set()
         for start, values in stream:
             written = []
+            if ledger is not None:  # (only a resumed run's units and files may disagree)
+                rows[0] += sum(v.rows for v in values if type(v) is Wrote)
             for shard in [shard for v in values if type(v) is Wrote for shard in v.shards]:
                 schema.admit(shard)  # (before the file takes its name: a conflict fails the run)
                 written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
+                rows[1] += shard.rows
+                delivered.add(shard.name)
             yield start, written
+        if ledger is not None and rows[0] != rows[1]:
+            raise _input_changed(ledger, delivered, *rows)
         if grew := schema.settle():  # (files rewritten in the run's schema: their new sizes)
             yield None, [Written((), 0, grew)]
     finally:
         try:
             stream.close()  # type: ignore[attr-defined]
         finally:
-            lock.end()
-            if ledger is not None:  # (the stream closes it once it ran; not before)
-                ledger.close()
+            try:
+                # commits the ledger recorded and an error after its transaction cut short
+                # (an on_error that raised, Ctrl-C in it) are finished, not swept away
+                if ledger is not None and lock.held:
+                    recover(sink, ledger.committed_shards())
+            finally:
+                lock.end()
+                if ledger is not None:  # (the stream closes it once it ran; not before)
+                    ledger.close()
+
+
+def _input_changed(ledger: Any, delivered: set[str], unit_rows: int, file_rows: int) -> ValueError:
+    """A resumed run whose units and files disagree (``unit_rows`` rows of this input's
+    items, ``file_rows`` in the files delivered): an earlier run's files hold items this
+    input lacks (it is shorter, or misses some), so no ``Written`` is both whole and true."""
+    others = sorted({s.name for s in ledger.committed_shards()} - delivered)
+    named = some(others or sorted(delivered), 3)
+    msg = (
+        f"resume={ledger.path!r}: the files of the run it records hold other items than this "
+        f"input's ({unit_rows} row(s) of this input's items, {file_rows} in the files this "
+        f"run reaches; {named}): the input changed since that run (it is shorter, or lacks "
+        "items). Give the same input, or start afresh: a new resume= path and directory"
+    )
+    return ValueError(msg)
 
 
 def commit_written(stream: Iterator[Any]) -> Iterator[Written]:

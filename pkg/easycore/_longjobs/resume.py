@@ -46,7 +46,7 @@ from easycore._exec.core.plan import PipelineDef, first_batch, frozen_cfg
 from easycore._exec.core.protocol import CACHED
 from easycore._exec.core.stages import call_key
 from easycore._longjobs.digest import cfg_digests, code_digest, function_digest, item_digest
-from easycore._longjobs.sinks import Shard, Wrote
+from easycore._longjobs.sinks import Shard, Wrote, renamed_clear_of
 from easycore._options import RunOptions
 
 __all__ = ["RunIdentity", "RunLedger", "check_ledger", "key_of", "key_text"]
@@ -363,6 +363,7 @@ class RunLedger:
         # per output unit taken from the input and not yet delivered: (key, digest, whether
         # it runs, items)
         self.pending: dict[int, tuple[str, bytes, bool, Any]] = {}
+        self.files: set[str] | None = None  # the names of the files recorded (once read)
         _check_place(self.path, identity)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         # The file becomes a ledger of this run when it is new, else is checked to be one of
@@ -400,9 +401,15 @@ class RunLedger:
             self.db.close()
 
     def committed_shards(self) -> list[Shard]:
-        """The files of a sink this ledger's runs committed (a crash may have cut their
-        rename short: ``easycore._longjobs.sinks.recover`` finishes it)."""
-        return [Shard(*row) for row in self.db.execute("SELECT temp, name, rows, bytes FROM files")]
+        """The files of a sink this ledger's runs committed (a crash, or an error after the
+        transaction, may have cut their rename short: ``easycore._longjobs.sinks.recover``
+        finishes it); read from the file again once the ledger is closed."""
+        query = "SELECT temp, name, rows, bytes FROM files"
+        try:
+            return [Shard(*row) for row in self.db.execute(query)]
+        except sqlite3.ProgrammingError:  # (closed: the run's stream ended before)
+            with contextlib.closing(sqlite3.connect(self.path)) as db:
+                return [Shard(*row) for row in db.execute(query)]
 
     # -- the input ---------------------------------------------------------------------------
     def _key(self, index: int, items: Any) -> str:
@@ -477,6 +484,7 @@ class RunLedger:
         stored: list[tuple[int, str, Any]] = []
         # a sink's chunk of single rows shares one Wrote: pickled once, not once per unit
         blobs: dict[int, bytes] = {}
+        values = self._clear_of_earlier_files(values)
         for k, value in enumerate(values):
             key, digest, new, unit = self.pending.pop(first + k)
             if not new:
@@ -491,7 +499,6 @@ class RunLedger:
                 if type(value) is Wrote:  # a sink's files: recorded with their units
                     files.extend((s.name, s.temp, s.rows, s.nbytes) for s in value.shards)
         if stored:
-            values = list(values)
             query = "SELECT key, error, stage, result FROM units"
             found = {key: rest for key, *rest in self._select(query, [k for _, k, _ in stored])}
             for k, key, unit in stored:
@@ -510,4 +517,18 @@ class RunLedger:
                 self.db.executemany("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?)", rows)
                 # one transaction with the units: a file is committed exactly with its units
                 self.db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)", files)
+        return values
+
+    def _clear_of_earlier_files(self, values: list[Any]) -> list[Any]:
+        """``values`` (a copy) with every file written named clear of the files recorded
+        so far (:func:`~easycore._longjobs.sinks.renamed_clear_of`): a name, once
+        committed, is never taken by another file."""
+        if self.files is None:
+            self.files = {name for (name,) in self.db.execute("SELECT name FROM files")}
+        values = list(values)
+        for k, value in enumerate(values):
+            if type(value) is Wrote and value.shards:
+                shards = tuple(renamed_clear_of(s, self.files) for s in value.shards)
+                self.files.update(s.name for s in shards)
+                values[k] = value._replace(shards=shards)
         return values

@@ -30,7 +30,7 @@ import pathlib
 import posixpath
 import re
 import types
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -51,12 +51,16 @@ __all__ = [
     "check_fresh",
     "commit_shard",
     "recover",
+    "renamed_clear_of",
     "sweep",
 ]
 
 _TEMP_PREFIX = ".part-"  # a file being written; a committed one starts "part-"
 # the temporary files easycore writes (sweep removes these only: not a user's own ".part-x")
-_TEMP = re.compile(r"\.part-(part-)?\d{12,}-\d{6,}(-[0-9a-f]+)?\.(parquet|jsonl|jsonl\.gz|tar)\Z")
+_TEMP = re.compile(
+    r"\.part-(part-)?\d{12,}-\d{6,}(-r\d+)?(-[0-9a-f]+)?\.(parquet|jsonl|jsonl\.gz|tar)\Z"
+)
+_EXTENSIONS = (".parquet", ".jsonl.gz", ".jsonl", ".tar")  # (a committed file's)
 # what webdataset adds to each sample it reads (a member so named makes a shard unreadable)
 _READ_FIELDS = ("__url__", "__local_path__")
 _ROWS = "easycore.rows"  # a Parquet file of rows with no columns: their count
@@ -243,6 +247,20 @@ def commit_shard(sink: Sink, shard: Shard) -> str:
         )
         raise FileNotFoundError(msg)
     return sink.location(shard.name)
+
+
+def renamed_clear_of(shard: Shard, taken: Container[str]) -> Shard:
+    """``shard``, to be committed under a name no file of ``taken`` has: a file is named
+    after the input position it begins at, and a resumed run with ``key=`` may hold other
+    items at the positions of an earlier run's files (its input in another order, or in
+    parts), so such a file is ``part-<position>-<row>-r<n>.<ext>`` instead."""
+    if shard.name not in taken:
+        return shard
+    ext = next(e for e in _EXTENSIONS if shard.name.endswith(e))
+    stem, n = shard.name.removesuffix(ext), 1
+    while f"{stem}-r{n}{ext}" in taken:
+        n += 1
+    return shard._replace(name=f"{stem}-r{n}{ext}")
 
 
 def recover(sink: Sink, committed: Iterable[Shard]) -> list[str]:

@@ -1,0 +1,124 @@
+"""A sink resumed the way a hurried user resumes it (API.md sections 8 and 10): with ``key=``
+and the input in another order or in parts, after an ``on_error`` that raised or was
+interrupted, or over a shorter input. Each time, the committed files hold every item that
+succeeded exactly once, ``Written`` counts only rows on disk, and the same call completes
+the job, or the run says why it cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from easycore import WorkerError, producer, write
+
+pytestmark = pytest.mark.timeout(120)
+
+FAIL_AT = "EASYCORE_TEST_FAIL_AT"  # (the environment is no part of a run's identity)
+
+
+@producer
+def row(x):
+    if os.environ.get(FAIL_AT) == str(x):
+        raise ValueError(f"failing at {x}")
+    return {"x": x}
+
+
+def on_disk(out: Path) -> Counter:
+    """Every row of the committed files, read back with each format's own reader."""
+    rows: Counter = Counter()
+    for f in sorted(out.iterdir()):
+        if f.name.endswith(".parquet") and not f.name.startswith("."):
+            rows.update(pq.read_table(f).column("x").to_pylist())
+        elif f.name.endswith(".jsonl") and not f.name.startswith("."):
+            rows.update(json.loads(line)["x"] for line in f.read_text().splitlines())
+    return rows
+
+
+def rows_listed(written) -> Counter:
+    rows: Counter = Counter()
+    for f in written.files:
+        if f.endswith(".parquet"):
+            rows.update(pq.read_table(f).column("x").to_pylist())
+        else:
+            rows.update(json.loads(line)["x"] for line in Path(f).read_text().splitlines())
+    return rows
+
+
+def no_temp_files(out: Path) -> bool:
+    return not [f.name for f in out.iterdir() if f.name.startswith(".part-")]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_input_in_parts_with_key_keeps_every_part(tmp_path, fmt):
+    out, db = tmp_path / "out", str(tmp_path / "run.db")
+    job = row >> getattr(write, fmt)(str(out), rows_per_file=50)
+    for part in (range(0, 200), range(200, 400)):
+        written = job.map(part, devices=2, resume=db, key=lambda x: x)
+        assert written.rows == 200
+        assert rows_listed(written) == Counter(part)
+    assert on_disk(out) == Counter(range(400))  # (the second part took none of the first's)
+    again = job.map(range(0, 200), devices=2, resume=db, key=lambda x: x)
+    assert rows_listed(again) == Counter(range(200)) and again.rows == 200
+    assert on_disk(out) == Counter(range(400))
+    assert no_temp_files(out)
+
+
+@pytest.mark.parametrize("devices", ["inline", 2])
+def test_a_resume_with_key_over_the_input_in_another_order(tmp_path, monkeypatch, devices):
+    out, db = tmp_path / "out", str(tmp_path / "run.db")
+    names = [f"img{k:04d}" for k in range(300)]
+    job = row >> write.parquet(str(out), rows_per_file=25)
+    monkeypatch.setenv(FAIL_AT, "img0150")
+    with pytest.raises(WorkerError):
+        job.map(names, devices=devices, resume=db, key=lambda n: n)
+    assert on_disk(out)  # (some files were committed before the failure)
+    monkeypatch.delenv(FAIL_AT)
+    written = job.map(names[::-1], devices=devices, resume=db, key=lambda n: n)  # (listdir order)
+    assert on_disk(out) == Counter(names)
+    assert rows_listed(written) == Counter(names) and written.rows == 300
+    assert no_temp_files(out)
+
+
+@pytest.mark.parametrize("devices", ["inline", 2])
+@pytest.mark.parametrize("raised", [RuntimeError, KeyboardInterrupt])
+def test_an_on_error_that_raises_leaves_a_run_that_resumes(tmp_path, monkeypatch, devices, raised):
+    """A logger that breaks, or Ctrl-C while on_error runs: the run stops; the same call
+    with the same resume= completes the job."""
+    out, db = tmp_path / "out", str(tmp_path / "run.db")
+    job = row >> write.jsonl(str(out), rows_per_file=10)
+
+    def on_error(failure):
+        raise raised("the logger broke")
+
+    monkeypatch.setenv(FAIL_AT, "3")
+    with pytest.raises(raised):
+        job.map(range(100), devices=devices, errors="skip", on_error=on_error, resume=db)
+    assert no_temp_files(out)
+    failures = []
+    written = job.map(
+        range(100), devices=devices, errors="skip", on_error=failures.append, resume=db
+    )
+    expected = Counter(x for x in range(100) if x != 3)
+    assert on_disk(out) == expected
+    assert rows_listed(written) == expected and written.rows == 99
+    assert [f.index for f in failures] == [3]  # (set aside by the first run, reported again)
+
+
+@pytest.mark.parametrize("devices", ["inline", 2])
+def test_a_resume_over_a_shorter_input_is_refused(tmp_path, devices):
+    """The files of the first run hold items the shorter input lacks: no Written can be
+    both complete and true, so the run says the input changed."""
+    out, db = tmp_path / "out", str(tmp_path / "run.db")
+    job = row >> write.parquet(str(out), rows_per_file=30)
+    assert job.map(range(200), devices=devices, resume=db).rows == 200
+    with pytest.raises(ValueError, match="input changed") as info:
+        job.map(range(100), devices=devices, resume=db)
+    assert "part-" in str(info.value)  # (it names a file that holds items beyond the input)
+    assert on_disk(out) == Counter(range(200))  # (nothing on disk was touched)
+    again = job.map(range(200), devices=devices, resume=db)
+    assert again.rows == 200 and rows_listed(again) == Counter(range(200))
