@@ -2,7 +2,8 @@
 and the input in another order or in parts, after an ``on_error`` that raised or was
 interrupted, or over a shorter input. Each time, the committed files hold every item that
 succeeded exactly once, ``Written`` counts only rows on disk, and the same call completes
-the job, or the run says why it cannot."""
+the job, or the run says why it cannot. And an ``imap`` closed early leaves a directory that
+reads back as one dataset."""
 
 from __future__ import annotations
 
@@ -122,3 +123,24 @@ def test_a_resume_over_a_shorter_input_is_refused(tmp_path, devices):
     assert on_disk(out) == Counter(range(200))  # (nothing on disk was touched)
     again = job.map(range(200), devices=devices, resume=db)
     assert again.rows == 200 and rows_listed(again) == Counter(range(200))
+
+
+@producer
+def late_type(x):
+    return {"x": x, "v": None if x < 150 else x * 1.5}  # (a column null in the first files)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_imap_closed_early_leaves_a_directory_that_reads_as_one_dataset(tmp_path, resume):
+    out = tmp_path / "out"
+    kw = {"resume": str(tmp_path / "run.db")} if resume else {}
+    it = (late_type >> write.parquet(str(out), rows_per_file=20)).imap(range(300), devices=2, **kw)
+    rows = 0
+    for written in it:
+        rows += written.rows
+        if rows >= 200:  # (files of both kinds committed: those of x < 150, and after)
+            break
+    it.close()
+    table = pq.read_table(out)  # (the files written before the type was known: rewritten)
+    assert str(table.schema.field("v").type) == "double"
+    assert table.num_rows == sum(on_disk(out).values()) and no_temp_files(out)

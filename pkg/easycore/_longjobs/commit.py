@@ -268,16 +268,21 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         yield next(stream)  # PRIMED
         rows = [0, 0]  # the rows of the units delivered, and of the files delivered
         delivered: set[str] = set()
-        for start, values in stream:
-            written = []
-            if ledger is not None:  # (only a resumed run's units and files may disagree)
-                rows[0] += sum(v.rows for v in values if type(v) is Wrote)
-            for shard in [shard for v in values if type(v) is Wrote for shard in v.shards]:
-                schema.admit(shard)  # (before the file takes its name: a conflict fails the run)
-                written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
-                rows[1] += shard.rows
-                delivered.add(shard.name)
-            yield start, written
+        try:
+            for start, values in stream:
+                written = []
+                if ledger is not None:  # (only a resumed run's units and files may disagree)
+                    rows[0] += sum(v.rows for v in values if type(v) is Wrote)
+                for shard in [shard for v in values if type(v) is Wrote for shard in v.shards]:
+                    schema.admit(shard)  # (before the file takes its name: a conflict fails)
+                    written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
+                    rows[1] += shard.rows
+                    delivered.add(shard.name)
+                yield start, written
+        except GeneratorExit:  # an imap closed early: what it committed reads back as one
+            with contextlib.suppress(Exception):  # dataset too (else its resume does it)
+                schema.settle()
+            raise
         if ledger is not None and rows[0] != rows[1]:
             raise _input_changed(ledger, delivered, *rows)
         if grew := schema.settle():  # (files rewritten in the run's schema: their new sizes)
