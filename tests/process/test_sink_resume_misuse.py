@@ -144,3 +144,11 @@ def test_an_imap_closed_early_leaves_a_directory_that_reads_as_one_dataset(tmp_p
     table = pq.read_table(out)  # (the files written before the type was known: rewritten)
     assert str(table.schema.field("v").type) == "double"
     assert table.num_rows == sum(on_disk(out).values()) and no_temp_files(out)
+
+
+def test_a_resume_with_another_sink_option_names_the_option(tmp_path):
+    out, db = str(tmp_path / "out"), str(tmp_path / "run.db")
+    (row >> write.parquet(out, rows_per_file=10)).map(range(20), devices="inline", resume=db)
+    with pytest.raises(ValueError, match=r"rows_per_file=10 -> 5") as info:
+        (row >> write.parquet(out, rows_per_file=5)).map(range(20), devices="inline", resume=db)
+    assert "compression" not in str(info.value)  # (only what differs)

@@ -265,7 +265,7 @@ class RunIdentity:
         if keys:
             out.append(f"cfg: {some(keys, 6)}")
         if stored["sink"] != new["sink"]:
-            out.append(f"sink: {_sink_text(stored['sink'])} -> {_sink_text(new['sink'])}")
+            out.append(_sink_change(stored["sink"], new["sink"]))
         if stored["key"] != new["key"]:
             old, now = (k["name"] if k else "(none)" for k in (stored["key"], new["key"]))
             change = f"the function {now} changed" if old == now else f"{old} -> {now}"
@@ -304,6 +304,19 @@ def _name(fn: Any) -> str:
 
 def _sink_text(sink: Any) -> str:
     return f"write.{sink['kind']}({sink['path']!r})" if sink else "(none)"
+
+
+def _sink_change(before: Any, after: Any) -> str:
+    """What differs between two sinks' identities, named: the sink, or its options."""
+    text = f"sink: {_sink_text(before)} -> {_sink_text(after)}"
+    if not before or not after or _sink_text(before) != _sink_text(after):
+        return text
+    changed = [
+        f"{k}={before.get(k)!r} -> {after.get(k)!r}"
+        for k in sorted(before.keys() | after.keys())
+        if before.get(k) != after.get(k)
+    ]
+    return f"sink {_sink_text(after)}: {', '.join(changed)}"
 
 
 def key_text(value: Any, where: str = "an item") -> str:
