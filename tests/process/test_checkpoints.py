@@ -69,6 +69,18 @@ class TestCheckpoints:
             load_checkpoint(tmp_path)
         assert load_checkpoint(tmp_path, weights_only=False)["thing"] == fractions.Fraction(1, 3)
 
+    def test_numpy_arrays_scalars_and_random_states_load_with_the_safe_loader(self, tmp_path):
+        import numpy as np
+
+        state = np.random.default_rng(3).bit_generator.state
+        legacy = np.random.RandomState(5).get_state()
+        save_checkpoint(tmp_path, 1, a=np.arange(3.0), s=np.float32(1.5), rng=legacy, gen=state)
+        loaded = load_checkpoint(tmp_path)  # (weights_only=True)
+        np.testing.assert_array_equal(loaded["a"], np.arange(3.0))
+        assert loaded["s"] == np.float32(1.5) and type(loaded["s"]) is np.float32
+        np.testing.assert_array_equal(loaded["rng"][1], legacy[1])
+        assert loaded["gen"] == state
+
 
 SAVER = textwrap.dedent(
     """

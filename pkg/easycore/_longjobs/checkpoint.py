@@ -22,6 +22,7 @@ import os
 import pickle
 import re
 import struct
+import sys
 import zipfile
 from typing import Any
 
@@ -165,7 +166,8 @@ def load_checkpoint(
         map_location: where tensors go, as for ``torch.load`` (e.g. ``"cpu"``, or
             ``f"cuda:{local_rank}"`` on every rank).
         weights_only: torch's safe loader (the default): tensors, state dicts of models
-            and optimizers, imap positions, numbers, strings, lists, dicts and tuples load;
+            and optimizers, imap positions, numpy arrays and scalars (a random state),
+            numbers, strings, lists, dicts and tuples load;
             a checkpoint holding other objects needs ``weights_only=False`` (which runs the
             pickle's code: only for files you trust).
 
@@ -201,8 +203,11 @@ def _load(path: str, map_location: Any, weights_only: bool) -> dict[str, Any]:
     """``torch.load`` one checkpoint file; a damaged one is a ValueError naming it."""
     import torch
 
+    allowed = _numpy_globals() if weights_only else []
+    safe = getattr(torch.serialization, "safe_globals", None)  # (torch >= 2.5)
     try:
-        loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
+        with safe(allowed) if safe is not None and allowed else contextlib.nullcontext():
+            loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
     except Exception as err:
         if not _torn(path, err):
             raise  # a sound file refused (weights_only), a bad map_location, an OSError...
@@ -216,6 +221,20 @@ def _load(path: str, map_location: Any, weights_only: bool) -> dict[str, Any]:
         msg = f"{path} is not a checkpoint: it holds a {type(loaded).__name__}, not a dict"
         raise ValueError(msg)
     return loaded
+
+
+def _numpy_globals() -> list[Any]:
+    """What the safe loader needs to rebuild numpy arrays, scalars and dtypes (a random
+    state, a metric kept as an array): constructors of data, no code. Empty without numpy."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        try:
+            import numpy as np
+        except ImportError:
+            return []
+    core = getattr(np, "_core", None) or np.core  # (numpy 2, numpy 1)
+    dtypes = [v for v in vars(getattr(np, "dtypes", np)).values() if isinstance(v, type)]
+    return [np.ndarray, np.dtype, core.multiarray._reconstruct, core.multiarray.scalar, *dtypes]
 
 
 def _torn(path: str, err: Exception) -> bool:
