@@ -22,7 +22,6 @@ import os
 import pickle
 import re
 import struct
-import sys
 import zipfile
 from typing import Any
 
@@ -226,12 +225,10 @@ def _load(path: str, map_location: Any, weights_only: bool) -> dict[str, Any]:
 def _numpy_globals() -> list[Any]:
     """What the safe loader needs to rebuild numpy arrays, scalars and dtypes (a random
     state, a metric kept as an array): constructors of data, no code. Empty without numpy."""
-    np = sys.modules.get("numpy")
-    if np is None:
-        try:
-            import numpy as np
-        except ImportError:
-            return []
+    try:
+        import numpy as np  # (torch's loader imports it for such a file all the same)
+    except ImportError:
+        return []
     core = getattr(np, "_core", None) or np.core  # (numpy 2, numpy 1)
     dtypes = [v for v in vars(getattr(np, "dtypes", np)).values() if isinstance(v, type)]
     return [np.ndarray, np.dtype, core.multiarray._reconstruct, core.multiarray.scalar, *dtypes]
