@@ -9,10 +9,12 @@ error or Ctrl-C inside a run ends in (the runner is then closed, no process left
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import contextlib
 import math
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any
@@ -538,11 +540,10 @@ class _Results:
 
     They hold the runner (its seat) from their creation until the run ends, is closed, or is
     dropped (a generator closed before its first ``next`` never runs its ``finally``).
-    ``close()`` stops the run early: what is in flight is waited for and dropped, and the
-    runner stays usable. ``position`` counts each result as the caller receives it
-    (``state_dict``; None for a sink's, whose committed files are its position). ``owner``:
-    the runner of a one-shot ``Pipeline.imap``, closed when the results are exhausted,
-    closed or dropped, aborted on an error.
+    ``close()`` stops the run early (see :meth:`close`). ``position`` counts each result as
+    the caller receives it (``state_dict``; None for a sink's, whose committed files are its
+    position). ``owner``: the runner of a one-shot ``Pipeline.imap``, closed when the
+    results are exhausted, closed or dropped, aborted on an error.
     """
 
     _seat: Seat | None
@@ -594,10 +595,15 @@ class _Results:
         return self._position.state()
 
     def close(self) -> None:
-        """Stop early: what is in flight is waited for and dropped (then, for a one-shot
-        ``Pipeline.imap``, every ``end`` runs)."""
+        """Stop early: an open runner's work in flight is waited for and dropped (the
+        runner stays usable); a one-shot ``Pipeline.imap``'s workers stop now, as after
+        Ctrl-C (one between items runs its ``end``; an item still running after a short
+        grace is cut short, its worker killed): its runner is not used again, and a
+        ``break`` must not wait for the slowest item in flight."""
         self._values = iter(())
         try:
+            if self._owner is not None and self._seat is not None:
+                self._owner._abort()  # (the stream then drains nothing: its runner is closed)
             self._stream.close()  # type: ignore[attr-defined]
         except BaseException as exc:
             self._end(exc)
@@ -616,8 +622,15 @@ class _Results:
 
     def __del__(self) -> None:
         if self._seat is not None:
-            with contextlib.suppress(Exception):
-                self.close()
+            try:
+                with contextlib.suppress(Exception):  # (nobody to tell: the caller dropped us)
+                    self.close()
+            except KeyboardInterrupt:
+                # Ctrl-C while the results were being let go of (a loop left by `return`):
+                # Python drops what __del__ raises (and an interrupt made pending here is
+                # raised here too), so a thread makes it pending again once this returns,
+                # for the caller's own code to get its KeyboardInterrupt
+                _thread.start_new_thread(_thread.interrupt_main, (signal.SIGINT,))
 
 
 def _supervised(
