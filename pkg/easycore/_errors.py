@@ -135,10 +135,13 @@ class WorkerError(EasycoreError):
 
         Args:
             stage: the pool the unit failed in, kept only where no stage is named yet.
-            item: the unit's item (a batch: the list of its items).
+            item: the unit's item (a batch: the list of its items); an error that several
+                units failed with (a death that names no one of them) keeps the first's,
+                which its ``index`` names.
         """
         self.stage = stage if self.stage is None else self.stage
-        self.item = item
+        if not vars(self).get("_item_named"):
+            self.item, self._item_named = item, True
 
     def __reduce__(self) -> Any:
         state = dict(vars(self))

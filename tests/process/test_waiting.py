@@ -279,6 +279,55 @@ class TestFaults:
         assert [server.times(i) for i in range(10)] == [1] * 5 + [2] + [1] * 4
 
 
+@producer
+def kills_beside(x):
+    """Item 1 kills its worker while item 0, innocent and slow, runs beside it."""
+    if x == 0:
+        time.sleep(1.0)
+    if x == 1:
+        time.sleep(0.3)
+        os._exit(9)
+    return x
+
+
+@producer
+async def akills_beside(x):
+    if x == 0:
+        await asyncio.sleep(1.0)
+    if x == 1:
+        await asyncio.sleep(0.3)
+        os._exit(9)
+    return x
+
+
+class TestDeathBesideOthers:
+    """A worker running several items side by side dies: the slot names only the oldest in
+    flight, so which one killed it is found by running each again alone."""
+
+    @pytest.mark.parametrize("stage", [kills_beside, akills_beside], ids=["threads", "async"])
+    @pytest.mark.parametrize("retries", [0, 1])
+    def test_skip_sets_aside_the_killer_only(self, stage, retries):
+        failures: list[Failure] = []
+        out = stage.map(
+            range(6), devices=1, concurrency=3, retries=retries, errors="skip",
+            on_error=failures.append,
+        )  # fmt: skip
+        assert out == [0, 2, 3, 4, 5]
+        assert [(f.index, type(f.error).__name__) for f in failures] == [(1, "WorkerDied")]
+
+    def test_retries_with_raise_name_the_killer(self):
+        with pytest.raises(easycore.WorkerDied) as info:
+            kills_beside.map(range(6), devices=1, concurrency=3, retries=1)
+        assert info.value.index == 1 and info.value.item == 1
+
+    def test_without_retries_the_error_names_every_item_in_flight(self):
+        with pytest.raises(easycore.WorkerDied) as info:
+            kills_beside.map(range(6), devices=1, concurrency=3)
+        text = str(info.value)
+        assert "item 0" in text and "item 1" in text  # (either may have killed it)
+        assert info.value.index == 0 and info.value.item == 0
+
+
 class TestSeeds:
     def test_item_seed_is_each_items_own_whatever_the_interleaving(self):
         """item_seed() is derive_seed(seed, index) in every item, also while items of one

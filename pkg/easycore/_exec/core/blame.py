@@ -78,6 +78,7 @@ class Blame:
     split: tuple[Work, ...] = ()
     # chunks after ``unknown`` that may have been in hand instead (charged too)
     later: tuple[Work, ...] = ()
+    alone: bool = False  # the ``split`` units run each alone on its worker (solo)
 
 
 def assign_blame(
@@ -96,6 +97,8 @@ def assign_blame(
     unit = books.hops[w.hop].unit
     busy = slots.started(w.slot) > 0
     culprit: int | None = w.timed_out
+    if culprit is None and busy and slots.in_flight(w.slot) > 1 and running:
+        return _side_by_side(books, unit, running)
     if culprit is None and busy:
         culprit = int(slots.index(w.slot))
     unpickling = None
@@ -124,6 +127,18 @@ def assign_blame(
     charged = charged.union(*(_units(c, unit) for c in chunks if c not in split))
     doing = "running" if unpickling is None else "unpickling"
     return Blame(culprit, holder, suspect, tuple(sorted(charged)), unpickling, doing, tuple(split))
+
+
+def _side_by_side(books: RunBooks, unit: int, running: Sequence[Chunk]) -> Blame:
+    """A worker that ran several units side by side (``concurrency``) died, not for a
+    timeout: any of them may have killed it (the slot names only the oldest). When the books
+    pin units down, every chunk it ran runs again one output unit per chunk, each alone on
+    its worker, charged nothing: a death then names its unit, and the others are spared.
+    Else they are all charged, and the error names them."""
+    if books.pins_down():
+        return Blame(None, None, None, (), running[0], split=tuple(running), alone=True)
+    units = tuple(sorted(set().union(*(_units(c, unit) for c in running))))
+    return Blame(None, None, None, units, running[0], later=tuple(running[1:]))
 
 
 def blame_in_order(books: RunBooks, hop: int, lost: Sequence[Work], culprit: int | None) -> Blame:
@@ -195,7 +210,7 @@ def settle_death(
     for chunk in sorted(lost, key=lambda c: c.start):
         start, items = chunk.start, chunk.items
         if spared or any(chunk is c for c in blame.split):
-            again.extend(books.rerun(Work(start, items), spared))
+            again.extend(books.rerun(Work(start, items, blame.alone), spared))
         elif chunk is blame.holder and blame.culprit is not None:
             a = (blame.culprit * hop.unit) // align * align
             cuts = itertools.pairwise((start, a, a + align, chunk.end))
