@@ -660,3 +660,24 @@ class TestTheLoop:
     def test_an_item_finds_the_loop_it_runs_on_as_the_threads_loop(self):
         """Libraries call get_event_loop(): on the worker's loop thread it is that loop."""
         assert on_its_loop.map(range(6), devices=1, concurrency=3) == [True] * 6
+
+
+@producer
+def slow_at_two(x):
+    if x == 2:
+        time.sleep(1.5)
+    return x
+
+
+@pytest.mark.parametrize("devices", ["inline", 1])
+def test_a_plain_item_past_its_timeout_fails_inline_as_in_a_worker(devices):
+    """Inline nothing can stop it, yet the outcome is a worker's: ItemTimeout, or the item
+    set aside under errors="skip" (its late result dropped)."""
+    with pytest.raises(ItemTimeout) as info:
+        slow_at_two.map(range(4), devices=devices, timeout=0.5)
+    assert info.value.index == 2 and info.value.__cause__ is None
+    failures: list[Failure] = []
+    out = slow_at_two.map(
+        range(4), devices=devices, timeout=0.5, errors="skip", on_error=failures.append
+    )
+    assert out == [0, 1, 3] and [f.index for f in failures] == [2]

@@ -2,10 +2,10 @@
 
 The same prepared stages as a worker process runs (``easycore._exec.core.stages``), with the same
 ordering, injection (``device="cpu"``, ``worker=0``), seeds, retries and errors; ``timeout``
-is not enforced on plain functions (nothing can be killed), and fails an ``async def`` unit
-past it (run on an event loop here, one unit at a time: ``concurrency`` does not apply; on
-a helper thread when the caller runs inside an event loop, a notebook). Also the engine of
-a pipeline without producers.
+fails a unit past it: an ``async def`` one is cancelled (run on an event loop here, one
+unit at a time: ``concurrency`` does not apply; on a helper thread when the caller runs
+inside an event loop, a notebook), a plain one runs to its end (nothing can stop it here)
+and its result is dropped. Also the engine of a pipeline without producers.
 """
 
 from __future__ import annotations

@@ -791,11 +791,20 @@ class ChunkRun:
     ) -> tuple[Any, StageFailure | None]:
         """One try of unit ``index``, one at a time: its index (and when timed, its start:
         ``since``, or now) in the slot ``cur[at:]``."""
-        task = self.task
+        task, stages = self.task, self.stages
         cur[at + AT_INDEX] = float(index)
+        start = time.monotonic() if since is None else since
         if task.timed:
-            cur[at + AT_STARTED] = time.monotonic() if since is None else since
-        return self.stages.run(item, index, task)
+            cur[at + AT_STARTED] = start
+        done = stages.run(item, index, task)
+        if stages.in_caller and task.timeout is not None and done[1] is None:
+            # inline: nothing can stop a plain function in the caller, but a unit past the
+            # timeout fails as it does in a worker (which is killed for it)
+            if not stages.is_async and time.monotonic() - start > task.timeout:
+                how = "in the calling process nothing stops it: its result was dropped"
+                error = TimedOutItem(f"ran past timeout={task.timeout}s; {how}")
+                return None, StageFailure(stages.prepared[0].name, error)
+        return done
 
     async def _flown(
         self, item: Any, index: int, since: float | None
