@@ -797,13 +797,13 @@ class ChunkRun:
         if task.timed:
             cur[at + AT_STARTED] = start
         done = stages.run(item, index, task)
-        if stages.in_caller and task.timeout is not None and done[1] is None:
-            # inline: nothing can stop a plain function in the caller, but a unit past the
-            # timeout fails as it does in a worker (which is killed for it)
-            if not stages.is_async and time.monotonic() - start > task.timeout:
-                how = "in the calling process nothing stops it: its result was dropped"
-                error = TimedOutItem(f"ran past timeout={task.timeout}s; {how}")
-                return None, StageFailure(stages.prepared[0].name, error)
+        # inline: nothing can stop a plain function in the caller, but a unit past the
+        # timeout fails as it does in a worker (which is killed for it)
+        limit = task.timeout if stages.in_caller and not stages.is_async else None
+        if limit is not None and done[1] is None and time.monotonic() - start > limit:
+            how = "in the calling process nothing stops it: its result was dropped"
+            error = TimedOutItem(f"ran past timeout={task.timeout}s; {how}")
+            return None, StageFailure(stages.prepared[0].name, error)
         return done
 
     async def _flown(
