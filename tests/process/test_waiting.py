@@ -508,6 +508,22 @@ class TestSlotsAcrossChunks:
 
 
 class TestInline:
+    def test_an_async_error_is_the_users_alone(self):
+        """The user's exception carries no internal one as its context (easycore's look for
+        a running event loop), and the message shows no such error first."""
+
+        @producer
+        async def work(x):
+            if x == 1:
+                raise ValueError("bad item")
+            return x
+
+        with pytest.raises(WorkerError) as info:
+            work.map(range(3), devices="inline")
+        assert isinstance(info.value.__cause__, ValueError)
+        assert info.value.__cause__.__context__ is None
+        assert "no running event loop" not in str(info.value)
+
     def test_stats_count_the_item_in_hand(self):
         """Inline, items run one at a time (concurrency does not apply): one slot, and the
         item running is in flight."""
@@ -578,6 +594,16 @@ class TestValidation:
 
     def test_repr_shows_it(self):
         assert repr(afetch.on(2, concurrency=8)) == "Pipeline(afetch.on(2, concurrency=8))"
+
+    def test_a_run_concurrency_that_describes_no_pool_is_refused(self):
+        """As devices= is: every pool has its own .on(...), so concurrency= on the run
+        would be dropped silently."""
+        for pipeline in (afetch.on(1), afetch.on(1, concurrency=3)):
+            with pytest.raises(ValueError, match=r"concurrency=6 describes no pool"):
+                pipeline.map([], concurrency=6)
+            with pytest.raises(ValueError, match=r"concurrency=6 describes no pool"):
+                pipeline.open(concurrency=6)
+        assert afetch.on(1).map([], devices="inline", concurrency=6) == []  # (inline: none)
 
 
 SCRIPT = textwrap.dedent(

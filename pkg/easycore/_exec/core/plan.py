@@ -243,7 +243,8 @@ def plan_chain(
 
     Raises:
         ValueError: a device that cannot be; ``devices`` given (other than ``"auto"``, or
-            ``"inline"``) where every pool has its own ``.on(...)``: it would describe none;
+            ``"inline"``), or ``concurrency`` other than 1, where every pool has its own
+            ``.on(...)``: it would describe none;
             self-sizing pools whose lower bounds do not fit in ``cpus``.
     """
     run_devices = functools.cache(lambda: tuple(parse(devices)))  # (once, where it is needed)
@@ -259,6 +260,13 @@ def plan_chain(
             f"devices={devices!r} describes no pool: every pool of this pipeline ({pools}) "
             "has its own .on(...) devices; leave devices out, or remove .on from the pool "
             "it should describe"
+        )
+        raise ValueError(msg)
+    if all(binding is not None for _, binding in groups) and concurrency != 1 and not inline:
+        msg = (
+            f"concurrency={concurrency} describes no pool: every pool of this pipeline has "
+            f"its own .on(...); give it there (.on(n, concurrency={concurrency})) to the pool "
+            "that waits"
         )
         raise ValueError(msg)
     hops: list[Hop] = []

@@ -544,6 +544,10 @@ def _run_until(loop: asyncio.AbstractEventLoop, aw: Any) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # (none runs here: the usual case)
+        running = False
+    else:
+        running = True
+    if not running:  # (outside the except: an error of the unit must not chain to it)
         return loop.run_until_complete(aw)
     run = functools.partial(contextvars.copy_context().run, loop.run_until_complete, aw)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="easycore-loop") as helper:
