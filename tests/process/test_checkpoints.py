@@ -160,3 +160,27 @@ def test_rank_share_defaults_to_the_launcher(monkeypatch):
     with pytest.raises(TypeError, match="sized sequence"):
         distributed.rank_share(iter(range(3)), 0, 1)
     assert easycore.distributed.rank_share is distributed.rank_share
+
+
+def test_the_safe_loader_never_allows_numpy_classes_that_are_no_dtype(tmp_path, monkeypatch):
+    """The allow-list takes dtype classes only, whatever numpy.dtypes holds (numpy < 1.25
+    has none: falling back to numpy's namespace would allow np.memmap, which, called with a
+    file's arguments, writes any file)."""
+    import pickle
+    import types
+
+    import numpy as np
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n" * 10)
+
+    class Overwrite:
+        def __reduce__(self):
+            return (np.memmap, (str(victim), np.uint8, "w+", 0, (1,)))
+
+    save_checkpoint(tmp_path / "ckpt", 1, x=Overwrite())
+    mixed = types.SimpleNamespace(memmap=np.memmap, Int64DType=type(np.dtype("int64")))
+    monkeypatch.setattr(np, "dtypes", mixed)
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(tmp_path / "ckpt")
+    assert victim.read_text() == "precious\n" * 10

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from easycore import producer
+from easycore import WorkerError, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,3 +105,29 @@ def test_ctrl_c_while_the_workers_stop_reaches_the_caller(tmp_path):
         timeout=90,
     )
     assert "KeyboardInterrupt reached the caller" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("devices", [1, "inline"])
+def test_an_imap_read_to_its_end_runs_every_end_and_raises_its_error(tmp_path, devices):
+    """Only leaving early stops the workers as after Ctrl-C: read to its end, a one-shot
+    imap waits for each end, however long, and raises what an end raised."""
+
+    def slow_end(state):
+        time.sleep(2.5)  # (past the abort's grace)
+        (tmp_path / "ended").touch()
+
+    def failing_end(state):
+        raise RuntimeError("end failed")
+
+    @producer(end=slow_end)
+    def square(x):
+        return x * x
+
+    @producer(end=failing_end)
+    def cube(x):
+        return x**3
+
+    assert list(square.imap(range(5), devices=devices)) == [0, 1, 4, 9, 16]
+    assert (tmp_path / "ended").exists()
+    with pytest.raises(WorkerError, match="end failed"):
+        list(cube.imap(range(5), devices=devices))

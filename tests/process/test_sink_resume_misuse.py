@@ -152,3 +152,27 @@ def test_a_resume_with_another_sink_option_names_the_option(tmp_path):
     with pytest.raises(ValueError, match=r"rows_per_file=10 -> 5") as info:
         (row >> write.parquet(out, rows_per_file=5)).map(range(20), devices="inline", resume=db)
     assert "compression" not in str(info.value)  # (only what differs)
+
+
+@producer
+def typed_by_env(x):
+    if os.environ.get(FAIL_AT) == "first" and x >= 4:
+        raise ValueError("stop")
+    return {"a": x if os.environ.get(FAIL_AT) == "first" else f"s{x}"}
+
+
+def test_a_file_its_schema_refuses_is_never_committed(tmp_path, monkeypatch):
+    """A resumed run whose rows conflict with the committed files' types fails naming the
+    column; the refused file takes no name (though the ledger recorded it), and the
+    directory still reads back as one dataset."""
+    out, db = tmp_path / "out", str(tmp_path / "run.db")
+    job = typed_by_env >> write.parquet(str(out), rows_per_file=2)
+    monkeypatch.setenv(FAIL_AT, "first")
+    with pytest.raises(WorkerError):
+        job.map(range(8), devices="inline", resume=db)
+    monkeypatch.setenv(FAIL_AT, "second")
+    for _ in range(2):  # (and again: no run adds a conflicting file)
+        with pytest.raises(ValueError):
+            job.map(range(8), devices="inline", resume=db)
+        assert sorted(pq.read_table(out).column("a").to_pylist()) == [0, 1, 2, 3]
+        assert no_temp_files(out)

@@ -572,7 +572,7 @@ class _Results:
                 self._at, values = next(self._stream)
                 self._values = iter(values)
         except StopIteration:
-            self.close()
+            self._close(early=False)  # (every end runs, and an end's error is raised)
             raise
         except BaseException as exc:
             self._end(exc)
@@ -600,9 +600,12 @@ class _Results:
         Ctrl-C (one between items runs its ``end``; an item still running after a short
         grace is cut short, its worker killed): its runner is not used again, and a
         ``break`` must not wait for the slowest item in flight."""
+        self._close(early=True)
+
+    def _close(self, early: bool) -> None:
         self._values = iter(())
         try:
-            if self._owner is not None and self._seat is not None:
+            if early and self._owner is not None and self._seat is not None:
                 self._owner._abort()  # (the stream then drains nothing: its runner is closed)
             self._stream.close()  # type: ignore[attr-defined]
         except BaseException as exc:

@@ -165,8 +165,8 @@ def load_checkpoint(
         map_location: where tensors go, as for ``torch.load`` (e.g. ``"cpu"``, or
             ``f"cuda:{local_rank}"`` on every rank).
         weights_only: torch's safe loader (the default): tensors, state dicts of models
-            and optimizers, imap positions, numpy arrays and scalars (a random state),
-            numbers, strings, lists, dicts and tuples load;
+            and optimizers, imap positions, numpy arrays and scalars (a random state; with
+            torch >= 2.5), numbers, strings, lists, dicts and tuples load;
             a checkpoint holding other objects needs ``weights_only=False`` (which runs the
             pickle's code: only for files you trust).
 
@@ -230,7 +230,10 @@ def _numpy_globals() -> list[Any]:
     except ImportError:
         return []
     core = getattr(np, "_core", None) or np.core  # (numpy 2, numpy 1)
-    dtypes = [v for v in vars(getattr(np, "dtypes", np)).values() if isinstance(v, type)]
+    # the dtype classes, from numpy.dtypes only (numpy >= 1.25), never numpy's other classes:
+    # np.memmap, called with a file's arguments, would write files
+    kinds = vars(np.dtypes).values() if hasattr(np, "dtypes") else ()
+    dtypes = [v for v in kinds if isinstance(v, type) and issubclass(v, np.dtype)]
     return [np.ndarray, np.dtype, core.multiarray._reconstruct, core.multiarray.scalar, *dtypes]
 
 

@@ -253,6 +253,9 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         FileNotFoundError: a file to commit is not there.
     """
     lock = DirLock(sink)
+    schema: RunSchema | None = None
+    rejected: set[str] = set()  # files whose commit failed (a schema refused): not finished
+    early = False
     try:
         lock.take()
         known = ledger.committed_shards() if ledger is not None else []
@@ -268,38 +271,59 @@ def committing(stream: Iterator[Any], sink: Sink, ledger: Any = None) -> Iterato
         yield next(stream)  # PRIMED
         rows = [0, 0]  # the rows of the units delivered, and of the files delivered
         delivered: set[str] = set()
-        try:
-            for start, values in stream:
-                written = []
-                if ledger is not None:  # (only a resumed run's units and files may disagree)
-                    rows[0] += sum(v.rows for v in values if type(v) is Wrote)
-                for shard in [shard for v in values if type(v) is Wrote for shard in v.shards]:
-                    schema.admit(shard)  # (before the file takes its name: a conflict fails)
-                    written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
-                    rows[1] += shard.rows
-                    delivered.add(shard.name)
-                yield start, written
-        except GeneratorExit:  # an imap closed early: what it committed reads back as one
-            with contextlib.suppress(Exception):  # dataset too (else its resume does it)
-                schema.settle()
-            raise
+        for start, values in stream:
+            written = []
+            if ledger is not None:  # (only a resumed run's units and files may disagree)
+                rows[0] += sum(v.rows for v in values if type(v) is Wrote)
+            shards = [shard for v in values if type(v) is Wrote for shard in v.shards]
+            rejected = {shard.name for shard in shards}  # (each, until it is committed)
+            for shard in shards:
+                schema.admit(shard)  # (before the file takes its name: a conflict fails)
+                written.append(Written((commit_shard(sink, shard),), shard.rows, shard.nbytes))
+                rejected.discard(shard.name)
+                rows[1] += shard.rows
+                delivered.add(shard.name)
+            yield start, written
         if ledger is not None and rows[0] != rows[1]:
             raise _input_changed(ledger, delivered, *rows)
         if grew := schema.settle():  # (files rewritten in the run's schema: their new sizes)
             yield None, [Written((), 0, grew)]
+        schema = None  # (settled)
+    except GeneratorExit:
+        early = True  # (an imap closed early)
+        raise
     finally:
         try:
             stream.close()  # type: ignore[attr-defined]
         finally:
             try:
-                # commits the ledger recorded and an error after its transaction cut short
-                # (an on_error that raised, Ctrl-C in it) are finished, not swept away
-                if ledger is not None and lock.held:
-                    recover(sink, ledger.committed_shards())
+                _wind_up(sink, lock, ledger, schema, rejected, early)
             finally:
                 lock.end()
                 if ledger is not None:  # (the stream closes it once it ran; not before)
                     ledger.close()
+
+
+def _wind_up(
+    sink: Sink,
+    lock: DirLock,
+    ledger: Any,
+    schema: RunSchema | None,
+    rejected: set[str],
+    early: bool,
+) -> None:
+    """However a run ended: the commits ``ledger`` recorded that an error after its
+    transaction cut short (an ``on_error`` that raised, Ctrl-C in it) are finished, not
+    swept away, but for files whose commit failed (``rejected``: a schema refused one);
+    then an ``imap`` closed ``early`` settles its files' schema, so that they read back as
+    one dataset (else its resume does). Best effort: an error here must not hide the run's
+    own."""
+    if ledger is not None and lock.held:
+        with contextlib.suppress(Exception):
+            recover(sink, [s for s in ledger.committed_shards() if s.name not in rejected])
+    if early and schema is not None:
+        with contextlib.suppress(Exception):
+            schema.settle()
 
 
 def _input_changed(ledger: Any, delivered: set[str], unit_rows: int, file_rows: int) -> ValueError:

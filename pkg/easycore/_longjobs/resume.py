@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import json
 import os
+import pathlib
 import pickle
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
@@ -371,6 +372,7 @@ class RunLedger:
         identity: RunIdentity,
     ) -> None:
         self.path = os.fspath(path)
+        self.where = os.path.abspath(self.path)  # (to read it again: the cwd may change)
         self.options = options
         self.align = align
         # per output unit taken from the input and not yet delivered: (key, digest, whether
@@ -421,7 +423,8 @@ class RunLedger:
         try:
             return [Shard(*row) for row in self.db.execute(query)]
         except sqlite3.ProgrammingError:  # (closed: the run's stream ended before)
-            with contextlib.closing(sqlite3.connect(self.path)) as db:
+            uri = f"{pathlib.Path(self.where).as_uri()}?mode=ro"  # (never a new empty file)
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
                 return [Shard(*row) for row in db.execute(query)]
 
     # -- the input ---------------------------------------------------------------------------
