@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(
 
     def end(state):
         open(marker, "w").close()  # (the workers are being stopped now)
-        time.sleep(1.5)
+        time.sleep(1.0)
 
     @producer(end=end)
     def work(x):
@@ -87,7 +87,7 @@ SCRIPT = textwrap.dedent(
     threading.Thread(target=press_ctrl_c, daemon=True).start()
     try:
         first_two()
-        time.sleep(5)  # (an interrupt still pending would arrive here)
+        time.sleep(2)  # (an interrupt still pending would arrive here)
         print("the program went on")
     except KeyboardInterrupt:
         print("KeyboardInterrupt reached the caller")
@@ -113,7 +113,7 @@ def test_an_imap_read_to_its_end_runs_every_end_and_raises_its_error(tmp_path, d
     imap waits for each end, however long, and raises what an end raised."""
 
     def slow_end(state):
-        time.sleep(2.5)  # (past the abort's grace)
+        time.sleep(2.2)  # (past the abort's grace, 2 s)
         (tmp_path / "ended").touch()
 
     def failing_end(state):
