@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any
@@ -624,16 +625,26 @@ class _Results:
             owner.__exit__(None if exc is None else type(exc), exc, None)
 
     def __del__(self) -> None:
-        if self._seat is not None:
-            try:
-                with contextlib.suppress(Exception):  # (nobody to tell: the caller dropped us)
-                    self.close()
-            except KeyboardInterrupt:
-                # Ctrl-C while the results were being let go of (a loop left by `return`):
-                # Python drops what __del__ raises (and an interrupt made pending here is
-                # raised here too), so a thread makes it pending again once this returns,
-                # for the caller's own code to get its KeyboardInterrupt
-                _thread.start_new_thread(_thread.interrupt_main, (signal.SIGINT,))
+        if self._seat is None:
+            return
+        # Ctrl-C while the results are let go of (a loop left by `return`): Python drops
+        # what __del__ raises, and what a finalizer run meanwhile raises, so Ctrl-C is only
+        # noted here (with Python's own handler in place), and once this returns a thread
+        # makes it pending again, for the caller's own code to get its KeyboardInterrupt
+        noted: list[object] = []
+        held = threading.current_thread() is threading.main_thread()
+        held = held and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        before = signal.signal(signal.SIGINT, lambda *_: noted.append(1)) if held else None
+        try:
+            with contextlib.suppress(Exception):  # (nobody to tell: the caller dropped us)
+                self.close()
+        except KeyboardInterrupt:
+            noted.append(1)
+        finally:
+            if held:
+                signal.signal(signal.SIGINT, before)
+        if noted:
+            _thread.start_new_thread(_thread.interrupt_main, (signal.SIGINT,))
 
 
 def _supervised(
