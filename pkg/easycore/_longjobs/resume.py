@@ -515,6 +515,7 @@ class RunLedger:
                 if type(value) is Wrote:  # a sink's files: recorded with their units
                     files.extend((s.name, s.temp, s.rows, s.nbytes) for s in value.shards)
         if stored:
+            values = list(values)  # (the stream's own list is not changed under it)
             query = "SELECT key, error, stage, result FROM units"
             found = {key: rest for key, *rest in self._select(query, [k for _, k, _ in stored])}
             for k, key, unit in stored:
@@ -536,15 +537,17 @@ class RunLedger:
         return values
 
     def _clear_of_earlier_files(self, values: list[Any]) -> list[Any]:
-        """``values`` (a copy) with every file written named clear of the files recorded
-        so far (:func:`~easycore._longjobs.sinks.renamed_clear_of`): a name, once
-        committed, is never taken by another file."""
+        """``values`` with every file written named clear of the files recorded so far
+        (:func:`~easycore._longjobs.sinks.renamed_clear_of`): a name, once committed, is
+        never taken by another file (a copy only when one is renamed)."""
         if self.files is None:
             self.files = {name for (name,) in self.db.execute("SELECT name FROM files")}
-        values = list(values)
+        out = values
         for k, value in enumerate(values):
             if type(value) is Wrote and value.shards:
                 shards = tuple(renamed_clear_of(s, self.files) for s in value.shards)
                 self.files.update(s.name for s in shards)
-                values[k] = value._replace(shards=shards)
-        return values
+                if shards != value.shards:
+                    out = list(out) if out is values else out
+                    out[k] = value._replace(shards=shards)
+        return out

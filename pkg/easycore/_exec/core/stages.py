@@ -797,13 +797,15 @@ class ChunkRun:
         ``since``, or now) in the slot ``cur[at:]``."""
         task, stages = self.task, self.stages
         cur[at + AT_INDEX] = float(index)
-        start = time.monotonic() if since is None else since
-        if task.timed:
-            cur[at + AT_STARTED] = start
-        done = stages.run(item, index, task)
         # inline: nothing can stop a plain function in the caller, but a unit past the
         # timeout fails as it does in a worker (which is killed for it)
         limit = task.timeout if stages.in_caller and not stages.is_async else None
+        start = 0.0
+        if task.timed or limit is not None:  # (the clock is read only when it is needed)
+            start = time.monotonic() if since is None else since
+        if task.timed:
+            cur[at + AT_STARTED] = start
+        done = stages.run(item, index, task)
         if limit is not None and done[1] is None and time.monotonic() - start > limit:
             how = "in the calling process nothing stops it: its result was dropped"
             error = TimedOutItem(f"ran past timeout={task.timeout}s; {how}")
